@@ -1,0 +1,196 @@
+"""Audits: findings about a folded state at a given `now`, read from the fold's indexes.
+
+Nothing here refolds the log: leaks come from the deadline heap, double owners
+from the block index, anomalies from the per-transfer evidence the fold kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+import msgspec
+
+from ledger.events import ReqId, TransferId
+from ledger.fold import LedgerState, TransferState
+from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_TRANSFER_TIMEOUT_S
+
+Severity: TypeAlias = Literal["error", "warning", "info"]
+SEVERITY_RANK: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
+
+CODES: dict[str, Severity] = {
+    "leak": "error",
+    "double_owner": "error",
+    "premature_release": "error",
+    "id_reuse": "error",
+    "stuck": "warning",
+    "orphan_ack": "warning",
+    "late_event": "warning",
+    "over_ack": "warning",
+    "duplicate": "info",
+}
+"""Every finding code and its severity (the CLI's exit status keys on severity)."""
+
+
+class Finding(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    severity: Severity
+    source: str
+    transfer_id: TransferId
+    request_id: ReqId | None
+    block_ids: tuple[int, ...]
+    evidence: tuple[int, ...]
+    """Seqs (in `source`'s log, or as named in `detail`) of the events that show it."""
+    detail: str
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S
+    clock_skew_s: float = DEFAULT_CLOCK_SKEW_S
+
+    def __post_init__(self) -> None:
+        if self.transfer_timeout_s <= 0:
+            raise ValueError(f"transfer_timeout_s must be > 0, got {self.transfer_timeout_s}")
+        if self.clock_skew_s < 0:
+            raise ValueError(f"clock_skew_s must be >= 0, got {self.clock_skew_s}")
+
+
+def _finding(code: str, t: TransferState, evidence: tuple[int, ...], detail: str) -> Finding:
+    return Finding(
+        code=code,
+        severity=CODES[code],
+        source=t.source,
+        transfer_id=t.transfer_id,  # type: ignore[arg-type]
+        request_id=t.request_id,
+        block_ids=t.block_ids,
+        evidence=evidence,
+        detail=detail,
+    )
+
+
+def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> list[Finding]:
+    """Every finding at time `now`, worst first (severity, then oldest evidence)."""
+    cfg = config or AuditConfig()
+    findings: list[Finding] = []
+    leaked: set[tuple[str, str]] = set()
+    for t in state.due(now):
+        leaked.add((t.source, t.transfer_id))
+        assert t.deadline is not None
+        findings.append(
+            _finding(
+                "leak",
+                t,
+                (t.map_seq,),
+                f"{len(t.block_ids)} blocks held {now - t.deadline:.3f}s past the deadline, no decision",
+            )
+        )
+    cutoff = now - cfg.transfer_timeout_s
+    for key, t in state.live.items():
+        if t.last_ts < cutoff and key not in leaked:
+            findings.append(
+                _finding(
+                    "stuck",
+                    t,
+                    (t.map_seq, t.last_seq),
+                    f"no event for {now - t.last_ts:.3f}s (> transfer timeout "
+                    f"{cfg.transfer_timeout_s}s) in phase {t.phase}",
+                )
+            )
+    for t in state.orphans_due(now, cfg.transfer_timeout_s):
+        findings.append(_orphan(t, now, expired=False))
+    for key in state.orphans_expired:
+        findings.append(_orphan(state.transfers[key], now, expired=True))
+    for key, claims in state.double_owned.items():
+        t = state.transfers[key]
+        if not t.live:
+            continue
+        for block, other_key, map_seq in claims:
+            other = state.transfers.get(other_key)
+            if other is not None and other.live:
+                findings.append(
+                    _finding(
+                        "double_owner",
+                        t,
+                        (other.map_seq, map_seq),
+                        f"block {block} also held by live transfer {other.transfer_id}",
+                    )
+                )
+    for key in state.anomalous:
+        findings.extend(_anomalies(state.transfers[key]))
+    findings.extend(premature_releases(state, cfg.clock_skew_s))
+    findings.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.evidence[0] if f.evidence else 0))
+    return findings
+
+
+def _orphan(t: TransferState, now: float, *, expired: bool) -> Finding:
+    what = "expired before any map" if expired else f"unmapped for {now - t.first_ts:.3f}s"
+    return _finding(
+        "orphan_ack", t, (t.first_seq, t.last_seq), f"{t.events} events for a transfer never mapped: {what}"
+    )
+
+
+def _anomalies(t: TransferState) -> list[Finding]:
+    out: list[Finding] = []
+    if t.late_seqs:
+        cause = t.decision.cause if t.decision else "expired"
+        hint = "; an ack after an expire means the timeout is too short" if cause == "expired" else ""
+        out.append(
+            _finding("late_event", t, tuple(t.late_seqs), f"{len(t.late_seqs)} events after the {cause} decision{hint}")
+        )
+    if t.over_ack_seqs:
+        out.append(
+            _finding(
+                "over_ack",
+                t,
+                tuple(t.over_ack_seqs),
+                f"acks beyond what was scheduled or sealed (expected {t.expected}, acked {len(t.acked or ())})",
+            )
+        )
+    if t.reuse_seqs:
+        out.append(
+            _finding(
+                "id_reuse",
+                t,
+                (t.map_seq, *t.reuse_seqs),
+                f"transfer id mapped to another request while {t.request_id} is live",
+            )
+        )
+    if t.duplicate_seqs:
+        out.append(_finding("duplicate", t, tuple(t.duplicate_seqs), "duplicate ack, schedule, seal or map"))
+    return out
+
+
+def premature_releases(state: LedgerState, clock_skew_s: float) -> list[Finding]:
+    """Producers released by expire while the consumer's read of the same transfer finished later.
+
+    Needs both sides in one state (a merged fold). Compares wall-clock `ts` of
+    two machines, so only gaps beyond `clock_skew_s` count.
+    """
+    out: list[Finding] = []
+    for key in state.expired_producers:
+        producer = state.transfers[key]
+        assert producer.decision is not None
+        released_ts = producer.decision.ts
+        for source in state.sources:
+            consumer = state.transfers.get((source, producer.transfer_id))  # type: ignore[arg-type]
+            if consumer is None or consumer.role != "consumer" or consumer.arrived_ts is None:
+                continue
+            if consumer.arrived_ts > released_ts + clock_skew_s:
+                out.append(
+                    _finding(
+                        "premature_release",
+                        producer,
+                        (producer.decision.seq, consumer.arrived_seq),
+                        f"released by expire at {released_ts:.6f}; consumer {source} finished "
+                        f"reading at {consumer.arrived_ts:.6f} (seq {consumer.arrived_seq} there)",
+                    )
+                )
+    return out
+
+
+def counts_by_code(findings: list[Finding]) -> dict[str, int]:
+    out = dict.fromkeys(CODES, 0)
+    for f in findings:
+        out[f.code] += 1
+    return out

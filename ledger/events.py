@@ -1,0 +1,139 @@
+"""The six transfer event kinds and their envelope; immutable msgspec Structs.
+
+Every event carries `seq` (assigned by the log at append), `ts` (seconds, the
+appender's wall clock), `source` (engine and rank), `kind` (the tag) and
+`transfer_id`. `seq == 0` means "not yet assigned": the log gives it one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NewType, TypeAlias
+
+import msgspec
+
+TransferId = NewType("TransferId", str)
+"""One KV transfer between a producer and a consumer, chosen by the proxy."""
+
+ReqId = NewType("ReqId", str)
+"""A local vLLM request id; different on the producer and the consumer."""
+
+Role: TypeAlias = Literal["producer", "consumer"]
+Mode: TypeAlias = Literal["read", "write"]
+AckWhat: TypeAlias = Literal["write", "read", "release", "recv"]
+DeadlineName: TypeAlias = Literal["defer", "transfer"]
+
+UNASSIGNED_SEQ = 0
+
+
+class _Envelope(
+    msgspec.Struct,
+    frozen=True,
+    kw_only=True,
+    tag_field="kind",
+    omit_defaults=True,
+    forbid_unknown_fields=True,
+):
+    seq: int = UNASSIGNED_SEQ
+    ts: float
+    source: str
+    transfer_id: TransferId
+
+
+class Map(_Envelope, tag="map"):
+    """Local request `request_id` takes part in the transfer and holds `block_ids`."""
+
+    request_id: ReqId
+    role: Role
+    mode: Mode
+    block_ids: tuple[int, ...]
+    deadline: float
+    remote_block_ids: tuple[int, ...] | None = None
+    peer: str | None = None
+    acks_expected: int = 1
+
+    def __post_init__(self) -> None:
+        if self.acks_expected < 1:
+            raise ValueError(f"map.acks_expected must be >= 1, got {self.acks_expected}")
+
+
+class Schedule(_Envelope, tag="schedule"):
+    """A transfer operation is issued (or deferred: the remote is not ready yet).
+
+    `layers` names the layers written in this step (WRITE mode); `None` is the
+    whole transfer (`*`, READ mode).
+    """
+
+    op: Mode
+    layers: tuple[int, ...] | None = None
+    attempt: int = 0
+    deferred: bool = False
+
+
+class Seal(_Envelope, tag="seal"):
+    """After the forward pass: the number of layer operations to expect is fixed."""
+
+    expected: int
+
+    def __post_init__(self) -> None:
+        if self.expected < 0:
+            raise ValueError(f"seal.expected must be >= 0, got {self.expected}")
+
+
+class Ack(_Envelope, tag="ack"):
+    """A completion was observed.
+
+    `write`: layers landed; `read`: a read finished (`layers` None = all);
+    `release`: consumer rank `rank` says the producer may free; `recv`: all KV
+    arrived at the consumer.
+    """
+
+    what: AckWhat
+    layers: tuple[int, ...] | None = None
+    rank: int = 0
+
+
+class Fail(_Envelope, tag="fail"):
+    """An operation failed; `retryable` failures (send queue full) are not terminal."""
+
+    reason: str
+    retryable: bool = False
+
+
+class Expire(_Envelope, tag="expire"):
+    """The appender's clock saw the named deadline pass."""
+
+    deadline: DeadlineName
+
+
+Event: TypeAlias = Map | Schedule | Seal | Ack | Fail | Expire
+EVENT_TYPES: tuple[type[_Envelope], ...] = (Map, Schedule, Seal, Ack, Fail, Expire)
+KINDS: tuple[str, ...] = ("map", "schedule", "seal", "ack", "fail", "expire")
+
+
+def kind_of(event: Event) -> str:
+    """The event's tag (`map`, `ack`, ...)."""
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+_json_encoder = msgspec.json.Encoder()
+_json_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_msgpack_decoder: msgspec.msgpack.Decoder[Event] = msgspec.msgpack.Decoder(Event)
+
+
+def to_json(event: Event) -> bytes:
+    return _json_encoder.encode(event)
+
+
+def from_json(data: bytes | str) -> Event:
+    return _json_decoder.decode(data)
+
+
+def to_msgpack(event: Event) -> bytes:
+    return _msgpack_encoder.encode(event)
+
+
+def from_msgpack(data: bytes) -> Event:
+    return _msgpack_decoder.decode(data)

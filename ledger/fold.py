@@ -1,0 +1,592 @@
+"""The fold: everything that affects a transfer's lifecycle lives in this file.
+
+Sans-IO like h11's `_state.py`: no clock, no threads, no I/O, no randomness,
+no logging. `LedgerState.apply(event)` updates the state in place in O(1)
+(O(blocks or layers named by the event)) and returns the `Release` the event
+caused, if any. Folding the same events in the same order always gives the
+same state and the same releases. The fold does not know which role it
+plays: each transfer side is keyed by `(source, transfer_id)`, and its role
+comes from its `map` event.
+
+Lifecycle (the table `TRANSITIONS` below; guards take decisions):
+
+    unmapped --map--> held --schedule--> active --seal--> sealed
+       |               |                   |                |
+       +--expire-->  expired   (guards: completing ack -> completed,
+                                terminal fail -> failed, expire -> expired)
+
+An event that does not fit the table (an ack before its map, a duplicate, an
+event after the decision) is recorded as evidence for an audit finding and
+never raises.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from enum import StrEnum
+
+from ledger.decisions import Cause, Key, Release
+from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal
+from ledger.limits import EVIDENCE_SEQS_MAX, TOMBSTONES_MAX
+
+
+class Phase(StrEnum):
+    UNMAPPED = "unmapped"
+    HELD = "held"
+    ACTIVE = "active"
+    SEALED = "sealed"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+
+
+TERMINAL: frozenset[Phase] = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.EXPIRED})
+
+_U, _H, _A, _S = Phase.UNMAPPED, Phase.HELD, Phase.ACTIVE, Phase.SEALED
+
+TRANSITIONS: dict[tuple[Phase, str], Phase] = {
+    (_U, "map"): _H,
+    (_U, "schedule"): _U,
+    (_U, "seal"): _U,
+    (_U, "ack"): _U,
+    (_U, "fail"): _U,
+    (_U, "expire"): Phase.EXPIRED,
+    (_H, "map"): _H,
+    (_H, "schedule"): _A,
+    (_H, "seal"): _S,
+    (_H, "ack"): _H,
+    (_H, "fail"): _H,
+    (_H, "expire"): Phase.EXPIRED,
+    (_A, "map"): _A,
+    (_A, "schedule"): _A,
+    (_A, "seal"): _S,
+    (_A, "ack"): _A,
+    (_A, "fail"): _A,
+    (_A, "expire"): Phase.EXPIRED,
+    (_S, "map"): _S,
+    (_S, "schedule"): _S,
+    (_S, "seal"): _S,
+    (_S, "ack"): _S,
+    (_S, "fail"): _S,
+    (_S, "expire"): Phase.EXPIRED,
+}
+"""(phase, event kind) -> phase before guards. Terminal phases absorb every event
+(recorded as late). Guards may then move a live phase to completed or failed."""
+
+CAUSE_PHASE: dict[Cause, Phase] = {
+    "completed": Phase.COMPLETED,
+    "failed": Phase.FAILED,
+    "expired": Phase.EXPIRED,
+}
+
+REASON_LOCAL_EXCEEDS_REMOTE = "local_blocks_exceed_remote"
+"""A consumer holding more blocks than the producer sent cannot be filled."""
+
+
+class TransferState:
+    """One side of one transfer, as derived from its events."""
+
+    __slots__ = (
+        "source", "transfer_id", "phase", "role", "mode", "request_id", "block_ids",
+        "remote_block_ids", "peer", "acks_expected", "deadline", "map_seq",
+        "scheduled", "whole_scheduled", "acked", "early_acks", "whole_acked",
+        "expected", "release_ranks", "recv", "pending_fail_seq", "fail_reason",
+        "transient_failures", "retries", "deferrals", "first_ts", "last_ts",
+        "first_seq", "last_seq", "closed", "decision", "arrived_ts", "arrived_seq", "events",
+        "late_seqs", "duplicate_seqs", "over_ack_seqs", "reuse_seqs",
+    )  # fmt: skip
+
+    def __init__(self, source: str, transfer_id: str, seq: int, ts: float) -> None:
+        self.source = source
+        self.transfer_id = transfer_id
+        self.phase = Phase.UNMAPPED
+        self.role: Role | None = None
+        self.mode: Mode | None = None
+        self.request_id: ReqId | None = None
+        self.block_ids: tuple[int, ...] = ()
+        self.remote_block_ids: tuple[int, ...] | None = None
+        self.peer: str | None = None
+        self.acks_expected = 1
+        self.deadline: float | None = None
+        self.map_seq = 0
+        self.scheduled: set[int] | None = None
+        self.whole_scheduled = False
+        self.acked: set[int] | None = None
+        self.early_acks: set[int] | None = None
+        self.whole_acked = False
+        self.expected: int | None = None
+        self.release_ranks: set[int] | None = None
+        self.recv = False
+        self.pending_fail_seq = 0
+        self.fail_reason = ""
+        self.transient_failures = 0
+        self.retries = 0
+        self.deferrals = 0
+        self.first_ts = ts
+        self.last_ts = ts
+        self.first_seq = seq
+        self.last_seq = seq
+        self.closed = False
+        """A decision was taken, or a never-mapped side expired: later events are late."""
+        self.decision: Release | None = None
+        self.arrived_ts: float | None = None
+        """When all KV had arrived (consumer side): the read that premature_release compares."""
+        self.arrived_seq = 0
+        self.events = 0
+        self.late_seqs: list[int] | None = None
+        self.duplicate_seqs: list[int] | None = None
+        self.over_ack_seqs: list[int] | None = None
+        self.reuse_seqs: list[int] | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.source, self.transfer_id)  # type: ignore[return-value]
+
+    @property
+    def mapped(self) -> bool:
+        return self.role is not None
+
+    @property
+    def live(self) -> bool:
+        """Holding blocks with no decision yet."""
+        return self.role is not None and self.decision is None
+
+    @property
+    def has_anomaly(self) -> bool:
+        return bool(self.late_seqs or self.duplicate_seqs or self.over_ack_seqs or self.reuse_seqs)
+
+    def snapshot(self) -> dict[str, object]:
+        """A plain-data view (sets sorted) for snapshots, equality checks and the API."""
+        out: dict[str, object] = {}
+        for name in TransferState.__slots__:
+            value = getattr(self, name)
+            if isinstance(value, set):
+                value = sorted(value)
+            elif isinstance(value, Phase):
+                value = value.value
+            elif isinstance(value, Release):
+                value = {f: getattr(value, f) for f in value.__struct_fields__}
+            out[name] = value
+        return out
+
+
+def _note(seqs: list[int] | None, seq: int) -> list[int]:
+    if seqs is None:
+        return [seq]
+    if len(seqs) < EVIDENCE_SEQS_MAX:
+        seqs.append(seq)
+    return seqs
+
+
+class LedgerState:
+    """All transfer sides of one log (or of several merged), plus the audit indexes."""
+
+    def __init__(self) -> None:
+        self.transfers: dict[Key, TransferState] = {}
+        self.live: dict[Key, TransferState] = {}
+        """Mapped, undecided: the sides holding blocks."""
+        self.unmapped: dict[Key, TransferState] = {}
+        """Events seen, no map yet; ordered by first sight for the orphan audit."""
+        self.deadlines: list[tuple[float, int, str, str]] = []
+        """Heap of (deadline, map seq, source, transfer id) of live transfers; stale
+        entries (already decided) are skipped and swept when they dominate."""
+        self.owners: dict[str, dict[int, Key]] = {}
+        """Per source: block id -> the live transfer side holding it."""
+        self.contested: dict[tuple[str, int], list[Key]] = {}
+        """(source, block) -> further live claimants of an owned block."""
+        self.double_owned: dict[Key, list[tuple[int, Key, int]]] = {}
+        """Transfer side -> (block, other owner, map seq) claims that collided."""
+        self.anomalous: dict[Key, None] = {}
+        """Transfer sides with late, duplicate, over-ack or id-reuse evidence."""
+        self.orphans_expired: dict[Key, None] = {}
+        """Never-mapped sides whose early events were expired."""
+        self.expired_producers: dict[Key, None] = {}
+        """Producer sides released by expire: candidates for premature_release."""
+        self.sources: dict[str, None] = {}
+        self.tombstones: OrderedDict[Key, Cause] = OrderedDict()
+        self.late_after_compaction = 0
+        self.releases_by_cause: dict[Cause, int] = {"completed": 0, "failed": 0, "expired": 0}
+        self.blocks_held = 0
+        self._handlers: dict[type, Callable[[TransferState, Event], Release | None]] = {
+            Map: self._on_map,  # type: ignore[dict-item]
+            Schedule: self._on_schedule,  # type: ignore[dict-item]
+            Seal: self._on_seal,  # type: ignore[dict-item]
+            Ack: self._on_ack,  # type: ignore[dict-item]
+            Fail: self._on_fail,  # type: ignore[dict-item]
+            Expire: self._on_expire,  # type: ignore[dict-item]
+        }
+
+    # -- the entry point -------------------------------------------------
+
+    def apply(self, event: Event) -> Release | None:
+        """Fold one event; return the release it caused, if any."""
+        key = (event.source, event.transfer_id)
+        t = self.transfers.get(key)  # type: ignore[call-overload]
+        if t is None:
+            t = self._first_sight(event)
+            if t is None:
+                return None
+        t.last_ts = event.ts
+        t.last_seq = event.seq
+        t.events += 1
+        if t.closed:
+            if not (t.role is None and type(event) is Expire):
+                t.late_seqs = _note(t.late_seqs, event.seq)
+                self.anomalous[key] = None  # type: ignore[index]
+            return None
+        return self._handlers[type(event)](t, event)
+
+    def _first_sight(self, event: Event) -> TransferState | None:
+        key: Key = (event.source, event.transfer_id)
+        if key in self.tombstones:
+            self.late_after_compaction += 1
+            return None  # a late event for a side compacted away: nothing can change
+        if event.source not in self.sources:
+            self.sources[event.source] = None
+        t = TransferState(event.source, event.transfer_id, event.seq, event.ts)
+        self.transfers[key] = t
+        self.unmapped[key] = t
+        return t
+
+    # -- handlers: one per kind -------------------------------------------
+
+    def _on_map(self, t: TransferState, e: Map) -> Release | None:
+        key: Key = (e.source, e.transfer_id)
+        if t.role is not None:
+            if t.request_id == e.request_id:
+                t.duplicate_seqs = _note(t.duplicate_seqs, e.seq)
+            else:
+                t.reuse_seqs = _note(t.reuse_seqs, e.seq)
+            self.anomalous[key] = None
+            return None
+        del self.unmapped[key]
+        t.role = e.role
+        t.mode = e.mode
+        t.request_id = e.request_id
+        t.block_ids = e.block_ids
+        t.remote_block_ids = e.remote_block_ids
+        t.peer = e.peer
+        t.acks_expected = e.acks_expected
+        t.deadline = e.deadline
+        t.map_seq = e.seq
+        t.phase = TRANSITIONS[(t.phase, "map")]
+        if t.expected is not None:
+            t.phase = Phase.SEALED
+        elif t.scheduled or t.whole_scheduled:
+            t.phase = Phase.ACTIVE
+        self.live[key] = t
+        self._claim_blocks(t, key)
+        heapq.heappush(self.deadlines, (e.deadline, e.seq, e.source, e.transfer_id))
+        if len(self.deadlines) > 64 and len(self.deadlines) > 2 * len(self.live):
+            self._sweep_deadlines()
+        if (
+            e.role == "consumer"
+            and e.remote_block_ids is not None
+            and len(e.block_ids) > len(e.remote_block_ids)
+        ):
+            return self._decide(t, "failed", e.seq, e.ts, REASON_LOCAL_EXCEEDS_REMOTE)
+        if t.pending_fail_seq:
+            return self._decide(t, "failed", e.seq, e.ts, t.fail_reason)
+        if t.early_acks and t.scheduled:
+            self._adopt_early_acks(t)
+        return self._check_complete(t, e.seq, e.ts)
+
+    def _on_schedule(self, t: TransferState, e: Schedule) -> Release | None:
+        if e.deferred:
+            t.deferrals += 1
+        if e.attempt > 0:
+            t.retries += 1
+        if e.layers is None:
+            if t.whole_scheduled and e.attempt == 0 and not e.deferred:
+                self._duplicate(t, e.seq)
+            t.whole_scheduled = True
+        else:
+            scheduled = t.scheduled
+            if scheduled is None:
+                scheduled = t.scheduled = set()
+            if scheduled and e.attempt == 0 and not e.deferred and not scheduled.isdisjoint(e.layers):
+                self._duplicate(t, e.seq)
+            scheduled.update(e.layers)
+            if t.early_acks:
+                self._adopt_early_acks(t)
+        if t.role is not None:
+            t.phase = TRANSITIONS[(t.phase, "schedule")]
+            return self._check_complete(t, e.seq, e.ts)
+        return None
+
+    def _on_seal(self, t: TransferState, e: Seal) -> Release | None:
+        if t.expected is not None and t.expected != e.expected:
+            self._duplicate(t, e.seq)
+        t.expected = e.expected
+        if t.acked is not None and len(t.acked) > e.expected:
+            self._over_ack(t, e.seq)
+        if t.role is None:
+            return None
+        t.phase = TRANSITIONS[(t.phase, "seal")]
+        return self._check_complete(t, e.seq, e.ts)
+
+    def _on_ack(self, t: TransferState, e: Ack) -> Release | None:
+        what = e.what
+        if what == "release":
+            ranks = t.release_ranks
+            if ranks is None:
+                ranks = t.release_ranks = set()
+            if e.rank in ranks:
+                self._duplicate(t, e.seq)
+            ranks.add(e.rank)
+        elif what == "recv":
+            if t.recv:
+                self._duplicate(t, e.seq)
+            t.recv = True
+            if t.arrived_ts is None:
+                t.arrived_ts, t.arrived_seq = e.ts, e.seq
+        elif e.layers is None:
+            if t.whole_acked:
+                self._duplicate(t, e.seq)
+            t.whole_acked = True
+            if what == "read" and t.arrived_ts is None:
+                t.arrived_ts, t.arrived_seq = e.ts, e.seq
+        else:
+            self._ack_layers(t, e)
+        if t.role is None:
+            return None
+        if not _ack_fits(t.role, t.mode, what):
+            self._over_ack(t, e.seq)
+        return self._check_complete(t, e.seq, e.ts)
+
+    def _on_fail(self, t: TransferState, e: Fail) -> Release | None:
+        if e.retryable:
+            t.transient_failures += 1
+            return None
+        if t.role is None:
+            if not t.pending_fail_seq:
+                t.pending_fail_seq = e.seq
+                t.fail_reason = e.reason
+            return None
+        return self._decide(t, "failed", e.seq, e.ts, e.reason)
+
+    def _on_expire(self, t: TransferState, e: Expire) -> Release | None:
+        if t.role is None:
+            key: Key = (e.source, e.transfer_id)
+            t.phase = Phase.EXPIRED
+            t.closed = True
+            del self.unmapped[key]
+            self.orphans_expired[key] = None
+            return None
+        return self._decide(t, "expired", e.seq, e.ts, f"{e.deadline} deadline passed")
+
+    # -- guards and bookkeeping ------------------------------------------
+
+    def _ack_layers(self, t: TransferState, e: Ack) -> None:
+        layers = e.layers
+        assert layers is not None
+        acked = t.acked
+        if acked is None:
+            acked = t.acked = set()
+        scheduled = t.scheduled
+        if scheduled is not None and acked.isdisjoint(layers) and scheduled.issuperset(layers):
+            acked.update(layers)  # the common case, at C speed
+            layers = ()
+        for layer in layers:
+            if layer in acked:
+                self._duplicate(t, e.seq)
+            elif scheduled is not None and layer in scheduled:
+                acked.add(layer)
+            else:
+                early = t.early_acks
+                if early is None:
+                    early = t.early_acks = set()
+                if layer in early:
+                    self._duplicate(t, e.seq)
+                early.add(layer)
+                if t.role is not None:
+                    self._over_ack(t, e.seq)
+        if t.expected is not None and len(acked) > t.expected:
+            self._over_ack(t, e.seq)
+
+    def _adopt_early_acks(self, t: TransferState) -> None:
+        early, scheduled = t.early_acks, t.scheduled
+        assert early is not None and scheduled is not None
+        landed = early & scheduled
+        if landed:
+            if t.acked is None:
+                t.acked = set()
+            t.acked |= landed
+            early -= landed
+
+    def _check_complete(self, t: TransferState, seq: int, ts: float) -> Release | None:
+        if t.role == "producer":
+            if t.mode == "read":
+                done = t.release_ranks is not None and len(t.release_ranks) >= t.acks_expected
+            else:
+                done = (t.expected is not None and len(t.acked or ()) >= t.expected) or (
+                    t.release_ranks is not None and len(t.release_ranks) >= t.acks_expected
+                )
+        elif t.mode == "write":
+            done = t.recv
+        else:
+            done = t.recv or t.whole_acked or (
+                t.expected is not None and len(t.acked or ()) >= t.expected
+            )
+        if done:
+            return self._decide(t, "completed", seq, ts, "")
+        return None
+
+    def _decide(self, t: TransferState, cause: Cause, seq: int, ts: float, reason: str) -> Release:
+        assert t.decision is None, f"second decision for {t.key}"
+        assert t.role is not None and t.mode is not None and t.request_id is not None
+        release = Release(
+            source=t.source,
+            transfer_id=t.transfer_id,  # type: ignore[arg-type]
+            request_id=t.request_id,
+            role=t.role,
+            mode=t.mode,
+            block_ids=t.block_ids,
+            cause=cause,
+            seq=seq,
+            ts=ts,
+            reason=reason,
+        )
+        t.decision = release
+        t.closed = True
+        if cause == "completed" and t.role == "consumer" and t.arrived_ts is None:
+            t.arrived_ts, t.arrived_seq = ts, seq
+        t.phase = CAUSE_PHASE[cause]
+        key = t.key
+        del self.live[key]
+        self._free_blocks(t, key)
+        self.releases_by_cause[cause] += 1
+        if cause == "expired" and t.role == "producer":
+            self.expired_producers[key] = None
+        return release
+
+    def _claim_blocks(self, t: TransferState, key: Key) -> None:
+        owners = self.owners.get(t.source)
+        if owners is None:
+            owners = self.owners[t.source] = {}
+        for block in t.block_ids:
+            owner = owners.get(block)
+            if owner is None:
+                owners[block] = key
+            else:
+                self.contested.setdefault((t.source, block), []).append(key)
+                self.double_owned.setdefault(key, []).append((block, owner, t.map_seq))
+        self.blocks_held += len(t.block_ids)
+
+    def _free_blocks(self, t: TransferState, key: Key) -> None:
+        owners = self.owners[t.source]
+        contested = self.contested
+        for block in t.block_ids:
+            if owners.get(block) == key:
+                others = contested.get((t.source, block)) if contested else None
+                if others:
+                    owners[block] = others.pop(0)
+                    if not others:
+                        del contested[(t.source, block)]
+                else:
+                    del owners[block]
+            elif contested:
+                others = contested.get((t.source, block))
+                if others and key in others:
+                    others.remove(key)
+                    if not others:
+                        del contested[(t.source, block)]
+        self.blocks_held -= len(t.block_ids)
+
+    def _duplicate(self, t: TransferState, seq: int) -> None:
+        t.duplicate_seqs = _note(t.duplicate_seqs, seq)
+        self.anomalous[t.key] = None
+
+    def _over_ack(self, t: TransferState, seq: int) -> None:
+        t.over_ack_seqs = _note(t.over_ack_seqs, seq)
+        self.anomalous[t.key] = None
+
+    def _sweep_deadlines(self) -> None:
+        live = self.live
+        self.deadlines = [d for d in self.deadlines if (d[2], d[3]) in live]
+        heapq.heapify(self.deadlines)
+
+    # -- queries used by the shells --------------------------------------
+
+    def due(self, now: float) -> list[TransferState]:
+        """Live sides whose deadline is at or before `now`, earliest first.
+
+        Walks only the heap nodes at or before `now` (and their children), so the
+        cost follows the number due, not the number live. Does not mutate.
+        """
+        heap, live = self.deadlines, self.live
+        found: list[tuple[float, int, TransferState]] = []
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            deadline, seq, source, tid = heap[i]
+            if deadline > now:
+                continue
+            t = live.get((source, tid))  # type: ignore[arg-type]
+            if t is not None and t.map_seq == seq:
+                found.append((deadline, seq, t))
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    stack.append(child)
+        found.sort(key=lambda item: (item[0], item[1]))
+        return [t for _, _, t in found]
+
+    def orphans_due(self, now: float, timeout_s: float) -> list[TransferState]:
+        """Never-mapped sides first seen more than `timeout_s` before `now`."""
+        out = []
+        for t in self.unmapped.values():
+            if t.first_ts + timeout_s > now:
+                break
+            out.append(t)
+        return out
+
+    def compact(self, upto_seq_by_source: dict[str, int]) -> int:
+        """Forget decided sides whose last event is persisted (seq <= the given per source).
+
+        Their keys become tombstones (bounded by `TOMBSTONES_MAX`), so an event
+        arriving later is absorbed as late rather than mistaken for a new
+        transfer. Returns how many sides were dropped.
+        """
+        dropped = 0
+        for key, t in list(self.transfers.items()):
+            if t.decision is None and not (t.phase is Phase.EXPIRED and not t.mapped):
+                continue
+            if t.last_seq > upto_seq_by_source.get(t.source, -1):
+                continue
+            del self.transfers[key]
+            self.anomalous.pop(key, None)
+            self.double_owned.pop(key, None)
+            self.orphans_expired.pop(key, None)
+            self.expired_producers.pop(key, None)
+            self.tombstones[key] = t.decision.cause if t.decision else "expired"
+            dropped += 1
+        while len(self.tombstones) > TOMBSTONES_MAX:
+            self.tombstones.popitem(last=False)
+        return dropped
+
+
+def _ack_fits(role: Role, mode: Mode | None, what: str) -> bool:
+    """Which acks a side can receive: producers see writes and releases, consumers reads and recv."""
+    if role == "producer":
+        return what == "release" if mode == "read" else what in ("write", "release")
+    return what in ("read", "recv") if mode == "read" else what in ("recv", "write")
+
+
+def fold(state: LedgerState, event: Event) -> LedgerState:
+    """`state` after `event` (updated in place and returned, eventsourcing-style)."""
+    state.apply(event)
+    return state
+
+
+def fold_all(events: Iterable[Event], state: LedgerState | None = None) -> tuple[LedgerState, list[Release]]:
+    """Fold a whole stream; return the state and every release in decision order."""
+    state = LedgerState() if state is None else state
+    releases: list[Release] = []
+    apply = state.apply
+    for event in events:
+        release = apply(event)
+        if release is not None:
+            releases.append(release)
+    return state, releases

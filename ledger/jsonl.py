@@ -1,0 +1,181 @@
+"""The incident-log interchange format: JSON Lines, one header line, then one event a line.
+
+Reading streams and checks every line; an error names the file, the line number
+and the field. With `skip_bad_lines` the reader reports what it skipped instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+
+from ledger.events import Event
+from ledger.limits import JSONL_LINE_BYTES_MAX
+
+FORMAT = "kvledger"
+VERSION = 1
+
+
+class Header(msgspec.Struct, kw_only=True):
+    format: str
+    version: int
+    source: str | None = None
+    created_ts: float | None = None
+    meta: dict[str, Any] = {}
+
+
+class LogFormatError(ValueError):
+    """A line of an incident log that is not what the format says; names where."""
+
+    def __init__(self, path: str, line: int, message: str) -> None:
+        self.path = path
+        self.line = line
+        self.message = message
+        super().__init__(f"{path}:{line}: {message}")
+
+
+_header_decoder = msgspec.json.Decoder(Header)
+_event_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
+_encoder = msgspec.json.Encoder()
+
+
+def _describe(error: msgspec.DecodeError | msgspec.ValidationError | ValueError) -> str:
+    text = str(error)
+    # msgspec says "... - at `$.field`"; name the field in words.
+    if " - at `$." in text:
+        message, _, path = text.partition(" - at `$.")
+        return f"field {path.rstrip('`')!r}: {message}"
+    return text
+
+
+class LogReader:
+    """Iterate the events of a JSONL incident log, checking each line.
+
+    `skipped` lists `(line number, message)` of bad lines passed over when
+    `skip_bad_lines` is set; without it the first bad line raises
+    `LogFormatError`. The header is read at construction.
+    """
+
+    def __init__(self, stream: IO[bytes], name: str, *, skip_bad_lines: bool = False) -> None:
+        self._stream = stream
+        self.name = name
+        self.skip_bad_lines = skip_bad_lines
+        self.skipped: list[tuple[int, str]] = []
+        self.line = 0
+        self.header = self._read_header()
+
+    def _read_header(self) -> Header:
+        raw = self._stream.readline(JSONL_LINE_BYTES_MAX + 1)
+        self.line = 1
+        if not raw:
+            raise LogFormatError(self.name, 1, "empty file: expected the kvledger header line")
+        try:
+            header = _header_decoder.decode(raw)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise LogFormatError(
+                self.name, 1, f"not a kvledger header ({_describe(error)}); "
+                f'expected {{"format": "{FORMAT}", "version": {VERSION}}}'
+            ) from None
+        if header.format != FORMAT:
+            raise LogFormatError(self.name, 1, f"field 'format': {header.format!r} is not {FORMAT!r}")
+        if header.version != VERSION:
+            raise LogFormatError(
+                self.name, 1, f"field 'version': unknown version {header.version} (this reader knows {VERSION})"
+            )
+        return header
+
+    def __iter__(self) -> Iterator[Event]:
+        decode = _event_decoder.decode
+        for raw in self._stream:
+            self.line += 1
+            if len(raw) > JSONL_LINE_BYTES_MAX:
+                error = f"line longer than {JSONL_LINE_BYTES_MAX} bytes"
+            elif not raw.strip():
+                continue
+            else:
+                try:
+                    event = decode(raw)
+                except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                    error = _describe(exc)
+                    if not raw.endswith(b"\n"):
+                        error = f"truncated last line ({error})"
+                else:
+                    if event.seq < 1:
+                        error = f"field 'seq': must be >= 1, got {event.seq}"
+                    else:
+                        yield event
+                        continue
+            if not self.skip_bad_lines:
+                raise LogFormatError(self.name, self.line, error)
+            self.skipped.append((self.line, error))
+
+
+def open_log(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> LogReader:
+    """Open a JSONL incident log for reading (the caller closes `reader._stream` via `read_events`)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no such file")
+    return LogReader(open(p, "rb"), str(p), skip_bad_lines=skip_bad_lines)  # noqa: SIM115
+
+
+def read_events(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> Iterator[Event]:
+    """Stream a log's events, closing the file when done."""
+    reader = open_log(path, skip_bad_lines=skip_bad_lines)
+    try:
+        yield from reader
+    finally:
+        reader._stream.close()
+
+
+def header_line(source: str | None = None, created_ts: float | None = None, **meta: Any) -> bytes:
+    return _encoder.encode(
+        Header(format=FORMAT, version=VERSION, source=source, created_ts=created_ts, meta=meta)
+    ) + b"\n"
+
+
+class LogWriter:
+    """Append events to a JSONL incident log; writes the header when the file is new."""
+
+    def __init__(self, path: str | os.PathLike[str], *, source: str | None = None, **meta: Any) -> None:
+        self.path = Path(path)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        self._file: IO[bytes] = open(self.path, "ab")  # noqa: SIM115
+        if new:
+            self._file.write(header_line(source, **meta))
+
+    def write(self, event: Event) -> None:
+        self._file.write(_encoder.encode(event) + b"\n")
+
+    def write_many(self, events: Iterable[Event]) -> int:
+        batch = list(events)
+        self._file.write(_encoder.encode_lines(batch))
+        return len(batch)
+
+    def flush(self, *, fsync: bool = False) -> None:
+        self._file.flush()
+        if fsync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> LogWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_log(path: str | os.PathLike[str], events: Iterable[Event], *, source: str | None = None) -> int:
+    """Write a whole new log (replacing `path`); returns the number of events."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    with LogWriter(tmp, source=source) as writer:
+        n = writer.write_many(events)
+    os.replace(tmp, p)
+    return n

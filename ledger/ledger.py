@@ -1,0 +1,79 @@
+"""A source's ledger: its event log with the fold attached, and the releases it derives.
+
+The thin shell the connector talks to: `append` assigns the seq, folds the event
+under the same lock (so the state always equals a fold of the log) and queues the
+release it caused for `take_releases`. The clock is read here, never in the fold.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ledger.decisions import Release
+from ledger.events import Event
+from ledger.fold import LedgerState
+from ledger.log import EventLog
+
+
+class Ledger:
+    def __init__(
+        self,
+        source: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        state: LedgerState | None = None,
+        next_seq: int = 1,
+    ) -> None:
+        self.log = EventLog(source, next_seq=next_seq)
+        self.state = state if state is not None else LedgerState()
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._outbox: deque[Release] = deque()
+
+    @property
+    def source(self) -> str:
+        return self.log.source
+
+    def record(self, event_type: type[Any], **fields: Any) -> tuple[Event, Release | None]:
+        """Build an event of `event_type` stamped with this source and the clock, and append it."""
+        fields.setdefault("ts", self.clock())
+        event: Event = event_type(source=self.log.source, **fields)
+        with self._lock:
+            stored = self.log.append(event)
+            release = self.state.apply(stored)
+            if release is not None:
+                self._outbox.append(release)
+        return stored, release
+
+    def append(self, event: Event) -> Release | None:
+        """Append a built event (its seq 0 or the next one) and fold it."""
+        with self._lock:
+            stored = self.log.append(event)
+            release = self.state.apply(stored)
+            if release is not None:
+                self._outbox.append(release)
+        return release
+
+    def extend(self, events: Iterable[Event]) -> list[Release]:
+        """Append and fold a batch under one lock; returns the releases it caused."""
+        out: list[Release] = []
+        with self._lock:
+            apply = self.state.apply
+            for stored in self.log.extend(events):
+                release = apply(stored)
+                if release is not None:
+                    out.append(release)
+            self._outbox.extend(out)
+        return out
+
+    def take_releases(self) -> list[Release]:
+        """Releases decided since the last call, in decision order (each returned once)."""
+        out: list[Release] = []
+        outbox = self._outbox
+        while outbox:
+            out.append(outbox.popleft())
+        return out

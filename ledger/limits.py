@@ -1,0 +1,24 @@
+"""Every named limit of the ledger core, in one place (TigerBeetle style)."""
+
+from __future__ import annotations
+
+EVIDENCE_SEQS_MAX = 32
+"""Seqs kept per transfer per kind of anomaly (late, duplicate, over-ack)."""
+
+TOMBSTONES_MAX = 100_000
+"""Compacted transfer keys remembered, so a late event after compaction is late, not orphan."""
+
+DEFAULT_TRANSFER_TIMEOUT_S = 30.0
+"""MoRIIO's `transfer_timeout`: how long a transfer may sit without progress."""
+
+DEFAULT_DEFER_TIMEOUT_S = 60.0
+"""MoRIIO's `defer_timeout`: how long a producer holds blocks for a remote reader."""
+
+DEFAULT_CLOCK_SKEW_S = 0.5
+"""Wall-clock skew allowed between two machines before premature_release is reported."""
+
+JSONL_LINE_BYTES_MAX = 1 << 20
+"""An incident-log line longer than this is rejected (one event is a few hundred bytes)."""
+
+FINDINGS_WORST_MAX = 10
+"""How many findings a summary lists in full."""
