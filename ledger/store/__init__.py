@@ -1,0 +1,1 @@
+"""Persistence of ledger events: one contract (`base.EventStore`), memory/SQLite/PostgreSQL backends."""
