@@ -61,7 +61,7 @@ def _finding(code: str, t: TransferState, evidence: tuple[int, ...], detail: str
         code=code,
         severity=CODES[code],
         source=t.source,
-        transfer_id=t.transfer_id,  # type: ignore[arg-type]
+        transfer_id=t.transfer_id,
         request_id=t.request_id,
         block_ids=t.block_ids,
         evidence=evidence,
@@ -136,7 +136,12 @@ def _anomalies(t: TransferState) -> list[Finding]:
         cause = t.decision.cause if t.decision else "expired"
         hint = "; an ack after an expire means the timeout is too short" if cause == "expired" else ""
         out.append(
-            _finding("late_event", t, tuple(t.late_seqs), f"{len(t.late_seqs)} events after the {cause} decision{hint}")
+            _finding(
+                "late_event",
+                t,
+                tuple(t.late_seqs),
+                f"{len(t.late_seqs)} events after the {cause} decision{hint}",
+            )
         )
     if t.over_ack_seqs:
         out.append(
@@ -144,7 +149,8 @@ def _anomalies(t: TransferState) -> list[Finding]:
                 "over_ack",
                 t,
                 tuple(t.over_ack_seqs),
-                f"acks beyond what was scheduled or sealed (expected {t.expected}, acked {len(t.acked or ())})",
+                f"acks beyond what was scheduled or sealed "
+                f"(expected {t.expected}, acked {len(t.acked or ())})",
             )
         )
     if t.reuse_seqs:
@@ -173,7 +179,7 @@ def premature_releases(state: LedgerState, clock_skew_s: float) -> list[Finding]
         assert producer.decision is not None
         released_ts = producer.decision.ts
         for source in state.sources:
-            consumer = state.transfers.get((source, producer.transfer_id))  # type: ignore[arg-type]
+            consumer = state.transfers.get((source, producer.transfer_id))
             if consumer is None or consumer.role != "consumer" or consumer.arrived_ts is None:
                 continue
             if consumer.arrived_ts > released_ts + clock_skew_s:

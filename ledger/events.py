@@ -32,6 +32,7 @@ class _Envelope(
     tag_field="kind",
     omit_defaults=True,
     forbid_unknown_fields=True,
+    gc=False,
 ):
     seq: int = UNASSIGNED_SEQ
     ts: float
@@ -39,7 +40,7 @@ class _Envelope(
     transfer_id: TransferId
 
 
-class Map(_Envelope, tag="map"):
+class Map(_Envelope, tag="map", frozen=True):
     """Local request `request_id` takes part in the transfer and holds `block_ids`."""
 
     request_id: ReqId
@@ -56,7 +57,7 @@ class Map(_Envelope, tag="map"):
             raise ValueError(f"map.acks_expected must be >= 1, got {self.acks_expected}")
 
 
-class Schedule(_Envelope, tag="schedule"):
+class Schedule(_Envelope, tag="schedule", frozen=True):
     """A transfer operation is issued (or deferred: the remote is not ready yet).
 
     `layers` names the layers written in this step (WRITE mode); `None` is the
@@ -69,7 +70,7 @@ class Schedule(_Envelope, tag="schedule"):
     deferred: bool = False
 
 
-class Seal(_Envelope, tag="seal"):
+class Seal(_Envelope, tag="seal", frozen=True):
     """After the forward pass: the number of layer operations to expect is fixed."""
 
     expected: int
@@ -79,7 +80,7 @@ class Seal(_Envelope, tag="seal"):
             raise ValueError(f"seal.expected must be >= 0, got {self.expected}")
 
 
-class Ack(_Envelope, tag="ack"):
+class Ack(_Envelope, tag="ack", frozen=True):
     """A completion was observed.
 
     `write`: layers landed; `read`: a read finished (`layers` None = all);
@@ -92,14 +93,14 @@ class Ack(_Envelope, tag="ack"):
     rank: int = 0
 
 
-class Fail(_Envelope, tag="fail"):
+class Fail(_Envelope, tag="fail", frozen=True):
     """An operation failed; `retryable` failures (send queue full) are not terminal."""
 
     reason: str
     retryable: bool = False
 
 
-class Expire(_Envelope, tag="expire"):
+class Expire(_Envelope, tag="expire", frozen=True):
     """The appender's clock saw the named deadline pass."""
 
     deadline: DeadlineName

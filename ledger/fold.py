@@ -23,30 +23,40 @@ never raises.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from enum import StrEnum
+from typing import Final, Literal, TypeAlias
+
+import msgspec
 
 from ledger.decisions import Cause, Key, Release
-from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal
+from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
 from ledger.limits import EVIDENCE_SEQS_MAX, TOMBSTONES_MAX
 
-
-class Phase(StrEnum):
-    UNMAPPED = "unmapped"
-    HELD = "held"
-    ACTIVE = "active"
-    SEALED = "sealed"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    EXPIRED = "expired"
+PhaseName: TypeAlias = Literal["unmapped", "held", "active", "sealed", "completed", "failed", "expired"]
 
 
-TERMINAL: frozenset[Phase] = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.EXPIRED})
+class Phase:
+    """Phase names. Plain strings, not an Enum: Enum hashing runs Python code, and the
+    table lookup below is on the hot path of every event."""
+
+    UNMAPPED: Final[PhaseName] = "unmapped"
+    HELD: Final[PhaseName] = "held"
+    ACTIVE: Final[PhaseName] = "active"
+    SEALED: Final[PhaseName] = "sealed"
+    COMPLETED: Final[PhaseName] = "completed"
+    FAILED: Final[PhaseName] = "failed"
+    EXPIRED: Final[PhaseName] = "expired"
+    ALL: Final[tuple[PhaseName, ...]] = (
+        "unmapped", "held", "active", "sealed", "completed", "failed", "expired",
+    )  # fmt: skip
+
+
+TERMINAL: frozenset[PhaseName] = frozenset({Phase.COMPLETED, Phase.FAILED, Phase.EXPIRED})
 
 _U, _H, _A, _S = Phase.UNMAPPED, Phase.HELD, Phase.ACTIVE, Phase.SEALED
 
-TRANSITIONS: dict[tuple[Phase, str], Phase] = {
+TRANSITIONS: dict[tuple[PhaseName, str], PhaseName] = {
     (_U, "map"): _H,
     (_U, "schedule"): _U,
     (_U, "seal"): _U,
@@ -75,7 +85,7 @@ TRANSITIONS: dict[tuple[Phase, str], Phase] = {
 """(phase, event kind) -> phase before guards. Terminal phases absorb every event
 (recorded as late). Guards may then move a live phase to completed or failed."""
 
-CAUSE_PHASE: dict[Cause, Phase] = {
+CAUSE_PHASE: dict[Cause, PhaseName] = {
     "completed": Phase.COMPLETED,
     "failed": Phase.FAILED,
     "expired": Phase.EXPIRED,
@@ -85,64 +95,60 @@ REASON_LOCAL_EXCEEDS_REMOTE = "local_blocks_exceed_remote"
 """A consumer holding more blocks than the producer sent cannot be filled."""
 
 
-class TransferState:
-    """One side of one transfer, as derived from its events."""
+class TransferState(msgspec.Struct, kw_only=True, gc=False):
+    """One side of one transfer, as derived from its events.
 
-    __slots__ = (
-        "source", "transfer_id", "phase", "role", "mode", "request_id", "block_ids",
-        "remote_block_ids", "peer", "acks_expected", "deadline", "map_seq",
-        "scheduled", "whole_scheduled", "acked", "early_acks", "whole_acked",
-        "expected", "release_ranks", "recv", "pending_fail_seq", "fail_reason",
-        "transient_failures", "retries", "deferrals", "first_ts", "last_ts",
-        "first_seq", "last_seq", "closed", "decision", "arrived_ts", "arrived_seq", "events",
-        "late_seqs", "duplicate_seqs", "over_ack_seqs", "reuse_seqs",
-    )  # fmt: skip
+    A msgspec Struct without GC tracking: it holds only ids, numbers, tuples and
+    sets of ints, never a cycle, and the collector would otherwise rescan every
+    live transfer on every young-generation pass.
+    """
 
-    def __init__(self, source: str, transfer_id: str, seq: int, ts: float) -> None:
-        self.source = source
-        self.transfer_id = transfer_id
-        self.phase = Phase.UNMAPPED
-        self.role: Role | None = None
-        self.mode: Mode | None = None
-        self.request_id: ReqId | None = None
-        self.block_ids: tuple[int, ...] = ()
-        self.remote_block_ids: tuple[int, ...] | None = None
-        self.peer: str | None = None
-        self.acks_expected = 1
-        self.deadline: float | None = None
-        self.map_seq = 0
-        self.scheduled: set[int] | None = None
-        self.whole_scheduled = False
-        self.acked: set[int] | None = None
-        self.early_acks: set[int] | None = None
-        self.whole_acked = False
-        self.expected: int | None = None
-        self.release_ranks: set[int] | None = None
-        self.recv = False
-        self.pending_fail_seq = 0
-        self.fail_reason = ""
-        self.transient_failures = 0
-        self.retries = 0
-        self.deferrals = 0
-        self.first_ts = ts
-        self.last_ts = ts
-        self.first_seq = seq
-        self.last_seq = seq
-        self.closed = False
-        """A decision was taken, or a never-mapped side expired: later events are late."""
-        self.decision: Release | None = None
-        self.arrived_ts: float | None = None
-        """When all KV had arrived (consumer side): the read that premature_release compares."""
-        self.arrived_seq = 0
-        self.events = 0
-        self.late_seqs: list[int] | None = None
-        self.duplicate_seqs: list[int] | None = None
-        self.over_ack_seqs: list[int] | None = None
-        self.reuse_seqs: list[int] | None = None
+    source: str
+    transfer_id: TransferId
+    first_seq: int
+    first_ts: float
+    last_seq: int
+    last_ts: float
+    phase: PhaseName = Phase.UNMAPPED
+    role: Role | None = None
+    mode: Mode | None = None
+    request_id: ReqId | None = None
+    block_ids: tuple[int, ...] = ()
+    remote_block_ids: tuple[int, ...] | None = None
+    peer: str | None = None
+    acks_expected: int = 1
+    deadline: float | None = None
+    map_seq: int = 0
+    scheduled: set[int] | None = None
+    whole_scheduled: bool = False
+    acked: set[int] | None = None
+    early_acks: set[int] | None = None
+    """Layer acks that arrived before their schedule: counted once it comes."""
+    whole_acked: bool = False
+    expected: int | None = None
+    release_ranks: set[int] | None = None
+    recv: bool = False
+    pending_fail_seq: int = 0
+    """A terminal fail seen before the map: applied when the map arrives."""
+    fail_reason: str = ""
+    transient_failures: int = 0
+    retries: int = 0
+    deferrals: int = 0
+    closed: bool = False
+    """A decision was taken, or a never-mapped side expired: later events are late."""
+    decision: Release | None = None
+    arrived_ts: float | None = None
+    """When all KV had arrived (consumer side): the read that premature_release compares."""
+    arrived_seq: int = 0
+    events: int = 0
+    late_seqs: list[int] | None = None
+    duplicate_seqs: list[int] | None = None
+    over_ack_seqs: list[int] | None = None
+    reuse_seqs: list[int] | None = None
 
     @property
     def key(self) -> Key:
-        return (self.source, self.transfer_id)  # type: ignore[return-value]
+        return (self.source, self.transfer_id)
 
     @property
     def mapped(self) -> bool:
@@ -160,12 +166,10 @@ class TransferState:
     def snapshot(self) -> dict[str, object]:
         """A plain-data view (sets sorted) for snapshots, equality checks and the API."""
         out: dict[str, object] = {}
-        for name in TransferState.__slots__:
+        for name in self.__struct_fields__:
             value = getattr(self, name)
             if isinstance(value, set):
                 value = sorted(value)
-            elif isinstance(value, Phase):
-                value = value.value
             elif isinstance(value, Release):
                 value = {f: getattr(value, f) for f in value.__struct_fields__}
             out[name] = value
@@ -223,8 +227,10 @@ class LedgerState:
     def apply(self, event: Event) -> Release | None:
         """Fold one event; return the release it caused, if any."""
         key = (event.source, event.transfer_id)
-        t = self.transfers.get(key)  # type: ignore[call-overload]
+        t = self.transfers.get(key)
         if t is None:
+            if type(event) is Map and key not in self.tombstones:
+                return self._first_map(key, event)
             t = self._first_sight(event)
             if t is None:
                 return None
@@ -234,8 +240,12 @@ class LedgerState:
         if t.closed:
             if not (t.role is None and type(event) is Expire):
                 t.late_seqs = _note(t.late_seqs, event.seq)
-                self.anomalous[key] = None  # type: ignore[index]
+                self.anomalous[key] = None
+            if t.role is None and type(event) is Map:
+                return self._on_map(t, event)  # given up before its map: map, then release at once
             return None
+        if type(event) is Ack:
+            return self._on_ack(t, event)
         return self._handlers[type(event)](t, event)
 
     def _first_sight(self, event: Event) -> TransferState | None:
@@ -245,10 +255,51 @@ class LedgerState:
             return None  # a late event for a side compacted away: nothing can change
         if event.source not in self.sources:
             self.sources[event.source] = None
-        t = TransferState(event.source, event.transfer_id, event.seq, event.ts)
+        t = TransferState(
+            source=event.source,
+            transfer_id=event.transfer_id,
+            first_seq=event.seq,
+            first_ts=event.ts,
+            last_seq=event.seq,
+            last_ts=event.ts,
+        )
         self.transfers[key] = t
         self.unmapped[key] = t
         return t
+
+    def _first_map(self, key: Key, e: Map) -> Release | None:
+        """The common case, a map before any other event of its side, in one step."""
+        if e.source not in self.sources:
+            self.sources[e.source] = None
+        t = TransferState(
+            source=e.source,
+            transfer_id=e.transfer_id,
+            first_seq=e.seq,
+            first_ts=e.ts,
+            last_seq=e.seq,
+            last_ts=e.ts,
+            phase=Phase.HELD,
+            role=e.role,
+            mode=e.mode,
+            request_id=e.request_id,
+            block_ids=e.block_ids,
+            remote_block_ids=e.remote_block_ids,
+            peer=e.peer,
+            acks_expected=e.acks_expected,
+            deadline=e.deadline,
+            map_seq=e.seq,
+            events=1,
+        )
+        self.transfers[key] = t
+        self.live[key] = t
+        self._claim_blocks(t, key)
+        heapq.heappush(self.deadlines, (e.deadline, e.seq, e.source, e.transfer_id))
+        if len(self.deadlines) > 64 and len(self.deadlines) > 2 * len(self.live):
+            self._sweep_deadlines()
+        remote = e.remote_block_ids
+        if e.role == "consumer" and remote is not None and len(e.block_ids) > len(remote):
+            return self._decide(t, "failed", e.seq, e.ts, REASON_LOCAL_EXCEEDS_REMOTE)
+        return None
 
     # -- handlers: one per kind -------------------------------------------
 
@@ -261,7 +312,9 @@ class LedgerState:
                 t.reuse_seqs = _note(t.reuse_seqs, e.seq)
             self.anomalous[key] = None
             return None
-        del self.unmapped[key]
+        expired_unmapped = t.closed
+        t.closed = False
+        self.unmapped.pop(key, None)
         t.role = e.role
         t.mode = e.mode
         t.request_id = e.request_id
@@ -271,7 +324,7 @@ class LedgerState:
         t.acks_expected = e.acks_expected
         t.deadline = e.deadline
         t.map_seq = e.seq
-        t.phase = TRANSITIONS[(t.phase, "map")]
+        t.phase = TRANSITIONS[(Phase.UNMAPPED, "map")]
         if t.expected is not None:
             t.phase = Phase.SEALED
         elif t.scheduled or t.whole_scheduled:
@@ -289,6 +342,8 @@ class LedgerState:
             return self._decide(t, "failed", e.seq, e.ts, REASON_LOCAL_EXCEEDS_REMOTE)
         if t.pending_fail_seq:
             return self._decide(t, "failed", e.seq, e.ts, t.fail_reason)
+        if expired_unmapped:
+            return self._decide(t, "expired", e.seq, e.ts, "expired before its map arrived")
         if t.early_acks and t.scheduled:
             self._adopt_early_acks(t)
         return self._check_complete(t, e.seq, e.ts)
@@ -306,14 +361,18 @@ class LedgerState:
             scheduled = t.scheduled
             if scheduled is None:
                 scheduled = t.scheduled = set()
+                if t.acked is None:
+                    t.acked = set()
             if scheduled and e.attempt == 0 and not e.deferred and not scheduled.isdisjoint(e.layers):
                 self._duplicate(t, e.seq)
             scheduled.update(e.layers)
             if t.early_acks:
                 self._adopt_early_acks(t)
+                if t.role is not None:
+                    t.phase = TRANSITIONS[(t.phase, "schedule")]
+                    return self._check_complete(t, e.seq, e.ts)  # adopted acks may complete it
         if t.role is not None:
             t.phase = TRANSITIONS[(t.phase, "schedule")]
-            return self._check_complete(t, e.seq, e.ts)
         return None
 
     def _on_seal(self, t: TransferState, e: Seal) -> Release | None:
@@ -329,6 +388,23 @@ class LedgerState:
 
     def _on_ack(self, t: TransferState, e: Ack) -> Release | None:
         what = e.what
+        layers = e.layers
+        if what == "write" and layers is not None and t.role == "producer":
+            # The hot path (write acks of a mapped producer): same rules, fewer steps.
+            acked, scheduled = t.acked, t.scheduled
+            if (
+                acked is not None
+                and scheduled is not None
+                and acked.isdisjoint(layers)
+                and scheduled.issuperset(layers)
+            ):
+                acked.update(layers)
+                expected = t.expected
+                if expected is not None and len(acked) >= expected:
+                    if len(acked) > expected:
+                        self._over_ack(t, e.seq)
+                    return self._decide(t, "completed", e.seq, e.ts, "")
+                return None
         if what == "release":
             ranks = t.release_ranks
             if ranks is None:
@@ -427,9 +503,7 @@ class LedgerState:
         elif t.mode == "write":
             done = t.recv
         else:
-            done = t.recv or t.whole_acked or (
-                t.expected is not None and len(t.acked or ()) >= t.expected
-            )
+            done = t.recv or t.whole_acked or (t.expected is not None and len(t.acked or ()) >= t.expected)
         if done:
             return self._decide(t, "completed", seq, ts, "")
         return None
@@ -439,7 +513,7 @@ class LedgerState:
         assert t.role is not None and t.mode is not None and t.request_id is not None
         release = Release(
             source=t.source,
-            transfer_id=t.transfer_id,  # type: ignore[arg-type]
+            transfer_id=t.transfer_id,
             request_id=t.request_id,
             role=t.role,
             mode=t.mode,
@@ -466,6 +540,10 @@ class LedgerState:
         owners = self.owners.get(t.source)
         if owners is None:
             owners = self.owners[t.source] = {}
+        self.blocks_held += len(t.block_ids)
+        if owners.keys().isdisjoint(t.block_ids):
+            owners.update(dict.fromkeys(t.block_ids, key))  # the common case, at C speed
+            return
         for block in t.block_ids:
             owner = owners.get(block)
             if owner is None:
@@ -473,11 +551,16 @@ class LedgerState:
             else:
                 self.contested.setdefault((t.source, block), []).append(key)
                 self.double_owned.setdefault(key, []).append((block, owner, t.map_seq))
-        self.blocks_held += len(t.block_ids)
 
     def _free_blocks(self, t: TransferState, key: Key) -> None:
         owners = self.owners[t.source]
         contested = self.contested
+        self.blocks_held -= len(t.block_ids)
+        if not contested:
+            # No block has a second claimant, so every block of a live side is its own;
+            # drain the pops at C speed.
+            deque(map(owners.pop, t.block_ids), maxlen=0)
+            return
         for block in t.block_ids:
             if owners.get(block) == key:
                 others = contested.get((t.source, block)) if contested else None
@@ -493,7 +576,6 @@ class LedgerState:
                     others.remove(key)
                     if not others:
                         del contested[(t.source, block)]
-        self.blocks_held -= len(t.block_ids)
 
     def _duplicate(self, t: TransferState, seq: int) -> None:
         t.duplicate_seqs = _note(t.duplicate_seqs, seq)
@@ -551,7 +633,7 @@ class LedgerState:
         """
         dropped = 0
         for key, t in list(self.transfers.items()):
-            if t.decision is None and not (t.phase is Phase.EXPIRED and not t.mapped):
+            if t.decision is None and not (t.phase == Phase.EXPIRED and not t.mapped):
                 continue
             if t.last_seq > upto_seq_by_source.get(t.source, -1):
                 continue

@@ -77,14 +77,18 @@ class LogReader:
             header = _header_decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             raise LogFormatError(
-                self.name, 1, f"not a kvledger header ({_describe(error)}); "
-                f'expected {{"format": "{FORMAT}", "version": {VERSION}}}'
+                self.name,
+                1,
+                f"not a kvledger header ({_describe(error)}); "
+                f'expected {{"format": "{FORMAT}", "version": {VERSION}}}',
             ) from None
         if header.format != FORMAT:
             raise LogFormatError(self.name, 1, f"field 'format': {header.format!r} is not {FORMAT!r}")
         if header.version != VERSION:
             raise LogFormatError(
-                self.name, 1, f"field 'version': unknown version {header.version} (this reader knows {VERSION})"
+                self.name,
+                1,
+                f"field 'version': unknown version {header.version} (this reader knows {VERSION})",
             )
         return header
 
@@ -119,7 +123,7 @@ def open_log(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> L
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file")
-    return LogReader(open(p, "rb"), str(p), skip_bad_lines=skip_bad_lines)  # noqa: SIM115
+    return LogReader(open(p, "rb"), str(p), skip_bad_lines=skip_bad_lines)
 
 
 def read_events(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> Iterator[Event]:
@@ -132,9 +136,12 @@ def read_events(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -
 
 
 def header_line(source: str | None = None, created_ts: float | None = None, **meta: Any) -> bytes:
-    return _encoder.encode(
-        Header(format=FORMAT, version=VERSION, source=source, created_ts=created_ts, meta=meta)
-    ) + b"\n"
+    return (
+        _encoder.encode(
+            Header(format=FORMAT, version=VERSION, source=source, created_ts=created_ts, meta=meta)
+        )
+        + b"\n"
+    )
 
 
 class LogWriter:

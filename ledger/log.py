@@ -71,15 +71,23 @@ class EventLog:
     def extend(self, events: Iterable[Event]) -> list[Event]:
         """Append several events under one lock acquisition; all or nothing on a seq error."""
         batch = list(events)
+        source = self.source
         with self.lock:
-            expected = self._next_seq
-            for event in batch:
-                if event.seq not in (UNASSIGNED_SEQ, expected):
-                    raise SeqError(f"event seq {event.seq} but the log expects {expected}")
-                if event.source != self.source:
-                    raise ValueError(f"event source {event.source!r} in the log of {self.source!r}")
-                expected += 1
-            return [self._append_locked(event) for event in batch]
+            seq = self._next_seq
+            for i, event in enumerate(batch):
+                if event.seq != seq:
+                    if event.seq != UNASSIGNED_SEQ:
+                        raise SeqError(f"event seq {event.seq} but the log expects {seq}")
+                    batch[i] = event = msgspec.structs.replace(event, seq=seq)
+                if event.source != source:
+                    raise ValueError(f"event source {event.source!r} in the log of {source!r}")
+                seq += 1
+            self._events.extend(batch)
+            self._next_seq = seq
+            for listener in self._listeners:
+                for event in batch:
+                    listener(event)
+        return batch
 
     def _append_locked(self, event: Event) -> Event:
         seq = self._next_seq

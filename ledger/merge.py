@@ -22,9 +22,7 @@ def merge(streams: Iterable[Iterable[Event]], names: list[str] | None = None) ->
     labels = names or [f"input {i + 1}" for i in range(len(inputs))]
     owner: dict[str, int] = {}
     last: dict[str, int] = {}
-    tagged = (
-        ((e.ts, e.source, e.seq, i, e) for e in stream) for i, stream in enumerate(inputs)
-    )
+    tagged = [_tag(stream, i) for i, stream in enumerate(inputs)]
     for _, source, seq, i, event in heapq.merge(*tagged, key=lambda item: item[:4]):
         first = owner.setdefault(source, i)
         if first != i or seq <= last.get(source, 0):
@@ -36,3 +34,8 @@ def merge(streams: Iterable[Iterable[Event]], names: list[str] | None = None) ->
             )
         last[source] = seq
         yield event
+
+
+def _tag(stream: Iterable[Event], index: int) -> Iterator[tuple[float, str, int, int, Event]]:
+    for e in stream:
+        yield (e.ts, e.source, e.seq, index, e)

@@ -10,12 +10,12 @@ decisions on its output are what tests check.
 from __future__ import annotations
 
 import random
-
-import msgspec
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+import msgspec
+
+from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Schedule, Seal, TransferId
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def _transfer_events(cfg: SynthConfig, rng: random.Random, n: int, start: float)
     deadline = start + cfg.defer_timeout_s
     P, C = cfg.producer, cfg.consumer
     write = rng.random() < cfg.write_fraction
-    mode = "write" if write else "read"
+    mode: Mode = "write" if write else "read"
     fault = rng.random() < cfg.fault_rate
     fault_kind = rng.choice(("transient", "terminal", "lost", "duplicate", "early")) if fault else ""
     t = start
@@ -74,7 +74,8 @@ def _transfer_events(cfg: SynthConfig, rng: random.Random, n: int, start: float)
             step: list[Event] = [Schedule(ts=tick(), source=P, transfer_id=tid, op="write", layers=layers)]
             if fault_kind == "transient" and first == 0:
                 step.append(Fail(ts=tick(), source=P, transfer_id=tid, reason="SQ full", retryable=True))
-                step.append(Schedule(ts=tick(), source=P, transfer_id=tid, op="write", layers=layers, attempt=1))
+                retry = Schedule(ts=tick(), source=P, transfer_id=tid, op="write", layers=layers, attempt=1)
+                step.append(retry)
             step.append(Ack(ts=tick(), source=P, transfer_id=tid, what="write", layers=layers))
             if fault_kind == "duplicate" and first == 0:
                 step.append(Ack(ts=tick(), source=P, transfer_id=tid, what="write", layers=layers))

@@ -1,0 +1,54 @@
+"""Event builders for tests: one `Side` per source, stamping seq and ts in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+
+
+class Side:
+    """Makes the events one source appends, numbering them 1, 2, 3, ... with a fake clock."""
+
+    def __init__(self, source: str, *, start_ts: float = 1000.0, step_s: float = 0.01) -> None:
+        self.source = source
+        self.seq = 0
+        self.ts = start_ts
+        self.step_s = step_s
+
+    def _next(self, ts: float | None) -> dict[str, Any]:
+        self.seq += 1
+        self.ts = ts if ts is not None else self.ts + self.step_s
+        return {"seq": self.seq, "ts": self.ts, "source": self.source}
+
+    def map(self, tid: str, req: str, role: str = "producer", mode: str = "read", *,
+            blocks: tuple[int, ...] = (1, 2, 3), remote: tuple[int, ...] | None = None,
+            acks: int = 1, deadline: float | None = None, ts: float | None = None) -> Map:  # fmt: skip
+        env = self._next(ts)
+        return Map(**env, transfer_id=TransferId(tid), request_id=ReqId(req), role=role, mode=mode,  # type: ignore[arg-type]
+                   block_ids=blocks, remote_block_ids=remote, acks_expected=acks,
+                   deadline=deadline if deadline is not None else env["ts"] + 60.0)  # fmt: skip
+
+    def schedule(self, tid: str, layers: tuple[int, ...] | None = None, *, op: str = "read",
+                 attempt: int = 0, deferred: bool = False, ts: float | None = None) -> Schedule:  # fmt: skip
+        return Schedule(**self._next(ts), transfer_id=TransferId(tid), op=op, layers=layers,  # type: ignore[arg-type]
+                        attempt=attempt, deferred=deferred)  # fmt: skip
+
+    def seal(self, tid: str, expected: int, *, ts: float | None = None) -> Seal:
+        return Seal(**self._next(ts), transfer_id=TransferId(tid), expected=expected)
+
+    def ack(self, tid: str, what: str, layers: tuple[int, ...] | None = None, *, rank: int = 0,
+            ts: float | None = None) -> Ack:  # fmt: skip
+        return Ack(**self._next(ts), transfer_id=TransferId(tid), what=what, layers=layers, rank=rank)  # type: ignore[arg-type]
+
+    def fail(self, tid: str, reason: str = "boom", *, retryable: bool = False, ts: float | None = None) -> Fail:
+        return Fail(**self._next(ts), transfer_id=TransferId(tid), reason=reason, retryable=retryable)
+
+    def expire(self, tid: str, deadline: str = "defer", *, ts: float | None = None) -> Expire:
+        return Expire(**self._next(ts), transfer_id=TransferId(tid), deadline=deadline)  # type: ignore[arg-type]
+
+
+def releases_of(events: list[Event]) -> list[Any]:
+    from ledger.fold import fold_all
+
+    return fold_all(events)[1]
