@@ -42,9 +42,7 @@ class DictBookkeeping:
         if isinstance(e, Ack):
             if e.what == "release":
                 self.ranks.setdefault(key, set()).add(e.rank)
-            elif e.what == "recv":
-                self.recv.add(key)
-            elif e.layers is None:
+            elif e.what == "recv" or e.layers is None:
                 self.recv.add(key)
             else:
                 sched = self.scheduled.get(key, ())

@@ -149,8 +149,7 @@ def _anomalies(t: TransferState) -> list[Finding]:
                 "over_ack",
                 t,
                 tuple(t.over_ack_seqs),
-                f"acks beyond what was scheduled or sealed "
-                f"(expected {t.expected}, acked {len(t.acked or ())})",
+                f"acks beyond what was scheduled or sealed (expected {t.expected}, acked {len(t.acked or ())})",
             )
         )
     if t.reuse_seqs:

@@ -211,6 +211,9 @@ class LedgerState:
         self.sources: dict[str, None] = {}
         self.tombstones: OrderedDict[Key, Cause] = OrderedDict()
         self.late_after_compaction = 0
+        """Events for sides already compacted away (absorbed; they can change nothing)."""
+        self.compacted_by_phase: dict[str, int] = {}
+        self.compacted_by_mode: dict[str, int] = {}
         self.releases_by_cause: dict[Cause, int] = {"completed": 0, "failed": 0, "expired": 0}
         self.blocks_held = 0
         self._handlers: dict[type, Callable[[TransferState, Event], Release | None]] = {
@@ -334,11 +337,7 @@ class LedgerState:
         heapq.heappush(self.deadlines, (e.deadline, e.seq, e.source, e.transfer_id))
         if len(self.deadlines) > 64 and len(self.deadlines) > 2 * len(self.live):
             self._sweep_deadlines()
-        if (
-            e.role == "consumer"
-            and e.remote_block_ids is not None
-            and len(e.block_ids) > len(e.remote_block_ids)
-        ):
+        if e.role == "consumer" and e.remote_block_ids is not None and len(e.block_ids) > len(e.remote_block_ids):
             return self._decide(t, "failed", e.seq, e.ts, REASON_LOCAL_EXCEEDS_REMOTE)
         if t.pending_fail_seq:
             return self._decide(t, "failed", e.seq, e.ts, t.fail_reason)
@@ -624,18 +623,30 @@ class LedgerState:
             out.append(t)
         return out
 
-    def compact(self, upto_seq_by_source: dict[str, int]) -> int:
-        """Forget decided sides whose last event is persisted (seq <= the given per source).
+    def compact(self, upto_seq_by_source: dict[str, int] | None = None, *, clean_only: bool = False) -> int:
+        """Forget decided sides, so memory follows live transfers rather than log length.
 
-        Their keys become tombstones (bounded by `TOMBSTONES_MAX`), so an event
-        arriving later is absorbed as late rather than mistaken for a new
-        transfer. Returns how many sides were dropped.
+        With `upto_seq_by_source`, only sides whose last event is at or below that
+        seq (persisted) go. With `clean_only`, sides that carry audit evidence
+        (late, duplicate, over-ack, reuse, double owner, an expired producer that
+        a merged consumer may still prove premature, an expired orphan) stay, so
+        no finding is lost. Their keys become tombstones (bounded by
+        `TOMBSTONES_MAX`): an event arriving later is absorbed as late rather than
+        mistaken for a new transfer. Phase and mode counts of dropped sides are
+        kept in `compacted_by_phase` / `compacted_by_mode`. Returns how many went.
         """
         dropped = 0
         for key, t in list(self.transfers.items()):
-            if t.decision is None and not (t.phase == Phase.EXPIRED and not t.mapped):
+            if not t.closed:
                 continue
-            if t.last_seq > upto_seq_by_source.get(t.source, -1):
+            if upto_seq_by_source is not None and t.last_seq > upto_seq_by_source.get(t.source, -1):
+                continue
+            if clean_only and (
+                key in self.anomalous
+                or key in self.double_owned
+                or key in self.expired_producers
+                or key in self.orphans_expired
+            ):
                 continue
             del self.transfers[key]
             self.anomalous.pop(key, None)
@@ -643,6 +654,9 @@ class LedgerState:
             self.orphans_expired.pop(key, None)
             self.expired_producers.pop(key, None)
             self.tombstones[key] = t.decision.cause if t.decision else "expired"
+            self.compacted_by_phase[t.phase] = self.compacted_by_phase.get(t.phase, 0) + 1
+            mode = t.mode or "unmapped"
+            self.compacted_by_mode[mode] = self.compacted_by_mode.get(mode, 0) + 1
             dropped += 1
         while len(self.tombstones) > TOMBSTONES_MAX:
             self.tombstones.popitem(last=False)

@@ -79,8 +79,7 @@ class LogReader:
             raise LogFormatError(
                 self.name,
                 1,
-                f"not a kvledger header ({_describe(error)}); "
-                f'expected {{"format": "{FORMAT}", "version": {VERSION}}}',
+                f'not a kvledger header ({_describe(error)}); expected {{"format": "{FORMAT}", "version": {VERSION}}}',
             ) from None
         if header.format != FORMAT:
             raise LogFormatError(self.name, 1, f"field 'format': {header.format!r} is not {FORMAT!r}")
@@ -137,10 +136,7 @@ def read_events(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -
 
 def header_line(source: str | None = None, created_ts: float | None = None, **meta: Any) -> bytes:
     return (
-        _encoder.encode(
-            Header(format=FORMAT, version=VERSION, source=source, created_ts=created_ts, meta=meta)
-        )
-        + b"\n"
+        _encoder.encode(Header(format=FORMAT, version=VERSION, source=source, created_ts=created_ts, meta=meta)) + b"\n"
     )
 
 

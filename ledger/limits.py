@@ -22,3 +22,6 @@ JSONL_LINE_BYTES_MAX = 1 << 20
 
 FINDINGS_WORST_MAX = 10
 """How many findings a summary lists in full."""
+
+REPLAY_COMPACT_EVERY = 200_000
+"""Events between compactions of cleanly released sides during an offline replay."""

@@ -104,8 +104,7 @@ def _transfer_events(cfg: SynthConfig, rng: random.Random, n: int, start: float)
         steps.append([Expire(ts=deadline, source=P, transfer_id=tid, deadline="defer")])
         return steps
     releases: list[Event] = [
-        Ack(ts=tick(), source=P, transfer_id=tid, what="release", rank=rank)
-        for rank in range(cfg.consumer_ranks)
+        Ack(ts=tick(), source=P, transfer_id=tid, what="release", rank=rank) for rank in range(cfg.consumer_ranks)
     ]
     if fault_kind == "duplicate":
         releases.append(Ack(ts=tick(), source=P, transfer_id=tid, what="release", rank=0))

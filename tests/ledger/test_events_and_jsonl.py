@@ -102,5 +102,5 @@ def test_merge_orders_by_time_keeps_each_source_in_order_and_refuses_overlap() -
     right = [c.ack("t", "recv"), c.ack("t", "recv")]
     merged = list(merge([left, right]))
     assert [(e.source, e.seq) for e in merged] == [("p", 1), ("c", 1), ("p", 2), ("c", 2), ("p", 3)]
-    with pytest.raises(OverlapError, match="appears in both a.jsonl and b.jsonl"):
+    with pytest.raises(OverlapError, match=r"appears in both a\.jsonl and b\.jsonl"):
         list(merge([left, left], names=["a.jsonl", "b.jsonl"]))

@@ -32,11 +32,12 @@ def scripts(draw: st.DrawFn) -> list[Event]:
         ranks = draw(st.integers(1, 4))
         layers = draw(st.integers(1, 4))
         base = 10 * i
-        intents.append((SOURCES[0], "map", dict(tid=tid, req=f"p-{i}", role="producer", mode=mode,
-                                                 blocks=(base, base + 1), acks=ranks if mode == "read" else 1)))  # fmt: skip
-        remote_len = draw(st.sampled_from([2, 2, 2, 1]))
-        intents.append((SOURCES[1], "map", dict(tid=tid, req=f"c-{i}", role="consumer", mode=mode,
-                                                 blocks=(base + 5, base + 6), remote=tuple(range(remote_len)))))  # fmt: skip
+        acks = ranks if mode == "read" else 1
+        producer = dict(tid=tid, req=f"p-{i}", role="producer", mode=mode, blocks=(base, base + 1), acks=acks)
+        intents.append((SOURCES[0], "map", producer))
+        remote = tuple(range(draw(st.sampled_from([2, 2, 2, 1]))))
+        consumer = dict(tid=tid, req=f"c-{i}", role="consumer", mode=mode, blocks=(base + 5, base + 6), remote=remote)
+        intents.append((SOURCES[1], "map", consumer))
         if mode == "write":
             for layer in range(layers):
                 intents.append((SOURCES[0], "schedule", dict(tid=tid, layers=(layer,), op="write")))

@@ -1,0 +1,105 @@
+"""The story of one transfer: every event of every side in time order, gaps, and each decision with why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ledger.decisions import Release
+from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
+from ledger.fold import LedgerState, TransferState
+
+
+@dataclass(frozen=True)
+class Row:
+    ts: float
+    gap_s: float
+    source: str
+    seq: int
+    kind: str
+    text: str
+    decision: bool = False
+
+
+@dataclass
+class Timeline:
+    transfer_id: str
+    rows: list[Row] = field(default_factory=list)
+    sides: list[TransferState] = field(default_factory=list)
+    releases: list[Release] = field(default_factory=list)
+
+
+def _layers(layers: tuple[int, ...] | None) -> str:
+    if layers is None:
+        return "all layers"
+    if len(layers) > 6:
+        return f"{len(layers)} layers {layers[0]}..{layers[-1]}"
+    return "layers " + ",".join(map(str, layers))
+
+
+def describe(event: Event) -> str:
+    """One line a person reads without knowing the JSON."""
+    if isinstance(event, Map):
+        remote = f", remote {len(event.remote_block_ids)} blocks" if event.remote_block_ids is not None else ""
+        peer = f", peer {event.peer}" if event.peer else ""
+        waits = f"; waits for {event.acks_expected} release ack(s)" if event.role == "producer" else ""
+        return (
+            f"{event.role} {event.request_id} ({event.mode} mode) holds {len(event.block_ids)} blocks{remote}"
+            f"{peer}{waits}; deadline at {event.deadline:.3f}"
+        )
+    if isinstance(event, Schedule):
+        how = "deferred (remote not ready)" if event.deferred else "issued"
+        retry = f", retry {event.attempt}" if event.attempt else ""
+        return f"{event.op} of {_layers(event.layers)} {how}{retry}"
+    if isinstance(event, Seal):
+        return f"forward done: {event.expected} layer operations to expect"
+    if isinstance(event, Ack):
+        if event.what == "release":
+            return f"release ack from consumer rank {event.rank}"
+        if event.what == "recv":
+            return "all KV arrived at the consumer"
+        return f"{event.what} done: {_layers(event.layers)}"
+    if isinstance(event, Fail):
+        return f"{'transient' if event.retryable else 'terminal'} failure: {event.reason}"
+    assert isinstance(event, Expire)
+    return f"{event.deadline} deadline passed"
+
+
+def why(release: Release, side: TransferState) -> str:
+    """The evidence behind a release, in words."""
+    if release.cause == "failed":
+        return f"failed: {release.reason}" + (" (its blocks are load errors)" if release.load_error else "")
+    if release.cause == "expired":
+        return f"expired: {release.reason}" + (" (its blocks are load errors)" if release.load_error else "")
+    if side.role == "producer" and side.mode == "read":
+        ranks = ",".join(map(str, sorted(side.release_ranks or ())))
+        return f"completed: {side.acks_expected} release ack(s) arrived (ranks {ranks})"
+    if side.role == "producer":
+        if side.expected is not None and len(side.acked or ()) >= side.expected:
+            return f"completed: sealed at {side.expected} writes, all acked"
+        return "completed: the consumer released the transfer"
+    if side.recv:
+        return "completed: all KV arrived (recv)"
+    return "completed: every read finished"
+
+
+def build(events: Iterable[Event], transfer_id: str) -> Timeline:
+    """Fold the events of `transfer_id` (other transfers are skipped) into its timeline."""
+    timeline = Timeline(transfer_id)
+    state = LedgerState()
+    previous: float | None = None
+    for event in events:
+        if event.transfer_id != transfer_id:
+            continue
+        release = state.apply(event)
+        gap = 0.0 if previous is None else event.ts - previous
+        previous = event.ts
+        kind = event.__struct_config__.tag
+        timeline.rows.append(Row(event.ts, gap, event.source, event.seq, str(kind), describe(event)))
+        if release is not None:
+            side = state.transfers[(release.source, release.transfer_id)]
+            timeline.releases.append(release)
+            text = f"RELEASE {len(release.block_ids)} blocks of {release.request_id}: {why(release, side)}"
+            timeline.rows.append(Row(event.ts, 0.0, event.source, event.seq, "decision", text, decision=True))
+    timeline.sides = list(state.transfers.values())
+    return timeline

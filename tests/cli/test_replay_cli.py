@@ -1,0 +1,154 @@
+"""The replay, audit and timeline commands, through the real console script and Typer's runner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ledger.cli import app
+from ledger.jsonl import write_log
+from ledger.ledger import Ledger
+from ledger.synth import SynthConfig, generate
+from tests.ledger.builders import Side
+
+runner = CliRunner()
+KVLEDGER = shutil.which("kvledger") or "kvledger"
+
+
+def _incident(tmp_path: Path, seed: int = 5, **overrides: object) -> Path:
+    cfg = SynthConfig(**{"transfers": 400, "concurrency": 64, "fault_rate": 0.2, **overrides})  # type: ignore[arg-type]
+    path = tmp_path / f"incident-{seed}.jsonl"
+    write_log(path, generate(cfg, seed=seed))
+    return path
+
+
+def _leaky(tmp_path: Path) -> Path:
+    p = Side("prefill-0/tp0", start_ts=1000.0)
+    events = [p.map("tx-held", "p-1", deadline=1001.0), p.map("tx-ok", "p-2", blocks=(7,)), p.ack("tx-ok", "release")]
+    path = tmp_path / "leak.jsonl"
+    write_log(path, events)
+    return path
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_replay_decisions_equal_the_live_decisions_in_order(tmp_path: Path, seed: int) -> None:
+    cfg = SynthConfig(transfers=300, concurrency=48, fault_rate=0.25)
+    events = list(generate(cfg, seed=seed))
+    live = {source: Ledger(source) for source in (cfg.producer, cfg.consumer)}
+    decided = []
+    for event in events:
+        release = live[event.source].append(event)
+        if release is not None:
+            decided.append(json.loads(json.dumps(_plain(release))))
+    path = tmp_path / "live.jsonl"
+    write_log(path, (e for source in live.values() for e in source.log.since(0)))
+    result = subprocess.run([KVLEDGER, "replay", str(path), "--json", "--fail-on", "never"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    replayed = json.loads(result.stdout)["decisions"]
+    # The written log is grouped by source, so compare each source's decisions in order.
+    for source in live:
+        assert [d for d in replayed if d["source"] == source] == [d for d in decided if d["source"] == source]
+    assert len(replayed) == len(decided) > 0
+
+
+def _plain(release: object) -> dict[str, object]:
+    import msgspec
+
+    return msgspec.to_builtins(release)  # type: ignore[no-any-return]
+
+
+def test_replay_prints_the_summary_and_exits_by_severity(tmp_path: Path) -> None:
+    path = _leaky(tmp_path)
+    result = subprocess.run([KVLEDGER, "replay", str(path), "--now", "1005"], capture_output=True, text=True)
+    assert result.returncode == 1  # a leak is an error
+    assert "blocks still held: 3" in result.stdout
+    assert "leak" in result.stdout and "tx-held" in result.stdout
+    assert "completed" in result.stdout
+    quiet = subprocess.run([KVLEDGER, "replay", str(path), "--now", "1000.5"], capture_output=True, text=True)
+    assert quiet.returncode == 0, quiet.stdout  # before the deadline there is no leak yet
+
+
+def test_replay_json_and_time_travel(tmp_path: Path) -> None:
+    path = _leaky(tmp_path)
+    full = json.loads(runner.invoke(app, ["replay", str(path), "--json", "--now", "1005"]).stdout)
+    assert full["summary"]["blocks_held"] == 3
+    assert full["summary"]["findings_by_code"] == {"leak": 1}
+    assert [d["transfer_id"] for d in full["decisions"]] == ["tx-ok"]
+    early = runner.invoke(app, ["replay", str(path), "--json", "--until-seq", "2", "--now", "1000"])
+    assert early.exit_code == 0
+    assert json.loads(early.stdout)["decisions"] == []
+    assert json.loads(early.stdout)["summary"]["blocks_held"] == 4
+    by_ts = runner.invoke(app, ["replay", str(path), "--json", "--until-ts", "1000.015", "--now", "1000"])
+    assert json.loads(by_ts.stdout)["events"] == 1
+
+
+def test_audit_lists_findings_only(tmp_path: Path) -> None:
+    path = _leaky(tmp_path)
+    result = runner.invoke(app, ["audit", str(path), "--now", "1005", "--json"])
+    assert result.exit_code == 1
+    assert [f["code"] for f in json.loads(result.stdout)] == ["leak"]
+    clean = runner.invoke(app, ["audit", str(path), "--now", "1000.5"])
+    assert clean.exit_code == 0 and "no findings" in clean.stdout
+
+
+def test_timeline_tells_one_transfers_story(tmp_path: Path) -> None:
+    path = _incident(tmp_path)
+    result = subprocess.run([KVLEDGER, "timeline", str(path), "tx-00000003"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "RELEASE" in result.stdout and "prefill-0/tp0" in result.stdout and "decode-0/tp0" in result.stdout
+    missing = runner.invoke(app, ["timeline", str(path), "tx-nope"])
+    assert missing.exit_code == 2 and "does not appear" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":1,"source":"p","transfer_id":"t","expected":1}\n{"kind":"se',
+         ":3: truncated last line"),
+        (b'{"format":"nope","version":1}\n', ":1: field 'format'"),
+        (b'{"format":"kvledger","version":9}\n', ":1: field 'version': unknown version 9"),
+    ],
+)  # fmt: skip
+def test_bad_logs_exit_2_with_one_line_naming_file_and_line(tmp_path: Path, content: bytes, needle: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    result = subprocess.run([KVLEDGER, "replay", str(path)], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stdout == ""  # nothing printed as if it had succeeded
+    assert result.stderr.startswith("kvledger: error: ") and str(path) in result.stderr and needle in result.stderr
+
+
+def test_missing_file_and_overlapping_logs_exit_2(tmp_path: Path) -> None:
+    missing = subprocess.run([KVLEDGER, "replay", str(tmp_path / "gone.jsonl")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+    path = _incident(tmp_path)
+    copy = tmp_path / "copy.jsonl"
+    shutil.copy(path, copy)
+    twice = subprocess.run([KVLEDGER, "replay", str(path), str(copy)], capture_output=True, text=True)
+    assert twice.returncode == 2 and "overlap" in twice.stderr and twice.stdout == ""
+
+
+def test_skip_bad_lines_reports_what_it_skipped(tmp_path: Path) -> None:
+    path = _leaky(tmp_path)
+    with path.open("ab") as f:
+        f.write(b'{"kind":"ack","seq":"x"}\n')
+    result = runner.invoke(app, ["replay", str(path), "--skip-bad-lines", "--json", "--fail-on", "never"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["skipped"][0]["line"] == 5
+    assert "skipped" in result.stderr
+
+
+def test_merging_producer_and_consumer_logs_finds_a_premature_release(tmp_path: Path) -> None:
+    p, c = Side("prefill-0/tp0", start_ts=1000.0), Side("decode-0/tp0", start_ts=1000.0)
+    write_log(tmp_path / "p.jsonl", [p.map("tx", "p-1", deadline=1001.0), p.expire("tx", ts=1001.0)])
+    write_log(tmp_path / "c.jsonl", [c.map("tx", "c-1", "consumer", remote=(1, 2, 3)), c.schedule("tx"),
+                                      c.ack("tx", "read", ts=1004.0)])  # fmt: skip
+    result = runner.invoke(app, ["audit", str(tmp_path / "p.jsonl"), str(tmp_path / "c.jsonl"), "--json"])
+    assert result.exit_code == 1
+    assert [f["code"] for f in json.loads(result.stdout)] == ["premature_release"]
