@@ -31,7 +31,7 @@ import msgspec
 
 from ledger.decisions import Cause, Key, Release
 from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
-from ledger.limits import EVIDENCE_SEQS_MAX, TOMBSTONES_MAX
+from ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX, TOMBSTONES_MAX
 
 PhaseName: TypeAlias = Literal["unmapped", "held", "active", "sealed", "completed", "failed", "expired"]
 
@@ -297,7 +297,7 @@ class LedgerState:
         self.live[key] = t
         self._claim_blocks(t, key)
         heapq.heappush(self.deadlines, (e.deadline, e.seq, e.source, e.transfer_id))
-        if len(self.deadlines) > 64 and len(self.deadlines) > 2 * len(self.live):
+        if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
         remote = e.remote_block_ids
         if e.role == "consumer" and remote is not None and len(e.block_ids) > len(remote):
@@ -335,7 +335,7 @@ class LedgerState:
         self.live[key] = t
         self._claim_blocks(t, key)
         heapq.heappush(self.deadlines, (e.deadline, e.seq, e.source, e.transfer_id))
-        if len(self.deadlines) > 64 and len(self.deadlines) > 2 * len(self.live):
+        if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
         if e.role == "consumer" and e.remote_block_ids is not None and len(e.block_ids) > len(e.remote_block_ids):
             return self._decide(t, "failed", e.seq, e.ts, REASON_LOCAL_EXCEEDS_REMOTE)

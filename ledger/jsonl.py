@@ -14,7 +14,7 @@ from typing import IO, Any
 import msgspec
 
 from ledger.events import Event
-from ledger.limits import JSONL_LINE_BYTES_MAX
+from ledger.limits import JSONL_CHUNK_BYTES, JSONL_LINE_BYTES_MAX
 
 FORMAT = "kvledger"
 VERSION = 1
@@ -92,8 +92,33 @@ class LogReader:
         return header
 
     def __iter__(self) -> Iterator[Event]:
+        # Fast path: decode a chunk of whole lines at once; only a chunk that fails is
+        # decoded again line by line, to name the exact line and field.
+        decode_lines = _event_decoder.decode_lines
+        read, readline = self._stream.read, self._stream.readline
+        while True:
+            chunk = read(JSONL_CHUNK_BYTES)
+            if not chunk:
+                return
+            if not chunk.endswith(b"\n"):
+                chunk += readline(JSONL_LINE_BYTES_MAX + 1)
+            try:
+                events = decode_lines(chunk)
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+                yield from self._line_by_line(chunk)
+                continue
+            if len(chunk) > JSONL_LINE_BYTES_MAX and max(map(len, chunk.split(b"\n"))) > JSONL_LINE_BYTES_MAX:
+                yield from self._line_by_line(chunk)
+                continue
+            if events and min(e.seq for e in events) < 1:
+                yield from self._line_by_line(chunk)
+                continue
+            self.line += chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1)
+            yield from events
+
+    def _line_by_line(self, chunk: bytes) -> Iterator[Event]:
         decode = _event_decoder.decode
-        for raw in self._stream:
+        for raw in chunk.splitlines(keepends=True):
             self.line += 1
             if len(raw) > JSONL_LINE_BYTES_MAX:
                 error = f"line longer than {JSONL_LINE_BYTES_MAX} bytes"

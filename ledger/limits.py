@@ -5,6 +5,9 @@ from __future__ import annotations
 EVIDENCE_SEQS_MAX = 32
 """Seqs kept per transfer per kind of anomaly (late, duplicate, over-ack)."""
 
+DEADLINE_HEAP_SLACK = 4
+"""The deadline heap is swept of decided sides when it holds this many times the live ones."""
+
 TOMBSTONES_MAX = 100_000
 """Compacted transfer keys remembered, so a late event after compaction is late, not orphan."""
 
@@ -20,8 +23,11 @@ DEFAULT_CLOCK_SKEW_S = 0.5
 JSONL_LINE_BYTES_MAX = 1 << 20
 """An incident-log line longer than this is rejected (one event is a few hundred bytes)."""
 
+JSONL_CHUNK_BYTES = 1 << 20
+"""Bytes of whole lines an incident-log reader decodes at once."""
+
 FINDINGS_WORST_MAX = 10
 """How many findings a summary lists in full."""
 
-REPLAY_COMPACT_EVERY = 200_000
+REPLAY_COMPACT_EVERY = 16_384
 """Events between compactions of cleanly released sides during an offline replay."""

@@ -31,14 +31,13 @@ def replay(
     until_seq: int | None = None,
     until_ts: float | None = None,
     on_progress: Callable[[int], None] | None = None,
-    progress_every: int = 65536,
     compact_every: int | None = REPLAY_COMPACT_EVERY,
     keep_releases: bool = True,
 ) -> ReplayResult:
     """Fold `events` into a fresh state, leaving out events after `until_ts` or past `until_seq` (per source).
 
     The state is fresh and private: an error while reading leaves nothing half-applied
-    anywhere else. Every `compact_every` events, cleanly released sides are compacted
+    anywhere else. Every `compact_every` events (rounded down to a power of two), cleanly released sides are compacted
     away (their counts kept), so memory follows live transfers, not log length;
     sides with audit evidence are kept.
     """
@@ -50,7 +49,8 @@ def replay(
     release_count = 0
     n = 0
     first_ts: float | None = None
-    last_ts: float | None = None
+    last_ts = float("-inf")
+    compact_mask = (1 << max(0, (compact_every or 1).bit_length() - 1)) - 1
     for event in events:
         if until_ts is not None and event.ts > until_ts:
             result.stopped_early = True
@@ -65,14 +65,17 @@ def replay(
             if keep_releases:
                 releases.append(release)
         n += 1
-        if first_ts is None:
-            first_ts = event.ts
-        if last_ts is None or event.ts > last_ts:
+        if event.ts > last_ts:
             last_ts = event.ts
-        if on_progress is not None and n % progress_every == 0:
-            on_progress(n)
-        if compact_every is not None and n % compact_every == 0:
-            result.state.compact(clean_only=True)
-    result.events, result.first_ts, result.last_ts = n, first_ts, last_ts
+        if not n & compact_mask:
+            if first_ts is None:
+                first_ts = event.ts
+            if compact_every is not None:
+                state.compact(clean_only=True)
+            if on_progress is not None:
+                on_progress(n)
+        elif n == 1:
+            first_ts = event.ts
+    result.events, result.first_ts, result.last_ts = n, first_ts, (last_ts if n else None)
     result.release_count = release_count
     return result

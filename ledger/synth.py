@@ -39,8 +39,11 @@ def _transfer_events(cfg: SynthConfig, rng: random.Random, n: int, start: float)
     """One transfer's events as a list of steps; each step is a list of events."""
     tid = TransferId(f"tx-{n:08x}")
     p_req, c_req = ReqId(f"p-{n}"), ReqId(f"c-{n}")
-    p_blocks = tuple(range(n * cfg.blocks_per_request, (n + 1) * cfg.blocks_per_request))
-    c_blocks = tuple(b + 7 for b in p_blocks)
+    # Block ids come from a bounded pool, as from vLLM's allocator; slots recycle long after
+    # a transfer ends (8x the concurrency), so they never collide in time.
+    slot = n % (8 * cfg.concurrency)
+    p_blocks = tuple(range(slot * cfg.blocks_per_request, (slot + 1) * cfg.blocks_per_request))
+    c_blocks = p_blocks
     deadline = start + cfg.defer_timeout_s
     P, C = cfg.producer, cfg.consumer
     write = rng.random() < cfg.write_fraction

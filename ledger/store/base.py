@@ -9,7 +9,7 @@ the edge (eventsourcing style), so callers see the same failures on every backen
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ledger.events import Event, TransferId
 
@@ -32,6 +32,16 @@ class NotALedger(StoreError):
 
 class ConflictError(StoreError):
     """An event with the same (source, seq) but different content is already stored."""
+
+
+class StoredSnapshot(NamedTuple):
+    """An encoded LedgerState of one source after its event `seq` (see ledger.store.snapshot)."""
+
+    source: str
+    seq: int
+    format: int
+    created_ts: float
+    body: bytes
 
 
 class EventStore(Protocol):
@@ -74,5 +84,13 @@ class EventStore(Protocol):
         ...
 
     def count(self) -> int: ...
+
+    def save_snapshot(self, snapshot: StoredSnapshot) -> None:
+        """Store a snapshot; saving the same (source, seq) again replaces it."""
+        ...
+
+    def latest_snapshot(self, source: str, max_seq: int | None = None) -> StoredSnapshot | None:
+        """The snapshot of `source` with the highest seq (at most `max_seq`), if any."""
+        ...
 
     def close(self) -> None: ...

@@ -1,0 +1,119 @@
+"""Offline replay throughput and peak memory on generated incident logs (1M and 10M events).
+
+Run: python benchmarks/replay.py [--events N] [--dir DIR]. The log is generated here (never
+committed). Baseline in the same run: decoding the same file with msgspec alone, to show
+what fraction of replay time goes to folding. Peak memory is measured in a fresh child
+process per log size (ru_maxrss), so 1M and 10M are comparable. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import msgspec
+
+from ledger.events import Event
+from ledger.jsonl import header_line, read_events
+from ledger.replay import replay
+from ledger.synth import SynthConfig, generate
+
+EVENTS_PER_TRANSFER = 13
+"""About how many events (both sides) the generator makes per transfer with these settings."""
+CHUNK = 100_000
+
+
+def make_log(path: Path, events: int, seed: int) -> int:
+    cfg = SynthConfig(
+        transfers=max(1, events // EVENTS_PER_TRANSFER), concurrency=512, layers=64, layers_per_step=8, fault_rate=0.0
+    )
+    encoder = msgspec.json.Encoder()
+    n = 0
+    with path.open("wb") as f:
+        f.write(header_line(source=None, generator="benchmarks/replay.py", seed=seed))
+        chunk: list[Event] = []
+        for event in generate(cfg, seed=seed):
+            chunk.append(event)
+            if len(chunk) == CHUNK:
+                f.write(encoder.encode_lines(chunk))
+                n += len(chunk)
+                chunk.clear()
+        f.write(encoder.encode_lines(chunk))
+        n += len(chunk)
+    return n
+
+
+def decode_only(path: Path) -> tuple[int, float]:
+    start = time.perf_counter()
+    n = sum(1 for _ in read_events(path))
+    return n, time.perf_counter() - start
+
+
+def fold(path: Path) -> dict[str, float]:
+    """Replay in this process; report throughput, live sides at the end and peak RSS."""
+    start = time.perf_counter()
+    result = replay(read_events(path), keep_releases=False)
+    elapsed = time.perf_counter() - start
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "events": result.events,
+        "seconds": elapsed,
+        "releases": result.release_count,
+        "sides_in_memory": len(result.state.transfers),
+        "peak_mb": peak_kb / 1024,
+    }
+
+
+def fold_in_child(path: Path) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child-fold", str(path)], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=10_000_000, help="size of the large log")
+    parser.add_argument("--small", type=int, default=1_000_000, help="size of the small log")
+    parser.add_argument("--dir", type=Path, default=None, help="where to write the logs (default: a temp dir)")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--child-fold", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_fold is not None:
+        print(json.dumps(fold(args.child_fold)))
+        return
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        figures: dict[str, object] = {}
+        for label, size in (("1m", args.small), ("10m", args.events)):
+            path = Path(tmp) / f"incident-{label}.jsonl"
+            start = time.perf_counter()
+            n = make_log(path, size, args.seed)
+            made_s = time.perf_counter() - start
+            decoded, decode_s = decode_only(path)
+            child = fold_in_child(path)
+            assert child["events"] == decoded == n
+            print(
+                f"{label}: {n:,} events ({path.stat().st_size / 1e6:,.0f} MB, made in {made_s:.1f}s); "
+                f"replay {n / child['seconds']:,.0f} ev/s; decode only {n / decode_s:,.0f} ev/s; "
+                f"peak {child['peak_mb']:.0f} MB; {child['sides_in_memory']:,.0f} sides kept in memory"
+            )
+            figures[f"events_{label}"] = n
+            figures[f"peak_mb_{label}"] = round(child["peak_mb"], 1)
+            figures[f"sides_in_memory_{label}"] = child["sides_in_memory"]
+            if label == "10m":
+                figures["events_per_s"] = round(n / child["seconds"])
+                figures["decode_only_events_per_s"] = round(n / decode_s)
+                figures["fold_fraction"] = round(1 - decode_s / child["seconds"], 3)
+            os.unlink(path)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Every named limit of the store and its background writer, in one place."""
+
+from __future__ import annotations
+
+WRITER_QUEUE_EVENTS_MAX = 65_536
+"""Events the writer holds in memory before it spills to the local file (a few MB)."""
+
+WRITER_BATCH_EVENTS_MAX = 2_000
+"""Events written in one transaction; large enough to amortise a commit, small enough to retry."""
+
+WRITER_BATCH_AGE_S_MAX = 0.05
+"""The oldest queued event waits at most this long before its batch is written."""
+
+WRITER_IDLE_POLL_S = 0.002
+"""How often an idle writer looks at its queue (put never signals: it must not take a lock)."""
+
+WRITER_RETRY_BACKOFF_S_MIN = 0.05
+"""First wait after a failed batch; doubles per failure up to the maximum."""
+
+WRITER_RETRY_BACKOFF_S_MAX = 2.0
+"""Longest wait between attempts while the store is down."""
+
+WRITER_CLOSE_TIMEOUT_S = 10.0
+"""Default time `close()` gives the writer to flush before it spills what is left."""
+
+SPILL_LOAD_EVENTS_MAX = WRITER_BATCH_EVENTS_MAX
+"""Events loaded from a spill file per transaction when the store comes back."""
+
+READ_CHUNK_ROWS = 1_000
+"""Rows fetched per round trip when streaming a read (server-side cursor / yield_per)."""
+
+TAIL_EVENTS_MAX = 10_000
+"""The most events one `tail` call returns."""
+
+SNAPSHOT_TAIL_EVENTS_MAX = 100_000
+"""Recovery writes a new snapshot when it had to refold more events than this."""
+
+SOURCE_CHARS_MAX = 200
+"""Longest `source` name the events table holds (engine and rank, e.g. 'prefill-0/tp0')."""
+
+TRANSFER_ID_CHARS_MAX = 200
+"""Longest transfer id the events table holds."""
+
+KIND_CHARS_MAX = 16
+"""Longest event kind ('schedule')."""
+
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+"""How long a SQLite writer waits for another process's write lock before failing the batch."""
+
+PG_CONNECT_TIMEOUT_S = 3
+"""How long a PostgreSQL connection attempt may take before the batch fails and is retried."""

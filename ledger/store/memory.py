@@ -1,0 +1,114 @@
+"""The in-memory store: the same contract as SQLite and PostgreSQL, for tests and ephemeral runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+from ledger.events import Event, TransferId
+from ledger.store.base import ConflictError, StoredSnapshot, StoreError
+from ledger.store.limits import TAIL_EVENTS_MAX
+from ledger.store.rows import encode_row
+
+
+class MemoryStore:
+    """Events in a list in cursor order plus an index by (source, seq); snapshots in a dict."""
+
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._rows: list[tuple[int, Event]] = []
+        self._bodies: dict[tuple[str, int], bytes] = {}
+        self._max_seq: dict[str, int] = {}
+        self._snapshots: dict[str, dict[int, StoredSnapshot]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.url}: store is closed")
+
+    def append(self, events: Sequence[Event]) -> int:
+        with self._lock:
+            self._check_open()
+            fresh: dict[tuple[str, int], tuple[Event, bytes]] = {}
+            for event in events:
+                row = encode_row(event)
+                key = (event.source, event.seq)
+                stored = self._bodies.get(key)
+                if stored is None and key in fresh:
+                    stored = fresh[key][1]
+                if stored is not None:
+                    if stored != row[5]:
+                        raise ConflictError(
+                            f"{self.url}: {event.source!r} seq {event.seq} is stored with different content"
+                        )
+                    continue
+                fresh[key] = (event, row[5])
+            cursor = len(self._rows)
+            for key, (event, body) in fresh.items():
+                cursor += 1
+                self._rows.append((cursor, event))
+                self._bodies[key] = body
+                if key[1] > self._max_seq.get(key[0], 0):
+                    self._max_seq[key[0]] = key[1]
+            return len(fresh)
+
+    def read(
+        self,
+        *,
+        source: str | None = None,
+        after_seq: int = 0,
+        until_seq: int | None = None,
+        transfer_id: TransferId | None = None,
+        ts_from: float | None = None,
+        ts_to: float | None = None,
+        limit: int | None = None,
+    ) -> Iterator[Event]:
+        with self._lock:
+            self._check_open()
+            rows = list(self._rows)  # a consistent view, like a read transaction
+        emitted = 0
+        for _, event in rows:
+            if limit is not None and emitted >= limit:
+                return
+            if (
+                (source is not None and event.source != source)
+                or event.seq <= after_seq
+                or (until_seq is not None and event.seq > until_seq)
+                or (transfer_id is not None and event.transfer_id != transfer_id)
+                or (ts_from is not None and event.ts < ts_from)
+                or (ts_to is not None and event.ts > ts_to)
+            ):
+                continue
+            emitted += 1
+            yield event
+
+    def tail(self, after_cursor: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
+        with self._lock:
+            self._check_open()
+            # Cursors are 1..n in list order, so the list index is the cursor.
+            return self._rows[max(0, after_cursor) : max(0, after_cursor) + min(limit, TAIL_EVENTS_MAX)]
+
+    def sources(self) -> dict[str, int]:
+        with self._lock:
+            self._check_open()
+            return dict(self._max_seq)
+
+    def count(self) -> int:
+        with self._lock:
+            self._check_open()
+            return len(self._rows)
+
+    def save_snapshot(self, snapshot: StoredSnapshot) -> None:
+        with self._lock:
+            self._check_open()
+            self._snapshots.setdefault(snapshot.source, {})[snapshot.seq] = snapshot
+
+    def latest_snapshot(self, source: str, max_seq: int | None = None) -> StoredSnapshot | None:
+        with self._lock:
+            self._check_open()
+            seqs = [s for s in self._snapshots.get(source, {}) if max_seq is None or s <= max_seq]
+            return self._snapshots[source][max(seqs)] if seqs else None
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,58 @@
+"""The store's tables as SQLAlchemy Core metadata; Alembic's migrations are checked against it."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    UniqueConstraint,
+)
+
+from ledger.store.limits import KIND_CHARS_MAX, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
+
+SCHEMA_VERSION = "0001_initial"
+"""The Alembic revision this code reads and writes; any other is refused at open."""
+
+VERSION_TABLE = "kvledger_version"
+"""Alembic's version table, named for us so that it never collides with an application's own."""
+
+metadata = MetaData()
+
+# SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (autoincrementing, no extra index).
+_Cursor = BigInteger().with_variant(Integer(), "sqlite")
+
+events = Table(
+    "events",
+    metadata,
+    Column("cursor", _Cursor, primary_key=True, autoincrement=True),
+    Column("source", String(SOURCE_CHARS_MAX), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("ts", Double, nullable=False),
+    Column("kind", String(KIND_CHARS_MAX), nullable=False),
+    Column("transfer_id", String(TRANSFER_ID_CHARS_MAX), nullable=False),
+    Column("body", LargeBinary, nullable=False),  # msgpack of the whole event (ledger.events.to_msgpack)
+    UniqueConstraint("source", "seq", name="events_source_seq"),
+    Index("events_transfer_id", "transfer_id"),
+    Index("events_ts", "ts"),
+)
+"""One row per event; `(source, seq)` is its identity, `cursor` the store-wide insertion order."""
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("source", String(SOURCE_CHARS_MAX), nullable=False),
+    Column("seq", BigInteger, nullable=False),
+    Column("created_ts", Double, nullable=False),
+    Column("format", Integer, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    PrimaryKeyConstraint("source", "seq", name="snapshots_pkey"),
+)
+"""A source's folded LedgerState after its event `seq` (ledger.store.snapshot encodes it)."""

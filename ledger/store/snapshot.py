@@ -1,0 +1,125 @@
+"""Encode and decode a folded LedgerState as msgpack of plain data (no pickle), keeping every order.
+
+Dict and heap orders are part of the state (the orphan audit walks `unmapped` in
+first-sight order, the deadline heap is a list), so each is written as a list in
+its order; sets are written sorted. A change to LedgerState's or TransferState's
+fields makes `encode` fail loudly and `decode` refuse older snapshots (recovery
+then refolds from the start) rather than silently dropping a field.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import msgspec
+
+from ledger.decisions import Cause, Key
+from ledger.fold import LedgerState, TransferState
+
+FORMAT = 1
+"""Bumped whenever the encoding below changes."""
+
+_STATE_FIELDS = frozenset({
+    "transfers", "live", "unmapped", "deadlines", "owners", "contested", "double_owned", "anomalous",
+    "orphans_expired", "expired_producers", "sources", "tombstones", "late_after_compaction",
+    "releases_by_cause", "blocks_held", "_handlers",
+})  # fmt: skip
+_COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode")
+"""Plain str -> int counters, written as (key, count) lists to keep their order."""
+
+
+class _Document(msgspec.Struct, kw_only=True):
+    format: int
+    transfer_fields: list[str]
+    transfers: list[TransferState]
+    live: list[Key]
+    unmapped: list[Key]
+    deadlines: list[tuple[float, int, str, str]]
+    owners: list[tuple[str, list[tuple[int, Key]]]]
+    contested: list[tuple[str, int, list[Key]]]
+    double_owned: list[tuple[Key, list[tuple[int, Key, int]]]]
+    anomalous: list[Key]
+    orphans_expired: list[Key]
+    expired_producers: list[Key]
+    sources: list[str]
+    tombstones: list[tuple[Key, Cause]]
+    late_after_compaction: int
+    releases_by_cause: list[tuple[Cause, int]]
+    blocks_held: int
+    counters: dict[str, list[tuple[str, int]]] = {}
+
+
+class SnapshotFormatError(ValueError):
+    """A snapshot this code cannot decode (another format, or the fold's fields changed)."""
+
+
+# "deterministic" sorts sets, so equal states encode to equal bytes; our dicts are lists already.
+_encoder = msgspec.msgpack.Encoder(order="deterministic")
+_format_decoder = msgspec.msgpack.Decoder(dict[str, object])
+_decoder = msgspec.msgpack.Decoder(_Document)
+
+
+def encode(state: LedgerState) -> bytes:
+    fields = frozenset(vars(state))
+    counters = [name for name in _COUNTER_FIELDS if name in fields]
+    changed = sorted((fields - frozenset(counters)) ^ _STATE_FIELDS)
+    if changed:
+        raise SnapshotFormatError(f"LedgerState fields changed ({changed}): update ledger/store/snapshot.py")
+    document = _Document(
+        format=FORMAT,
+        transfer_fields=list(TransferState.__struct_fields__),
+        transfers=list(state.transfers.values()),
+        live=list(state.live),
+        unmapped=list(state.unmapped),
+        deadlines=state.deadlines,
+        owners=[(source, list(owners.items())) for source, owners in state.owners.items()],
+        contested=[(source, block, keys) for (source, block), keys in state.contested.items()],
+        double_owned=list(state.double_owned.items()),
+        anomalous=list(state.anomalous),
+        orphans_expired=list(state.orphans_expired),
+        expired_producers=list(state.expired_producers),
+        sources=list(state.sources),
+        tombstones=list(state.tombstones.items()),
+        late_after_compaction=state.late_after_compaction,
+        releases_by_cause=list(state.releases_by_cause.items()),
+        blocks_held=state.blocks_held,
+        counters={name: list(getattr(state, name).items()) for name in counters},
+    )
+    return _encoder.encode(document)
+
+
+def decode(body: bytes) -> LedgerState:
+    try:
+        found = _format_decoder.decode(body).get("format")
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise SnapshotFormatError(f"not a snapshot: {error}") from None
+    if found != FORMAT:
+        raise SnapshotFormatError(f"snapshot format {found}, this code reads {FORMAT}")
+    try:
+        doc = _decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise SnapshotFormatError(f"snapshot does not match this code's fold: {error}") from None
+    if doc.transfer_fields != list(TransferState.__struct_fields__):
+        raise SnapshotFormatError("TransferState fields changed since the snapshot was written")
+    state = LedgerState()
+    transfers = state.transfers = {t.key: t for t in doc.transfers}
+    state.live = {key: transfers[key] for key in doc.live}
+    state.unmapped = {key: transfers[key] for key in doc.unmapped}
+    state.deadlines = doc.deadlines
+    state.owners = {source: dict(owners) for source, owners in doc.owners}
+    state.contested = {(source, block): keys for source, block, keys in doc.contested}
+    state.double_owned = dict(doc.double_owned)
+    state.anomalous = dict.fromkeys(doc.anomalous)
+    state.orphans_expired = dict.fromkeys(doc.orphans_expired)
+    state.expired_producers = dict.fromkeys(doc.expired_producers)
+    state.sources = dict.fromkeys(doc.sources)
+    state.tombstones = OrderedDict(doc.tombstones)
+    state.late_after_compaction = doc.late_after_compaction
+    state.releases_by_cause = dict(doc.releases_by_cause)
+    state.blocks_held = doc.blocks_held
+    for name in _COUNTER_FIELDS:
+        if hasattr(state, name) != (name in doc.counters):
+            raise SnapshotFormatError(f"LedgerState field {name} appeared or went since the snapshot")
+        if name in doc.counters:
+            setattr(state, name, dict(doc.counters[name]))
+    return state

@@ -1,0 +1,160 @@
+"""Fixtures for the store tests: one store per backend (memory, SQLite file, PostgreSQL schema), a TCP proxy."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ledger.store.base import EventStore
+from ledger.store.connect import open_store
+
+PG_URL = os.environ.get("KVLEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+SKIP_PG = os.environ.get("KVLEDGER_SKIP_PG") == "1"
+
+
+def _pg_admin() -> object:
+    import psycopg
+
+    return psycopg.connect(PG_URL.replace("postgresql+psycopg://", "postgresql://"), autocommit=True, connect_timeout=5)
+
+
+@pytest.fixture(scope="session")
+def pg_schemas() -> Iterator[Callable[[], str]]:
+    """Makes uniquely named schemas for this test session; drops them all at the end."""
+    made: list[str] = []
+    prefix = f"kvl_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+
+    def make() -> str:
+        name = f"{prefix}_{len(made)}"
+        made.append(name)
+        return name
+
+    yield make
+    if made:
+        conn = _pg_admin()
+        for name in made:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')  # type: ignore[attr-defined]
+        conn.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def pg_available() -> None:
+    """PostgreSQL must answer; a silent skip would hide that half the suite did not run."""
+    if SKIP_PG:
+        pytest.skip("KVLEDGER_SKIP_PG=1: PostgreSQL tests skipped on request")
+    try:
+        _pg_admin().close()  # type: ignore[attr-defined]
+    except Exception as error:
+        pytest.fail(
+            f"PostgreSQL at {PG_URL} does not answer ({error}); start it (scripts/ensure_postgres.sh), "
+            "set KVLEDGER_TEST_PG_URL, or set KVLEDGER_SKIP_PG=1 to skip these tests on purpose",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def pg_url(pg_available: None, pg_schemas: Callable[[], str]) -> str:
+    """A PostgreSQL store URL in a fresh schema of its own (the store creates it)."""
+    return f"{PG_URL}?schema={pg_schemas()}"
+
+
+BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "memory":
+        return "memory://"
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[EventStore]:
+    opened = open_store(store_url, create=True)
+    yield opened
+    opened.close()
+
+
+class TcpProxy:
+    """A loopback TCP proxy in front of a real server; `stop()` cuts every connection, `start()` resumes."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._listener: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._sockets.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def tcp_proxy() -> Iterator[Callable[[str, int], TcpProxy]]:
+    """Makes started loopback proxies to (host, port); stops them all at the end."""
+    made: list[TcpProxy] = []
+
+    def make(host: str, port: int) -> TcpProxy:
+        proxy = TcpProxy((host, port))
+        proxy.start()
+        made.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in made:
+        proxy.stop()

@@ -1,0 +1,99 @@
+"""The store contract, one suite run against every backend (memory, SQLite, PostgreSQL)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from ledger.events import Ack, Event, TransferId
+from ledger.store.base import ConflictError, EventStore, StoredSnapshot, StoreError
+from ledger.synth import SynthConfig, generate
+
+
+def _events(transfers: int = 50) -> list[Event]:
+    return list(generate(SynthConfig(transfers=transfers, concurrency=8), seed=7))
+
+
+def test_append_and_read_back_in_order(store: EventStore) -> None:
+    events = _events()
+    assert store.append(events[:100]) == 100
+    assert store.append(events[100:]) == len(events) - 100
+    assert list(store.read()) == events
+    assert store.count() == len(events)
+
+
+def test_append_is_idempotent_by_source_and_seq(store: EventStore) -> None:
+    events = _events()
+    store.append(events[:60])
+    assert store.append(events[40:80]) == 20  # the overlap is skipped, the rest inserted
+    assert store.append(events[:80]) == 0
+    assert list(store.read()) == events[:80]
+
+
+def test_conflicting_content_rejects_the_whole_batch(store: EventStore) -> None:
+    events = _events()
+    store.append(events[:10])
+    changed = msgspec.structs.replace(events[5], ts=events[5].ts + 1)
+    with pytest.raises(ConflictError, match="seq"):
+        store.append([*events[10:20], changed])
+    assert store.count() == 10  # nothing of the failed batch landed
+
+
+def test_reads_by_seq_range_transfer_source_and_time(store: EventStore) -> None:
+    events = _events()
+    store.append(events)
+    source = events[0].source
+    mine = [e for e in events if e.source == source]
+    assert list(store.read(source=source)) == mine
+    assert [e.seq for e in store.read(source=source, after_seq=5, until_seq=9)] == [6, 7, 8, 9]
+    tid = events[0].transfer_id
+    assert list(store.read(transfer_id=tid)) == [e for e in events if e.transfer_id == tid]
+    low, high = events[20].ts, events[40].ts
+    assert list(store.read(ts_from=low, ts_to=high)) == [e for e in events if low <= e.ts <= high]
+    assert list(store.read(limit=3)) == events[:3]
+    assert list(store.read(transfer_id=TransferId("no-such"))) == []
+
+
+def test_tail_sources_and_cursors(store: EventStore) -> None:
+    events = _events()
+    store.append(events)
+    first = store.tail(0, limit=10)
+    assert [e for _, e in first] == events[:10]
+    cursors = [c for c, _ in first]
+    assert cursors == sorted(cursors) and len(set(cursors)) == 10
+    rest = store.tail(cursors[-1], limit=len(events))
+    assert [e for _, e in rest] == events[10:]
+    expected: dict[str, int] = {}
+    for e in events:
+        expected[e.source] = max(expected.get(e.source, 0), e.seq)
+    assert store.sources() == expected
+
+
+def test_many_sources_share_one_store(store: EventStore) -> None:
+    batch = [Ack(seq=1, ts=1.0, source=f"decode-{i}/tp0", transfer_id=TransferId("t"), what="recv") for i in range(5)]
+    assert store.append(batch) == 5
+    assert set(store.sources()) == {f"decode-{i}/tp0" for i in range(5)}
+
+
+def test_unassigned_seq_is_refused(store: EventStore) -> None:
+    event = Ack(ts=1.0, source="p/tp0", transfer_id=TransferId("t"), what="recv")
+    with pytest.raises(StoreError, match="no seq"):
+        store.append([event])
+
+
+def test_snapshots_latest_and_bounded(store: EventStore) -> None:
+    assert store.latest_snapshot("p/tp0") is None
+    for seq in (10, 20, 30):
+        store.save_snapshot(StoredSnapshot("p/tp0", seq, 1, 1.0, b"state-%d" % seq))
+    store.save_snapshot(StoredSnapshot("p/tp0", 20, 1, 2.0, b"again"))
+    latest = store.latest_snapshot("p/tp0")
+    assert latest is not None and latest.seq == 30 and latest.body == b"state-30"
+    bounded = store.latest_snapshot("p/tp0", max_seq=25)
+    assert bounded is not None and bounded.body == b"again"
+    assert store.latest_snapshot("other") is None
+
+
+def test_closed_store_raises(store: EventStore) -> None:
+    store.close()
+    with pytest.raises(StoreError, match="closed"):
+        store.count()

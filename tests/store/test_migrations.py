@@ -1,0 +1,104 @@
+"""Schema management: upgrade from empty, and refusal of versions the code does not know."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
+
+from ledger.cli import app
+from ledger.store import migrate, schema
+from ledger.store.base import SchemaMismatch, StoreError
+from ledger.store.connect import create_store_engine, open_store, parse_url
+
+runner = CliRunner()
+
+SQL_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _set_version(url: str, version: str) -> None:
+    engine = create_store_engine(parse_url(url))
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {schema.VERSION_TABLE} SET version_num = :v"), {"v": version})
+    engine.dispose()
+
+
+def test_head_revision_is_the_code_version() -> None:
+    assert migrate.known_revisions()[0] == schema.SCHEMA_VERSION
+
+
+def test_upgrade_from_empty_with_the_cli(sql_url: str) -> None:
+    result = runner.invoke(app, ["db", "upgrade", "--db", sql_url])
+    assert result.exit_code == 0, result.output
+    assert schema.SCHEMA_VERSION in result.output
+    store = open_store(sql_url)
+    assert store.count() == 0
+    store.close()
+    again = runner.invoke(app, ["db", "upgrade", "--db", sql_url])  # idempotent
+    assert again.exit_code == 0, again.output
+
+
+def test_open_without_create_names_the_command(sql_url: str) -> None:
+    with pytest.raises(StoreError, match="kvledger db upgrade"):
+        open_store(sql_url)
+
+
+def test_newer_version_is_refused_naming_the_command(sql_url: str) -> None:
+    open_store(sql_url, create=True).close()
+    _set_version(sql_url, "0099_from_the_future")
+    with pytest.raises(SchemaMismatch, match="unknown schema version 0099_from_the_future") as caught:
+        open_store(sql_url)
+    assert "kvledger db upgrade" in str(caught.value)
+    result = runner.invoke(app, ["db", "upgrade", "--db", sql_url])
+    assert result.exit_code == 1 and "newer" in result.output  # upgrade does not touch it either
+
+
+def test_older_version_is_refused_then_upgraded(sql_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    open_store(sql_url, create=True).close()  # a database at 0001_initial
+    # A kvledger one version on: same history plus a 0002 revision.
+    newer = tmp_path / "migrations"
+    shutil.copytree(migrate.script_location(), newer, ignore=shutil.ignore_patterns("__pycache__"))
+    (newer / "versions" / "0002_note.py").write_text(
+        '"""A test revision."""\nimport sqlalchemy as sa\nfrom alembic import op\n'
+        'revision = "0002_note"\ndown_revision = "0001_initial"\nbranch_labels = None\ndepends_on = None\n\n'
+        'def upgrade() -> None:\n    op.add_column("snapshots", sa.Column("note", sa.String(40)))\n\n'
+        'def downgrade() -> None:\n    op.drop_column("snapshots", "note")\n'
+    )
+    monkeypatch.setattr(migrate, "script_location", lambda: newer)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", "0002_note")
+    with pytest.raises(SchemaMismatch, match="older than 0002_note") as caught:
+        open_store(sql_url)
+    assert "kvledger db upgrade --db" in str(caught.value)
+    result = runner.invoke(app, ["db", "upgrade", "--db", sql_url])
+    assert result.exit_code == 0, result.output
+    open_store(sql_url).close()
+
+
+def test_create_upgrades_a_new_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    open_store(str(path), create=True).close()
+    tables = {r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"events", "snapshots", schema.VERSION_TABLE} <= tables
+    assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_missing_version_row_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    open_store(url, create=True).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"DELETE FROM {schema.VERSION_TABLE}"))
+    engine.dispose()
+    with pytest.raises(SchemaMismatch, match=r"no schema version recorded.*kvledger db upgrade"):
+        open_store(url)
