@@ -31,3 +31,6 @@ FINDINGS_WORST_MAX = 10
 
 REPLAY_COMPACT_EVERY = 16_384
 """Events between compactions of cleanly released sides during an offline replay."""
+
+EXPORT_BATCH_EVENTS = 5_000
+"""Events per transaction when `kvledger export` loads a log into a store."""
