@@ -5,11 +5,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 export KVLEDGER_TEST_PG_URL="${KVLEDGER_TEST_PG_URL:-postgresql+psycopg://postgres@127.0.0.1:5432/test}"
+export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 
 bash scripts/ensure_postgres.sh
+bash scripts/ensure_chromium.sh
+
+pip_install() { python -m pip install -q --disable-pip-version-check "$@"; }
 
 # The CPU build of torch lies on these machines' disk; asking for it by version takes it.
-python -m pip install -q "torch==2.13.0" || python -m pip install -q torch
-python -m pip install -q -e '.[test]'
+pip_install "torch==2.13.0" || pip_install torch
+bash scripts/install_vllm.sh
+pip_install -e '.[test]'
 
 python -m pytest "$@"
