@@ -1,0 +1,1 @@
+"""The audit service: a FastAPI application over a kvledger store (`api.app.create_app`)."""

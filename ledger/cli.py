@@ -1,10 +1,21 @@
-"""The `kvledger` command line: offline replay and audit of incident logs."""
+"""The `kvledger` command line: offline replay and audit of incident logs, the store, the service."""
 
 from __future__ import annotations
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+from ledger.cli_db import db_app
+from ledger.cli_export import export_command
+from ledger.cli_replay import audit_command, replay_command, timeline_command
+from ledger.cli_serve import serve
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
+app.command("replay")(replay_command)
+app.command("audit")(audit_command)
+app.command("timeline")(timeline_command)
+app.command("export")(export_command)
+app.command("serve")(serve)
+app.add_typer(db_app, name="db")
 
 
 @app.callback()

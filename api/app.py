@@ -1,0 +1,67 @@
+"""The app factory: `create_app(settings)` wires the live fold, the routers and the error handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.templating import Jinja2Templates
+
+from api import errors
+from api.event_schema import add_event_components
+from api.live import Live
+from api.metrics import build_registry
+from api.routes import audit, events, health, replay, transfers, web
+from api.settings import Settings
+from ledger.store.limits import TAIL_EVENTS_MAX
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new application over the store at `settings.db`; the store is opened when the app starts."""
+    settings = settings if settings is not None else Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        live = Live(settings, on_release=lambda r, latency_s: histogram.labels(r.cause).observe(latency_s))
+        app.state.live = live
+        # Load the whole store before serving, so no request sees a half-folded state.
+        await live.refresh(TAIL_EVENTS_MAX)
+        poller = asyncio.create_task(live.poll_forever(), name="kvledger-poll")
+        try:
+            yield
+        finally:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+            live.close()
+            app.state.live = None
+
+    app = FastAPI(
+        title="kvledger audit service",
+        version="1",
+        description="Live transfers, audit findings, replay and ingest over a kvledger store.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.live = None
+    registry, histogram = build_registry(lambda: app.state.live)
+    app.state.registry = registry
+    app.state.templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+    errors.install(app)
+    for module in (health, transfers, audit, replay, events, web):
+        app.include_router(module.router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            app.openapi_schema = add_event_components(schema)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

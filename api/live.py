@@ -1,0 +1,142 @@
+"""The live fold: the store's events folded by the ledger's own `LedgerState`, kept current by a poller.
+
+Every event reaches the state one way only: read from the store's tail in cursor
+order and applied by the ledger's fold. Ingest appends to the store and then
+catches up at once, so the state always equals a fold of the store (the same
+order another replica would fold) and an event is never folded twice. All
+mutation happens on the event loop under `fold_lock`, so `async` handlers read a
+state that no thread is changing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from starlette.concurrency import run_in_threadpool
+
+from api.settings import Settings
+from api.stats import LatencyWindow
+from ledger.audit import AuditConfig, Finding, audit
+from ledger.decisions import Key, Release
+from ledger.events import KINDS, Event, Map, kind_of
+from ledger.fold import LedgerState
+from ledger.store.base import EventStore, StoreError
+from ledger.store.connect import open_store
+from ledger.store.limits import TAIL_EVENTS_MAX
+
+ReleaseHook = Callable[[Release, float], None]
+
+
+class Live:
+    """The folded state of one store and what the service derives from it."""
+
+    def __init__(self, settings: Settings, on_release: ReleaseHook | None = None) -> None:
+        self.settings = settings
+        self.store: EventStore | None = None
+        self.store_error: str | None = "store not opened yet"
+        self.state = LedgerState()
+        self.cursor = 0
+        self.version = 0
+        """Bumped after every folded batch; keys the audit cache."""
+        self.events_by_kind: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.order: list[Key] = []
+        """Transfer sides in first-seen order: positions are the pagination cursor."""
+        self.by_request: dict[str, list[Key]] = {}
+        self.latency = LatencyWindow(settings.latency_samples_max)
+        self.audit_config = AuditConfig(settings.transfer_timeout_s, settings.clock_skew_s)
+        self.fold_lock = asyncio.Lock()
+        self.ingest_lock = asyncio.Lock()
+        """One ingest at a time, so the gaps it reports are against what was stored just before it."""
+        self.advanced = asyncio.Event()
+        """Set (and replaced) whenever the cursor moves: live streams wait on it."""
+        self.replays_running = 0
+        self.streams_open = 0
+        self._on_release = on_release
+        self._audit_key: tuple[int, float] | None = None
+        self._audit: list[Finding] = []
+        self._finding_keys: set[Key] | None = None
+
+    async def catch_up(self, batch: int | None = None) -> int:
+        """Fold everything the store holds after our cursor; returns how many events were folded."""
+        store = self.store
+        if store is None:
+            return 0
+        limit = min(batch or self.settings.tail_batch_max, TAIL_EVENTS_MAX)
+        folded = 0
+        async with self.fold_lock:
+            while True:
+                rows = await run_in_threadpool(store.tail, self.cursor, limit)
+                if rows:
+                    self._fold(rows)
+                    folded += len(rows)
+                if len(rows) < limit:
+                    break
+        if folded:
+            self.advanced.set()
+            self.advanced = asyncio.Event()
+        return folded
+
+    def _fold(self, rows: list[tuple[int, Event]]) -> None:
+        state, transfers, by_kind = self.state, self.state.transfers, self.events_by_kind
+        apply = state.apply
+        for _, event in rows:
+            key: Key = (event.source, event.transfer_id)
+            seen = key in transfers
+            release = apply(event)
+            by_kind[kind_of(event)] += 1
+            if not seen and key in transfers:
+                self.order.append(key)
+            if type(event) is Map:
+                keys = self.by_request.setdefault(event.request_id, [])
+                if key not in keys:
+                    keys.append(key)
+            if release is not None:
+                latency_s = self.latency.observe(release, transfers[key].first_ts)
+                if self._on_release is not None:
+                    self._on_release(release, latency_s)
+        self.cursor = rows[-1][0]
+        self.version += 1
+
+    async def refresh(self, batch: int | None = None) -> None:
+        """Open the store if it is not open yet, then catch up; a store outage is recorded, not raised."""
+        try:
+            if self.store is None:
+                self.store = await run_in_threadpool(open_store, self.settings.db)
+            await self.catch_up(batch)
+            self.store_error = None
+        except StoreError as error:
+            self.store_error = f"{type(error).__name__}: {error}"
+
+    async def poll_forever(self) -> None:
+        """The background task: fold new events every poll interval until cancelled."""
+        while True:
+            await asyncio.sleep(self.settings.poll_interval_s)
+            await self.refresh()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def clock_now(self) -> float:
+        """The server's clock rounded down to the audit cache resolution (what `now` defaults to)."""
+        resolution = self.settings.audit_cache_resolution_s
+        now = time.time()
+        return now - (now % resolution) if resolution > 0 else now
+
+    def findings(self, now: float) -> list[Finding]:
+        """The ledger's audit at `now`, computed once per (state version, now)."""
+        key = (self.version, now)
+        if self._audit_key != key:
+            self._audit = audit(self.state, now, self.audit_config)
+            self._audit_key = key
+            self._finding_keys = None
+        return self._audit
+
+    def keys_with_findings(self, now: float) -> set[Key]:
+        findings = self.findings(now)
+        if self._finding_keys is None:
+            self._finding_keys = {(f.source, f.transfer_id) for f in findings}
+        return self._finding_keys

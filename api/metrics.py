@@ -1,0 +1,64 @@
+"""Prometheus metrics in a registry of the app's own: counters read from the live fold at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from api.live import Live
+from ledger.audit import CODES, counts_by_code
+
+RELEASE_LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
+)  # fmt: skip
+
+
+class LiveCollector(Collector):
+    """Reads the live fold when scraped, so nothing is counted twice or kept in a second place."""
+
+    def __init__(self, get_live: Callable[[], Live | None]) -> None:
+        self._get_live = get_live
+
+    def collect(self) -> Iterator[Metric]:
+        live = self._get_live()
+        if live is None:
+            return
+        events = CounterMetricFamily("kvledger_events", "Events folded, by kind", labels=["kind"])
+        for kind, count in live.events_by_kind.items():
+            events.add_metric([kind], count)
+        yield events
+        state = live.state
+        yield GaugeMetricFamily("kvledger_live_transfers", "Transfer sides holding blocks", value=len(state.live))
+        yield GaugeMetricFamily("kvledger_blocks_held", "KV blocks held by live transfers", value=state.blocks_held)
+        yield GaugeMetricFamily("kvledger_streams_open", "Live event streams being served", value=live.streams_open)
+        yield GaugeMetricFamily("kvledger_cursor", "Store-wide cursor of the last folded event", value=live.cursor)
+        releases = CounterMetricFamily("kvledger_releases", "Releases decided, by cause", labels=["cause"])
+        for cause, count in state.releases_by_cause.items():
+            releases.add_metric([cause], count)
+        yield releases
+        findings = GaugeMetricFamily("kvledger_findings", "Audit findings now, by code", labels=["code", "severity"])
+        for code, count in counts_by_code(live.findings(live.clock_now())).items():
+            findings.add_metric([code, CODES[code]], count)
+        yield findings
+        yield GaugeMetricFamily(
+            "kvledger_store_up",
+            "1 when the store answered the last poll",
+            value=int(live.store is not None and live.store_error is None),
+        )
+
+
+def build_registry(get_live: Callable[[], Live | None]) -> tuple[CollectorRegistry, Histogram]:
+    """A fresh registry (no process-wide globals) and the release-latency histogram the fold feeds."""
+    registry = CollectorRegistry(auto_describe=True)
+    histogram = Histogram(
+        "kvledger_release_latency_seconds",
+        "From a transfer side's first event to its release decision",
+        ["cause"],
+        buckets=RELEASE_LATENCY_BUCKETS_S,
+        registry=registry,
+    )
+    registry.register(LiveCollector(get_live))
+    return registry, histogram

@@ -1,0 +1,88 @@
+"""Audit findings at a given `now` and the summary an SRE reads first (counts, holdings, latency, advice)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from fastapi import APIRouter, Query
+
+from api.deps import LiveDep
+from api.live import Live
+from api.routes.transfers import Now, check_limit
+from api.schemas import AuditOut, AuditSummary, OldestHeld
+from api.stats import percentiles, timeout_advice
+from api.views import finding_out
+from ledger.audit import CODES, counts_by_code
+
+router = APIRouter(tags=["audit"])
+
+FindingCode = Literal[
+    "leak", "double_owner", "premature_release", "id_reuse", "stuck", "orphan_ack", "late_event", "over_ack",
+    "duplicate",
+]  # fmt: skip
+assert set(get_args(FindingCode)) == set(CODES), "FindingCode must list ledger.audit.CODES"
+
+
+@router.get("/audit", response_model=AuditOut, summary="Findings at `now`, worst first, with evidence seqs")
+async def get_audit(
+    live: LiveDep,
+    now: Now = None,
+    code: Annotated[FindingCode | None, Query(description="Only findings with this code")] = None,
+    limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
+) -> AuditOut:
+    check_limit(live, limit)
+    at = now if now is not None else live.clock_now()
+    findings = live.findings(at)
+    chosen = findings if code is None else [f for f in findings if f.code == code]
+    return AuditOut(
+        now=at,
+        total=len(chosen),
+        counts=counts_by_code(findings),
+        findings=[finding_out(f) for f in chosen[:limit]],
+        truncated=len(chosen) > limit,
+    )
+
+
+def oldest_held(live: Live, now: float) -> OldestHeld | None:
+    """The live side mapped first: `state.live` keeps insertion (map) order, so it is the first entry."""
+    t = next(iter(live.state.live.values()), None)
+    if t is None:
+        return None
+    return OldestHeld(
+        source=t.source,
+        transfer_id=t.transfer_id,
+        request_id=t.request_id,
+        first_ts=t.first_ts,
+        age_s=max(0.0, now - t.first_ts),
+        blocks=len(t.block_ids),
+    )
+
+
+@router.get("/audit/summary", response_model=AuditSummary, summary="Counts, holdings, latencies, timeout advice")
+async def get_summary(live: LiveDep, now: Now = None) -> AuditSummary:
+    at = now if now is not None else live.clock_now()
+    findings = live.findings(at)
+    state = live.state
+    # Expired sides that still saw events: the fold's sign that the timeout is shorter than the traffic.
+    late_after_expire = sum(
+        1
+        for f in findings
+        if f.code == "late_event"
+        and (t := state.transfers.get((f.source, f.transfer_id)))
+        and t.decision is not None
+        and t.decision.cause == "expired"
+    )
+    completed = percentiles(live.latency.completed)
+    return AuditSummary(
+        now=at,
+        counts=counts_by_code(findings),
+        findings_total=len(findings),
+        live_transfers=len(state.live),
+        blocks_held=state.blocks_held,
+        oldest_held=oldest_held(live, at),
+        releases_by_cause={str(k): v for k, v in state.releases_by_cause.items()},
+        ack_latency_s=completed,
+        release_latency_s=percentiles(live.latency.all),
+        defer_timeout_s=live.settings.defer_timeout_s,
+        timeout_advice=timeout_advice(completed["p99"], live.settings.defer_timeout_s, late_after_expire),
+    )

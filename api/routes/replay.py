@@ -1,0 +1,62 @@
+"""POST /replay: fold an uploaded incident log offline, never touching the live store."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import LiveDep
+from api.errors import read_limited
+from api.replay import replay_file
+from api.routes.transfers import check_limit
+from api.schemas import ReplayOut
+
+router = APIRouter(tags=["replay"])
+
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+
+@router.post(
+    "/replay",
+    response_model=ReplayOut,
+    summary="Replay an incident log (JSONL, or a SQLite ledger file) up to a seq or ts",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "The log itself as the body (streamed; size-limited)",
+            "content": {"application/x-ndjson": _BINARY, "application/octet-stream": _BINARY},
+        }
+    },
+    responses={413: {"description": "Body too large"}, 429: {"description": "Too many replays at once"}},
+)
+async def replay(
+    request: Request,
+    live: LiveDep,
+    until_seq: Annotated[int | None, Query(ge=0, le=1 << 62, description="Fold events with seq <= this")] = None,
+    until_ts: Annotated[float | None, Query(ge=0, le=1e12, description="Fold events with ts <= this")] = None,
+    limit: Annotated[int, Query(ge=1, le=1 << 30, description="Decisions and findings listed")] = 100,
+) -> ReplayOut:
+    check_limit(live, limit)
+    if live.replays_running >= live.settings.replays_at_once_max:
+        raise HTTPException(429, f"{live.replays_running} replays are running; try again shortly")
+    live.replays_running += 1
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvledger-replay-") as folder:
+            path = Path(folder) / "upload"
+            with open(path, "wb") as file:
+                async for chunk in read_limited(request, live.settings.replay_body_bytes_max):
+                    file.write(chunk)
+            return await run_in_threadpool(
+                replay_file,
+                path,
+                until_seq=until_seq,
+                until_ts=until_ts,
+                limit=limit,
+                config=live.audit_config,
+            )
+    finally:
+        live.replays_running -= 1

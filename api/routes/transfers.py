@@ -1,0 +1,122 @@
+"""Transfers as the fold derived them: a filtered, paginated list; one transfer with its timeline."""
+
+from __future__ import annotations
+
+from itertools import islice
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import LiveDep, StoreDep
+from api.errors import InvalidBody
+from api.live import Live
+from api.schemas import RequestDetail, TransferDetail, TransferOut, TransferPage
+from api.views import event_json, findings_of, transfer_out
+from ledger.decisions import Key
+from ledger.events import Event, TransferId
+from ledger.fold import PhaseName, TransferState
+from ledger.store.base import EventStore
+
+SCAN_SIDES_MAX = 100_000
+"""Transfer sides one page request looks at; a rare filter returns a short page and a cursor, not a stall."""
+
+Now = Annotated[float | None, Query(ge=0, le=1e12, description="Audit time (s since epoch); default: now")]
+
+router = APIRouter(tags=["transfers"])
+
+
+def check_limit(live: Live, limit: int) -> None:
+    if limit > live.settings.page_limit_max:
+        raise InvalidBody(("query", "limit"), f"at most {live.settings.page_limit_max}, got {limit}")
+
+
+@router.get("/transfers", response_model=TransferPage, summary="Transfer sides, filtered, oldest first")
+async def list_transfers(
+    live: LiveDep,
+    phase: PhaseName | None = None,
+    source: Annotated[str | None, Query(max_length=200)] = None,
+    request_id: Annotated[str | None, Query(max_length=200)] = None,
+    mode: Literal["read", "write"] | None = None,
+    has_finding: Annotated[bool | None, Query(description="Only sides with (or without) a finding")] = None,
+    now: Now = None,
+    cursor: Annotated[int, Query(ge=0, le=1 << 62, description="From the previous page's next_cursor")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
+) -> TransferPage:
+    check_limit(live, limit)
+    keys: list[Key] = live.by_request.get(request_id, []) if request_id is not None else live.order
+    flagged = live.keys_with_findings(now if now is not None else live.clock_now()) if has_finding is not None else None
+    transfers = live.state.transfers
+    page: list[TransferOut] = []
+    position = cursor
+    end = min(len(keys), cursor + SCAN_SIDES_MAX)
+    while position < end and len(page) < limit:
+        key = keys[position]
+        position += 1
+        t = transfers.get(key)
+        if t is None or not _matches(t, phase, source, mode):
+            continue
+        if flagged is not None and (key in flagged) != has_finding:
+            continue
+        page.append(transfer_out(t))
+    return TransferPage(transfers=page, next_cursor=position if position < len(keys) else None)
+
+
+def _matches(t: TransferState, phase: PhaseName | None, source: str | None, mode: str | None) -> bool:
+    return (
+        (phase is None or t.phase == phase)
+        and (source is None or t.source == source)
+        and (mode is None or t.mode == mode)
+    )
+
+
+def _timeline(store: EventStore, transfer_id: str, events_max: int) -> list[Event]:
+    events = store.read(transfer_id=TransferId(transfer_id))
+    try:
+        return list(islice(events, events_max + 1))
+    finally:
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()  # a generator over a database cursor: release it now, not at garbage collection
+
+
+@router.get(
+    "/transfers/{transfer_id}",
+    response_model=TransferDetail,
+    summary="Every side of one transfer id, its findings and its full event timeline",
+    responses={404: {"description": "No source has seen this transfer id"}},
+)
+async def get_transfer(
+    live: LiveDep,
+    store: StoreDep,
+    transfer_id: Annotated[str, Path(min_length=1, max_length=200)],
+    now: Now = None,
+) -> TransferDetail:
+    state = live.state
+    sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
+    events_max = live.settings.timeline_events_max
+    timeline = await run_in_threadpool(_timeline, store, transfer_id, events_max)
+    if not sides and not timeline:
+        raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
+    findings = live.findings(now if now is not None else live.clock_now())
+    return TransferDetail(
+        transfer_id=transfer_id,
+        sides=[transfer_out(t) for t in sides],
+        findings=findings_of(findings, transfer_id),
+        timeline=[event_json(e) for e in timeline[:events_max]],
+        timeline_truncated=len(timeline) > events_max,
+    )
+
+
+@router.get(
+    "/requests/{request_id}",
+    response_model=RequestDetail,
+    summary="The transfer sides a local request id was mapped to",
+    responses={404: {"description": "No map event names this request id"}},
+)
+async def get_request(live: LiveDep, request_id: Annotated[str, Path(min_length=1, max_length=200)]) -> RequestDetail:
+    keys = live.by_request.get(request_id)
+    if not keys:
+        raise HTTPException(404, f"no map event names request id {request_id!r}")
+    sides = [transfer_out(live.state.transfers[key]) for key in keys if key in live.state.transfers]
+    return RequestDetail(request_id=request_id, sides=sides)

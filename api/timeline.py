@@ -1,0 +1,105 @@
+"""A transfer's story for the web page: events placed on a time axis (one lane per source), in words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal, kind_of
+from ledger.fold import TransferState
+
+WIDTH_PX, LANE_PX, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, TOP_PX = 960, 56, 170, 30, 36
+COLORS = {"map": "#2563eb", "schedule": "#7c3aed", "seal": "#0891b2", "ack": "#16a34a",
+          "fail": "#dc2626", "expire": "#ea580c"}  # fmt: skip
+CAUSE_COLORS = {"completed": "#16a34a", "failed": "#dc2626", "expired": "#ea580c"}
+
+
+@dataclass
+class Mark:
+    x: float
+    y: float
+    color: str
+    title: str
+
+
+@dataclass
+class Line:
+    x: float
+    color: str
+    label: str
+    dashed: bool = False
+
+
+@dataclass
+class TimelineView:
+    width: int
+    height: int
+    lanes: list[tuple[str, float]] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
+    ticks: list[tuple[float, str]] = field(default_factory=list)
+    rows: list[tuple[str, str, str, str, str]] = field(default_factory=list)
+    """(time, +offset, source, kind, what happened) per event, in store order."""
+
+
+def clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def describe(e: Event) -> str:
+    """What the event says, in words an SRE reads without knowing the JSON."""
+    if isinstance(e, Map):
+        more = "…" if len(e.block_ids) > 8 else ""
+        return (
+            f"{e.role} request {e.request_id} takes part ({e.mode} mode), holds {len(e.block_ids)} blocks "
+            f"{list(e.block_ids)[:8]}{more}, expects {e.acks_expected} release ack(s), "
+            f"deadline {clock(e.deadline)}"
+        )
+    if isinstance(e, Schedule):
+        what = "whole transfer" if e.layers is None else f"layers {list(e.layers)[:8]}"
+        how = "deferred (remote not ready)" if e.deferred else "issued"
+        return f"{e.op} of {what} {how}, attempt {e.attempt}"
+    if isinstance(e, Seal):
+        return f"sealed: {e.expected} layer operations to expect"
+    if isinstance(e, Ack):
+        where = "" if e.layers is None else f" layers {list(e.layers)[:8]}"
+        return f"ack {e.what}{where} (rank {e.rank})"
+    if isinstance(e, Fail):
+        return f"{'retryable' if e.retryable else 'terminal'} failure: {e.reason}"
+    if isinstance(e, Expire):
+        return f"{e.deadline} deadline passed"
+    raise AssertionError(f"unknown event type {type(e).__name__}")
+
+
+def build(events: list[Event], sides: list[TransferState], now: float) -> TimelineView:
+    """Lay out `events` over the span from the first event to the last event, deadline or now."""
+    sources = list(dict.fromkeys([t.source for t in sides] + [e.source for e in events]))
+    view = TimelineView(width=WIDTH_PX, height=TOP_PX + LANE_PX * max(1, len(sources)) + 24)
+    if not events:
+        return view
+    start = min(e.ts for e in events)
+    ends = [e.ts for e in events] + [t.deadline for t in sides if t.deadline is not None and t.live]
+    ends += [now] if any(t.live for t in sides) else []
+    span = max(max(ends) - start, 1e-6)
+    usable = WIDTH_PX - MARGIN_LEFT_PX - MARGIN_RIGHT_PX
+
+    def x(ts: float) -> float:
+        return MARGIN_LEFT_PX + usable * (min(ts, start + span) - start) / span
+
+    lane_y = {s: TOP_PX + LANE_PX * i + LANE_PX / 2 for i, s in enumerate(sources)}
+    view.lanes = list(lane_y.items())
+    view.ticks = [(x(start + span * i / 4), f"+{span * i / 4:.3f}s") for i in range(5)]
+    for e in events:
+        kind = kind_of(e)
+        what = describe(e)
+        view.marks.append(Mark(x(e.ts), lane_y[e.source], COLORS[kind], f"#{e.seq} {kind}: {what}"))
+        view.rows.append((clock(e.ts), f"+{e.ts - start:.3f}s", f"{e.source} #{e.seq}", kind, what))
+    for t in sides:
+        if t.decision is not None:
+            d = t.decision
+            view.lines.append(Line(x(d.ts), CAUSE_COLORS[d.cause], f"{t.source}: released ({d.cause}) at #{d.seq}"))
+        elif t.live and t.deadline is not None:
+            view.lines.append(Line(x(t.deadline), "#dc2626", f"{t.source}: deadline, still held", dashed=True))
+    if any(t.live for t in sides):
+        view.lines.append(Line(x(now), "#6b7280", "now", dashed=True))
+    return view

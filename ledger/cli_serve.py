@@ -1,0 +1,35 @@
+"""`kvledger serve`: run the audit service (FastAPI under uvicorn) over a store."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+GRACEFUL_SHUTDOWN_S = 5
+"""Open event streams get this long to end when the server stops, so a stop never hangs on a client."""
+
+
+def serve(
+    db: Annotated[
+        str, typer.Option(envvar="KVLEDGER_DB", help="Store URL: sqlite:///path or postgresql+psycopg://...")
+    ] = "sqlite:///kvledger.db",
+    host: Annotated[str, typer.Option(help="Address to bind; loopback unless you mean to expose it")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free port)")] = 8000,
+) -> None:
+    """Serve the audit API, metrics and web page over the store at --db (ingest token: KVLEDGER_TOKEN)."""
+    # Imported here: the web stack loads only for this command, not for every `kvledger` call,
+    # and the ledger package itself never depends on the service.
+    import uvicorn
+
+    from api.app import create_app
+    from api.settings import Settings
+
+    settings = Settings(db=db)
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        log_level="info",
+    )

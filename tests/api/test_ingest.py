@@ -1,0 +1,148 @@
+"""POST /events: token checks, idempotency by (source, seq), per-source order, gaps, and bad bodies as 4xx."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from ledger.events import Event
+from ledger.store.connect import open_store
+from tests.api.conftest import TOKEN, settings_for
+from tests.ledger.builders import Side
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def body(events: list[Event]) -> dict[str, object]:
+    return {"events": [msgspec.to_builtins(e) for e in events]}
+
+
+def stored(url: str) -> int:
+    store = open_store(url)
+    try:
+        return store.count()
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def empty(sqlite_url: str) -> TestClient:
+    with TestClient(create_app(settings_for(sqlite_url))) as test_client:
+        yield test_client  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [({}, 401), ({"Authorization": "Bearer wrong"}, 403), ({"Authorization": "Basic abc"}, 401)],
+)
+def test_ingest_needs_the_right_token(empty: TestClient, sqlite_url: str, headers: dict[str, str], status: int) -> None:
+    side = Side("remote/tp0")
+    response = empty.post("/events", json=body([side.map("tx-1", "r-1")]), headers=headers)
+    assert response.status_code == status
+    assert stored(sqlite_url) == 0
+
+
+def test_ingest_is_refused_when_no_token_is_configured(sqlite_url: str) -> None:
+    settings = settings_for(sqlite_url).model_copy(update={"token": None})
+    with TestClient(create_app(settings)) as test_client:
+        response = test_client.post("/events", json=body([Side("a").map("t", "r")]), headers=AUTH)
+    assert response.status_code == 403 and "no token" in response.json()["detail"]
+
+
+def test_ingest_folds_at_once_and_is_idempotent(empty: TestClient, sqlite_url: str) -> None:
+    side = Side("remote/tp0")
+    batch = [side.map("tx-1", "r-1"), side.ack("tx-1", "release")]
+    first = empty.post("/events", json=body(batch), headers=AUTH).json()
+    assert (first["inserted"], first["duplicates"], first["gaps"], first["cursor"]) == (2, 0, [], 2)
+    assert empty.get("/transfers/tx-1").json()["sides"][0]["phase"] == "completed"
+    again = empty.post("/events", json=body(batch), headers=AUTH).json()
+    assert (again["inserted"], again["duplicates"], again["cursor"]) == (0, 2, 2)
+    assert stored(sqlite_url) == 2
+    assert empty.get("/metrics").text.count('kvledger_events_total{kind="map"} 1.0') == 1
+
+
+def test_ingest_reports_gaps_per_source(empty: TestClient) -> None:
+    side = Side("remote/tp0")
+    events = [side.map(f"tx-{i}", f"r-{i}") for i in range(5)]
+    result = empty.post("/events", json=body([events[0], events[3]]), headers=AUTH).json()
+    assert result["gaps"] == [{"source": "remote/tp0", "missing_from": 2, "missing_to": 3}]
+    filled = empty.post("/events", json=body([events[1], events[2], events[4]]), headers=AUTH).json()
+    assert filled["inserted"] == 3 and filled["gaps"] == []
+
+
+def test_conflicting_content_is_409_and_writes_nothing(empty: TestClient, sqlite_url: str) -> None:
+    side = Side("remote/tp0")
+    first = side.map("tx-1", "r-1")
+    assert empty.post("/events", json=body([first]), headers=AUTH).status_code == 200
+    other = msgspec.structs.replace(first, request_id="someone-else")
+    fresh = Side("remote/tp1").map("tx-2", "r-2")
+    response = empty.post("/events", json=body([fresh, other]), headers=AUTH)
+    assert response.status_code == 409
+    assert stored(sqlite_url) == 1
+
+
+def test_out_of_order_batch_is_rejected(empty: TestClient, sqlite_url: str) -> None:
+    side = Side("remote/tp0")
+    a, b = side.map("tx-1", "r-1"), side.map("tx-2", "r-2")
+    response = empty.post("/events", json=body([b, a]), headers=AUTH)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "events", 1, "seq"]
+    assert stored(sqlite_url) == 0
+
+
+def _valid_map() -> dict[str, object]:
+    return msgspec.to_builtins(Side("remote/tp0").map("tx-1", "r-1"))  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("raw", "loc_suffix"),
+    [
+        (b"{not json", []),
+        (b'{"events": 3}', ["events"]),
+        (json.dumps({"events": [_valid_map() | {"kind": "teleport"}]}).encode(), ["events", 0, "kind"]),
+        (json.dumps({"events": [_valid_map() | {"block_ids": "1,2"}]}).encode(), ["events", 0, "block_ids"]),
+        (json.dumps({"events": [_valid_map() | {"seq": 0}]}).encode(), ["events", 0, "seq"]),
+        (json.dumps({"events": [_valid_map() | {"ts": 1e300}]}).encode(), ["events", 0, "ts"]),
+        (json.dumps({"events": [_valid_map() | {"acks_expected": 0}]}).encode(), ["events", 0]),
+        (json.dumps({"events": [_valid_map() | {"source": "x" * 500}]}).encode(), ["events", 0, "source"]),
+        (json.dumps({"events": [_valid_map() | {"seq": 1 << 70}]}).encode(), ["events", 0, "seq"]),
+        (json.dumps({"events": [], "extra": 1}).encode(), []),
+    ],
+)
+def test_bad_bodies_are_422_naming_the_field(
+    empty: TestClient, sqlite_url: str, raw: bytes, loc_suffix: list[object]
+) -> None:
+    response = empty.post("/events", content=raw, headers=AUTH | {"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"][0]
+    assert detail["loc"][: 1 + len(loc_suffix)] == ["body", *loc_suffix] and detail["msg"]
+    assert stored(sqlite_url) == 0
+
+
+def test_oversized_body_is_413(sqlite_url: str) -> None:
+    settings = settings_for(sqlite_url, ingest_body_bytes_max=2048)
+    with TestClient(create_app(settings)) as test_client:
+        response = test_client.post("/events", content=b"x" * 4096, headers=AUTH)
+    assert response.status_code == 413 and "limit" in response.json()["detail"][0]["msg"]
+
+
+def test_too_many_events_is_422(sqlite_url: str) -> None:
+    side = Side("remote/tp0")
+    with TestClient(create_app(settings_for(sqlite_url, ingest_events_max=2))) as test_client:
+        response = test_client.post("/events", json=body([side.map(f"t{i}", "r") for i in range(3)]), headers=AUTH)
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "events"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["/transfers?limit=0", "/transfers?limit=5000", "/transfers?phase=gone", "/transfers?cursor=-1",
+     "/audit?now=yesterday", "/audit?code=nope", "/events?after_seq=x", "/transfers?has_finding=maybe"],
+)  # fmt: skip
+def test_bad_query_values_are_422(empty: TestClient, query: str) -> None:
+    response = empty.get(query)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"][0] == "query"
