@@ -17,7 +17,7 @@ from collections.abc import Callable
 from starlette.concurrency import run_in_threadpool
 
 from api.settings import Settings
-from api.stats import LatencyWindow
+from ledger.advice import LatencyRecorder
 from ledger.audit import AuditConfig, Finding, audit
 from ledger.decisions import Key, Release
 from ledger.events import KINDS, Event, Map, kind_of
@@ -44,7 +44,7 @@ class Live:
         self.order: list[Key] = []
         """Transfer sides in first-seen order: positions are the pagination cursor."""
         self.by_request: dict[str, list[Key]] = {}
-        self.latency = LatencyWindow(settings.latency_samples_max)
+        self.latency = LatencyRecorder()
         self.audit_config = AuditConfig(settings.transfer_timeout_s, settings.clock_skew_s)
         self.fold_lock = asyncio.Lock()
         self.ingest_lock = asyncio.Lock()
@@ -93,7 +93,7 @@ class Live:
                 if key not in keys:
                     keys.append(key)
             if release is not None:
-                latency_s = self.latency.observe(release, transfers[key].first_ts)
+                latency_s = self.latency.observe(release, transfers[key])
                 if self._on_release is not None:
                     self._on_release(release, latency_s)
         self.cursor = rows[-1][0]

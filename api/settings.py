@@ -26,7 +26,6 @@ class Settings(BaseSettings):
     page_limit_max: int = Field(default=1000, ge=1, description="Largest page of transfers, findings or events")
     timeline_events_max: int = Field(default=10_000, ge=1, description="Events shown in one transfer's timeline")
     stream_duration_max_s: float = Field(default=600, gt=0, description="A live event stream ends after this long")
-    latency_samples_max: int = Field(default=10_000, ge=10, description="Recent release latencies kept for percentiles")
     audit_cache_resolution_s: float = Field(
         default=1.0, ge=0, description="GET /audit without ?now= audits at the clock rounded down to this"
     )

@@ -89,7 +89,7 @@ class DictBookkeeping:
         self.done.add(key)
         self.releases.append((key[0], key[1], cause))
         for table in (self.scheduled, self.acked, self.expected, self.ranks):
-            table.pop(key, None)  # type: ignore[attr-defined]
+            table.pop(key, None)
 
 
 def _batches(events: list[Event]) -> Iterable[list[Event]]:
@@ -106,7 +106,7 @@ def run_ledger(by_source: dict[str, list[Event]]) -> tuple[float, list[tuple[str
         for batch in _batches(events):
             extend(batch)
     elapsed = time.perf_counter() - start
-    releases = [(r.source, r.transfer_id, r.cause) for ledger in ledgers.values() for r in ledger.take_releases()]
+    releases = [(r.source, str(r.transfer_id), str(r.cause)) for book in ledgers.values() for r in book.take_releases()]
     return elapsed, releases
 
 

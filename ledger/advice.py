@@ -7,10 +7,12 @@ advice over a 10M-event replay costs a few kilobytes, not a list per release.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
+from ledger.audit import Finding
 from ledger.decisions import Release
-from ledger.fold import TransferState
+from ledger.fold import LedgerState, TransferState
 from ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 
 BUCKET_RATIO = 1.02
@@ -65,12 +67,18 @@ class LatencyRecorder:
 
     def __init__(self) -> None:
         self.by_kind: dict[str, LatencyHistogram] = {}
+        """Completed releases by `role/mode`."""
+        self.completed = LatencyHistogram()
+        self.all_causes = LatencyHistogram()
         self.expired_releases = 0
         self.expired_block_seconds = 0.0
 
-    def observe(self, release: Release, side: TransferState) -> None:
+    def observe(self, release: Release, side: TransferState) -> float:
+        """Record one release; returns how long its side held the blocks (seconds)."""
         held_s = max(0.0, release.ts - side.first_ts)
+        self.all_causes.add(held_s)
         if release.cause == "completed":
+            self.completed.add(held_s)
             kind = f"{release.role}/{release.mode}"
             histogram = self.by_kind.get(kind)
             if histogram is None:
@@ -79,6 +87,32 @@ class LatencyRecorder:
         elif release.cause == "expired":
             self.expired_releases += 1
             self.expired_block_seconds += held_s * len(release.block_ids)
+        return held_s
+
+
+def percentiles(histogram: LatencyHistogram, points: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:
+    """`{"p50": ..., "p90": ..., "p99": ...}`; None where nothing was observed."""
+    return {f"p{p}": histogram.percentile(float(p)) for p in points}
+
+
+def verdict(p99_s: float | None, defer_timeout_s: float, late_after_expire: int = 0) -> str:
+    """One sentence an SRE can act on: is the configured timeout sane for what was observed?"""
+    if late_after_expire:
+        return (
+            f"{late_after_expire} transfers saw events after they expired: defer_timeout "
+            f"{defer_timeout_s:g}s is too short for this traffic; raise it"
+        )
+    if p99_s is None:
+        return "no completed releases observed yet: no advice"
+    if p99_s > 0.5 * defer_timeout_s:
+        return (
+            f"p99 release latency {p99_s:.3f}s is over half of defer_timeout {defer_timeout_s:g}s: "
+            "slow releases will soon be expired; raise the timeout or find the slow peer"
+        )
+    return (
+        f"p99 release latency {p99_s:.3f}s is well under defer_timeout {defer_timeout_s:g}s: "
+        "the timeout is safe (a leak is held for the whole timeout before it is reclaimed)"
+    )
 
 
 def timeout_advice(
@@ -86,6 +120,7 @@ def timeout_advice(
     *,
     defer_timeout_s: float = DEFAULT_DEFER_TIMEOUT_S,
     transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S,
+    late_after_expire: int = 0,
 ) -> dict[str, Any]:
     """Per role/mode: latency p50/p99/max; how many releases a shorter timeout would have turned
     into expires followed by late acks; block-seconds pinned by transfers that did expire."""
@@ -102,18 +137,24 @@ def timeout_advice(
             "configured_timeout_s": configured,
             "late_if_timeout_s": {str(c): histogram.count_above(c) for c in candidates if c > 0},
         }
-    worst_p99 = max((k["p99_s"] for k in kinds.values()), default=0.0)
-    if not kinds:
-        verdict = "no completed transfers to learn from"
-    elif worst_p99 > 0.8 * min(defer_timeout_s, transfer_timeout_s):
-        verdict = "p99 release latency is close to a timeout: raise it or expect late acks after expires"
-    else:
-        verdict = "timeouts leave headroom over the observed p99 latency"
     return {
         "defer_timeout_s": defer_timeout_s,
         "transfer_timeout_s": transfer_timeout_s,
         "by_kind": kinds,
         "expired_releases": recorder.expired_releases,
         "expired_block_seconds": round(recorder.expired_block_seconds, 3),
-        "verdict": verdict,
+        "late_after_expire": late_after_expire,
+        "verdict": verdict(recorder.completed.percentile(99.0), defer_timeout_s, late_after_expire),
     }
+
+
+def late_after_expire(state: LedgerState, findings: Iterable[Finding]) -> int:
+    """Sides released by expire that still saw events: the sign the timeout is shorter than the traffic."""
+    count = 0
+    for f in findings:
+        if f.code != "late_event":
+            continue
+        side = state.transfers.get((f.source, f.transfer_id))
+        if side is not None and side.decision is not None and side.decision.cause == "expired":
+            count += 1
+    return count

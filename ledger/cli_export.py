@@ -84,9 +84,13 @@ def export_command(source: Source, target: Target) -> None:
         if _is_jsonl_path(target):
             raise typer.BadParameter("both sides are JSONL logs; copy the file instead", param_hint="TARGET")
         read, inserted = guarded(lambda: jsonl_to_store(Path(source), target))
-        typer.echo(f"loaded {read} events from {source} into {target} ({inserted} new, {read - inserted} already there)")
+        typer.echo(
+            f"loaded {read} events from {source} into {target} ({inserted} new, {read - inserted} already there)"
+        )
         return
     if not _is_jsonl_path(target):
-        raise typer.BadParameter("export a store to a .jsonl file, or load a .jsonl log into a store", param_hint="TARGET")
+        raise typer.BadParameter(
+            "export a store to a .jsonl file, or load a .jsonl log into a store", param_hint="TARGET"
+        )
     n = guarded(lambda: store_to_jsonl(source, Path(target)))
     typer.echo(f"exported {n} events from {source} to {target}")

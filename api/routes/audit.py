@@ -10,8 +10,8 @@ from api.deps import LiveDep
 from api.live import Live
 from api.routes.transfers import Now, check_limit
 from api.schemas import AuditOut, AuditSummary, OldestHeld
-from api.stats import percentiles, timeout_advice
 from api.views import finding_out
+from ledger.advice import late_after_expire, percentiles, verdict
 from ledger.audit import CODES, counts_by_code
 
 router = APIRouter(tags=["audit"])
@@ -63,15 +63,7 @@ async def get_summary(live: LiveDep, now: Now = None) -> AuditSummary:
     at = now if now is not None else live.clock_now()
     findings = live.findings(at)
     state = live.state
-    # Expired sides that still saw events: the fold's sign that the timeout is shorter than the traffic.
-    late_after_expire = sum(
-        1
-        for f in findings
-        if f.code == "late_event"
-        and (t := state.transfers.get((f.source, f.transfer_id)))
-        and t.decision is not None
-        and t.decision.cause == "expired"
-    )
+    late = late_after_expire(state, findings)
     completed = percentiles(live.latency.completed)
     return AuditSummary(
         now=at,
@@ -82,7 +74,7 @@ async def get_summary(live: LiveDep, now: Now = None) -> AuditSummary:
         oldest_held=oldest_held(live, at),
         releases_by_cause={str(k): v for k, v in state.releases_by_cause.items()},
         ack_latency_s=completed,
-        release_latency_s=percentiles(live.latency.all),
+        release_latency_s=percentiles(live.latency.all_causes),
         defer_timeout_s=live.settings.defer_timeout_s,
-        timeout_advice=timeout_advice(completed["p99"], live.settings.defer_timeout_s, late_after_expire),
+        timeout_advice=verdict(completed["p99"], live.settings.defer_timeout_s, late),
     )
