@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal, kind_of
+from ledger.events import Event, kind_of
 from ledger.fold import TransferState
+from ledger.timeline import describe
 
 WIDTH_PX, LANE_PX, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, TOP_PX = 960, 56, 170, 30, 36
 COLORS = {"map": "#2563eb", "schedule": "#7c3aed", "seal": "#0891b2", "ack": "#16a34a",
@@ -46,31 +47,6 @@ def clock(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
-def describe(e: Event) -> str:
-    """What the event says, in words an SRE reads without knowing the JSON."""
-    if isinstance(e, Map):
-        more = "…" if len(e.block_ids) > 8 else ""
-        return (
-            f"{e.role} request {e.request_id} takes part ({e.mode} mode), holds {len(e.block_ids)} blocks "
-            f"{list(e.block_ids)[:8]}{more}, expects {e.acks_expected} release ack(s), "
-            f"deadline {clock(e.deadline)}"
-        )
-    if isinstance(e, Schedule):
-        what = "whole transfer" if e.layers is None else f"layers {list(e.layers)[:8]}"
-        how = "deferred (remote not ready)" if e.deferred else "issued"
-        return f"{e.op} of {what} {how}, attempt {e.attempt}"
-    if isinstance(e, Seal):
-        return f"sealed: {e.expected} layer operations to expect"
-    if isinstance(e, Ack):
-        where = "" if e.layers is None else f" layers {list(e.layers)[:8]}"
-        return f"ack {e.what}{where} (rank {e.rank})"
-    if isinstance(e, Fail):
-        return f"{'retryable' if e.retryable else 'terminal'} failure: {e.reason}"
-    if isinstance(e, Expire):
-        return f"{e.deadline} deadline passed"
-    raise AssertionError(f"unknown event type {type(e).__name__}")
-
-
 def build(events: list[Event], sides: list[TransferState], now: float) -> TimelineView:
     """Lay out `events` over the span from the first event to the last event, deadline or now."""
     sources = list(dict.fromkeys([t.source for t in sides] + [e.source for e in events]))
@@ -91,7 +67,7 @@ def build(events: list[Event], sides: list[TransferState], now: float) -> Timeli
     view.ticks = [(x(start + span * i / 4), f"+{span * i / 4:.3f}s") for i in range(5)]
     for e in events:
         kind = kind_of(e)
-        what = describe(e)
+        what = describe(e, clock)
         view.marks.append(Mark(x(e.ts), lane_y[e.source], COLORS[kind], f"#{e.seq} {kind}: {what}"))
         view.rows.append((clock(e.ts), f"+{e.ts - start:.3f}s", f"{e.source} #{e.seq}", kind, what))
     for t in sides:

@@ -38,7 +38,7 @@ def test_sre_finds_the_leak_and_reads_its_timeline(sqlite_url: str, tmp_path: Pa
             page.wait_for_selector("svg#timeline circle")
             assert "still held" in page.inner_text("main")
             assert page.locator("svg#timeline text.decision").first.text_content().endswith("deadline, still held")
-            assert "takes part (read mode), holds 4 blocks" in page.inner_text("#events")
+            assert "p-leak (read mode) holds 4 blocks" in page.inner_text("#events")
             page.goto(f"{base}/ui/transfers/tx-ok")
             page.wait_for_selector("svg#timeline circle")
             assert "released (completed)" in (page.locator("svg#timeline").text_content() or "")
