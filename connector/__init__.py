@@ -1,0 +1,20 @@
+"""kvledger's KV connector: a vLLM-free core (scheduler.py, worker.py) and a thin vLLM adapter.
+
+`LedgerConnector` is resolved lazily so that `import connector` (the simulator,
+the CLI's demo, the tests) never imports vllm or torch; vLLM's factory does
+`getattr(importlib.import_module("connector"), "LedgerConnector")`, which lands here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LedgerConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LedgerConnector":
+        from connector.vllm_connector import LedgerConnector
+
+        return LedgerConnector
+    raise AttributeError(f"module 'connector' has no attribute {name!r}")

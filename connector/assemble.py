@@ -1,0 +1,35 @@
+"""Builds a scheduler half or a worker half from a config: ledger, channel and transport at the right ports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+
+from connector.channel import Channel
+from connector.config import ConnectorConfig
+from connector.scheduler import SchedulerCore
+from connector.store import open_ledger
+from connector.transports import make_transport
+from connector.worker import WorkerCore
+
+
+def build_scheduler(config: ConnectorConfig) -> SchedulerCore:
+    return SchedulerCore(config, open_ledger(config, config.source(scheduler=True)))
+
+
+def build_worker(config: ConnectorConfig, *, context: zmq.Context[Any] | None = None) -> WorkerCore:
+    """A worker core with its own ZMQ context (one per connector, closed by `close`) unless given one."""
+    channel = Channel(
+        config.host,
+        config.my_port(config.handshake_port),
+        config.my_port(config.notify_port),
+        config.may_dial,
+        context=context,
+    )
+    try:
+        transport = make_transport(config.backend, config.host, config.my_port(config.transport_port))
+    except BaseException:
+        channel.close()
+        raise
+    return WorkerCore(config, open_ledger(config, config.source(scheduler=False)), transport, channel)

@@ -1,0 +1,212 @@
+"""The notification channel: a listener thread (ROUTER sockets) and allow-listed dialers (DEALER).
+
+One thread per rank listens on two ports: the handshake port answers a
+`HandshakeRequest` with this rank's `HandshakeMetadata`; the notify port takes
+`remote_blocks`, `write_done`, `write_failed` and `release` messages and queues
+them for the worker's next poll. Nothing off the wire can crash the listener:
+an oversized, malformed or wrong-version message is counted, logged and dropped.
+Dialing is allow-listed: `send` and `handshake` refuse any (host, port) the
+configuration (or a completed handshake) did not name. `send` and `handshake`
+are called from one thread (the worker's), which owns the outgoing sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import zmq
+
+from connector import messages
+from connector.limits import (
+    CHANNEL_INBOX_MAX,
+    CHANNEL_POLL_MS,
+    HANDSHAKE_TIMEOUT_S,
+    MESSAGE_BYTES_HARD_MAX,
+    MESSAGE_BYTES_MAX,
+    STOP_JOIN_TIMEOUT_S,
+)
+from connector.messages import HandshakeMetadata, HandshakeRequest, Message, RankAddress, Rejected
+
+log = logging.getLogger(__name__)
+
+
+class PeerNotAllowed(PermissionError):
+    """A dial to a (host, port) that neither the configuration nor a handshake named."""
+
+
+class Channel:
+    def __init__(
+        self,
+        host: str,
+        handshake_port: int,
+        notify_port: int,
+        may_dial: Callable[[str, int], bool],
+        *,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self._own_context = context is None
+        self._context: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._may_dial = may_dial
+        self.inbox: queue.Queue[Message] = queue.Queue(maxsize=CHANNEL_INBOX_MAX)
+        self.counters: Counter[str] = Counter()
+        self._metadata: bytes | None = None
+        self._stop = threading.Event()
+        self._dealers: dict[tuple[str, int], zmq.Socket[Any]] = {}
+        self._handshake_socket = self._bind(host, handshake_port)
+        self._notify_socket = self._bind(host, notify_port)
+        self.handshake_port = self._port_of(self._handshake_socket)
+        self.notify_port = self._port_of(self._notify_socket)
+        self._thread = threading.Thread(target=self._listen, name=f"kvledger-channel-{self.notify_port}", daemon=True)
+        self._thread.start()
+
+    def _bind(self, host: str, port: int) -> zmq.Socket[Any]:
+        sock = self._context.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        # A guard for memory only: ZMQ drops bigger messages (and the peer) before we see them.
+        sock.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES_HARD_MAX)
+        if port == 0:
+            sock.bind_to_random_port(f"tcp://{host}")
+        else:
+            sock.bind(f"tcp://{host}:{port}")
+        return sock  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _port_of(sock: zmq.Socket[Any]) -> int:
+        endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+        assert isinstance(endpoint, bytes)
+        return int(endpoint.rsplit(b":", 1)[1])
+
+    def set_metadata(self, metadata: HandshakeMetadata) -> None:
+        """What this rank answers handshakes with (after its KV caches are registered)."""
+        self._metadata = messages.encode(metadata)
+
+    # -- the worker's side ----------------------------------------------------
+
+    def send(self, host: str, port: int, message: Message) -> bool:
+        """Queue `message` to (host, port); False (counted) if ZMQ's queue to that peer is full."""
+        if not self._may_dial(host, port):
+            raise PeerNotAllowed(f"{host}:{port} is not a configured peer")
+        sock = self._dealers.get((host, port))
+        if sock is None:
+            sock = self._context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(f"tcp://{host}:{port}")
+            self._dealers[(host, port)] = sock
+        try:
+            sock.send(messages.encode(message), zmq.NOBLOCK)
+        except zmq.Again:
+            self.counters["send_dropped_queue_full"] += 1
+            log.warning("notification to %s:%s dropped: send queue full", host, port)
+            return False
+        self.counters["sent"] += 1
+        return True
+
+    def handshake(
+        self, host: str, port: int, sender: RankAddress, timeout_s: float = HANDSHAKE_TIMEOUT_S
+    ) -> HandshakeMetadata | None:
+        """Ask the rank at (host, port) for its metadata; None if it does not answer in time."""
+        if not self._may_dial(host, port):
+            raise PeerNotAllowed(f"{host}:{port} is not a configured peer")
+        sock = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES_HARD_MAX)
+        try:
+            sock.connect(f"tcp://{host}:{port}")
+            sock.send(messages.encode(HandshakeRequest(sender=sender)))
+            if not sock.poll(int(timeout_s * 1000)):
+                self.counters["handshake_timeout"] += 1
+                return None
+            reply = messages.decode(sock.recv())
+        finally:
+            sock.close(linger=0)
+        if not isinstance(reply, HandshakeMetadata):
+            self.counters["handshake_bad_reply"] += 1
+            log.warning("handshake with %s:%s: unusable reply %r", host, port, reply)
+            return None
+        return reply
+
+    def drain(self, limit: int = CHANNEL_INBOX_MAX) -> list[Message]:
+        out: list[Message] = []
+        while len(out) < limit:
+            try:
+                out.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        return out
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._thread.join(STOP_JOIN_TIMEOUT_S)
+        for sock in self._dealers.values():
+            sock.close(linger=0)
+        self._dealers.clear()
+        if self._own_context:
+            self._context.term()
+
+    # -- the listener thread --------------------------------------------------
+
+    def _listen(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._handshake_socket, zmq.POLLIN)
+        poller.register(self._notify_socket, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(CHANNEL_POLL_MS):
+                    frames = sock.recv_multipart()
+                    if sock is self._handshake_socket:
+                        self._on_handshake(frames)
+                    else:
+                        self._on_notify(frames)
+        except zmq.ZMQError as error:
+            log.warning("notification listener stopped: %s", error)
+        finally:
+            self._handshake_socket.close(linger=0)
+            self._notify_socket.close(linger=0)
+
+    def _decode(self, frames: list[bytes]) -> Message | None:
+        if len(frames) != 2:
+            self.counters["dropped_malformed"] += 1
+            log.warning("notification dropped: %d frames, expected 2", len(frames))
+            return None
+        message = messages.decode(frames[1], max_bytes=MESSAGE_BYTES_MAX)
+        if isinstance(message, Rejected):
+            self.counters[f"dropped_{message.reason}"] += 1
+            log.warning("notification dropped (%s): %s", message.reason, message.detail)
+            return None
+        return message
+
+    def _on_handshake(self, frames: list[bytes]) -> None:
+        message = self._decode(frames)
+        if message is None:
+            return
+        if not isinstance(message, HandshakeRequest) or self._metadata is None:
+            self.counters["dropped_unexpected"] += 1
+            log.warning(
+                "handshake port: %s dropped (metadata ready: %s)", type(message).__name__, self._metadata is not None
+            )
+            return
+        self.counters["handshakes_answered"] += 1
+        self._handshake_socket.send_multipart([frames[0], self._metadata])
+
+    def _on_notify(self, frames: list[bytes]) -> None:
+        message = self._decode(frames)
+        if message is None:
+            return
+        if isinstance(message, HandshakeRequest | HandshakeMetadata):
+            self.counters["dropped_unexpected"] += 1
+            log.warning("notify port: %s dropped", type(message).__name__)
+            return
+        try:
+            self.inbox.put_nowait(message)
+        except queue.Full:
+            self.counters["dropped_inbox_full"] += 1
+            log.warning("notification dropped: inbox full (%d)", CHANNEL_INBOX_MAX)
+            return
+        self.counters["received"] += 1

@@ -1,0 +1,298 @@
+"""The connector's configuration from `kv_connector_extra_config`, validated at start.
+
+Key names follow MoRIIO where the meaning is the same (`read_mode`,
+`transfer_timeout`, `defer_timeout`, `recv_abort_timeout`, `handshake_port`,
+`notify_port`, `backend`, `host_ip`); kvledger adds `ledger_url`, `source_name`,
+`transport_port`, `peers` and `peer_tp_size`. A bad value raises `ConfigError`
+naming the key, so a typo stops the engine at start instead of in the first transfer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from connector import limits
+from connector.ports import engine_ports, rank_port
+from ledger.events import Mode, Role
+
+BACKENDS = ("tcp", "mori")
+LEDGER_URL_SCHEMES = ("memory", "sqlite", "postgresql", "postgres", "postgresql+psycopg")
+
+IGNORED_MORIIO_KEYS = frozenset(
+    {"proxy_ip", "proxy_ping_port", "http_port", "qp_per_transfer", "post_batch_size", "num_workers"}
+)
+"""MoRIIO keys accepted so that one extra_config serves both connectors; they do nothing here."""
+
+
+class ConfigError(ValueError):
+    """A `kv_connector_extra_config` value that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class PeerEngine:
+    """Another engine this one may dial: its host and base ports (ranks add their offset)."""
+
+    host: str
+    handshake_port: int
+    notify_port: int
+    transport_port: int
+    tp_size: int = 1
+    dp_size: int = 1
+
+    def listens_on(self) -> set[tuple[str, int]]:
+        """Every (host, port) this engine's ranks listen on."""
+        ports: set[int] = set()
+        for base in (self.handshake_port, self.notify_port, self.transport_port):
+            ports.update(engine_ports(base, self.dp_size, self.tp_size))
+        return {(self.host, port) for port in ports}
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """Everything the core needs; built by `from_extra_config` (or directly in tests)."""
+
+    role: Role
+    mode: Mode
+    engine_id: str
+    host: str = "127.0.0.1"
+    handshake_port: int = limits.DEFAULT_HANDSHAKE_PORT
+    notify_port: int = limits.DEFAULT_NOTIFY_PORT
+    transport_port: int = limits.DEFAULT_TRANSPORT_PORT
+    backend: str = "tcp"
+    transfer_timeout_s: float = limits.DEFAULT_TRANSFER_TIMEOUT_S
+    defer_timeout_s: float = limits.DEFAULT_DEFER_TIMEOUT_S
+    recv_abort_timeout_s: float = limits.DEFAULT_RECV_ABORT_TIMEOUT_S
+    ledger_url: str | None = None
+    source_name: str = ""
+    peers: tuple[PeerEngine, ...] = ()
+    peer_tp_size: int = 1
+    dp_rank: int = 0
+    dp_size: int = 1
+    tp_rank: int = 0
+    tp_size: int = 1
+    allowed: frozenset[tuple[str, int]] = field(default=frozenset(), compare=False)
+
+    def __post_init__(self) -> None:
+        # The allow-list is derived once: the only (host, port) pairs this engine ever dials.
+        allowed: set[tuple[str, int]] = set()
+        for peer in self.peers:
+            allowed |= peer.listens_on()
+        object.__setattr__(self, "allowed", frozenset(allowed))
+        if not self.source_name:
+            object.__setattr__(self, "source_name", self.engine_id)
+
+    # -- derived names and ports -------------------------------------------
+
+    def source(self, *, scheduler: bool) -> str:
+        """The ledger source of this process: `prefill-0/sched`, `prefill-0/tp1`, `prefill-0/dp1tp0`."""
+        if scheduler:
+            return f"{self.source_name}/sched"
+        rank = f"tp{self.tp_rank}" if self.dp_size == 1 else f"dp{self.dp_rank}tp{self.tp_rank}"
+        return f"{self.source_name}/{rank}"
+
+    def my_port(self, base: int) -> int:
+        return rank_port(base, self.dp_rank, self.tp_rank, self.tp_size)
+
+    def find_peer(self, host: str, handshake_port: int, notify_port: int) -> PeerEngine | None:
+        """The configured peer with these base ports, or None (then it must not be dialed)."""
+        for peer in self.peers:
+            if (peer.host, peer.handshake_port, peer.notify_port) == (host, handshake_port, notify_port):
+                return peer
+        return None
+
+    def may_dial(self, host: str, port: int) -> bool:
+        return (host, port) in self.allowed
+
+
+# -- parsing ----------------------------------------------------------------
+
+
+def _key(name: str) -> str:
+    return f"kv_connector_extra_config[{name!r}]"
+
+
+def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = extra.get(name, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ConfigError(f"{_key(name)}: expected true or false, got {value!r}")
+
+
+def _seconds(extra: Mapping[str, Any], name: str, default: float) -> float:
+    value = extra.get(name, default)
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{_key(name)}: expected a number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{_key(name)}: must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _port(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigError(f"{_key(name)}: expected a port number, got {value!r}")
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{_key(name)}: expected a port number, got {value!r}") from None
+    if not 0 < port <= limits.PORT_MAX:
+        raise ConfigError(f"{_key(name)}: port {port} outside 1..{limits.PORT_MAX}")
+    return port
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigError(f"{_key(name)}: expected a positive integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{_key(name)}: expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise ConfigError(f"{_key(name)}: must be >= 1, got {value!r}")
+    return number
+
+
+def _host(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{_key(name)}: expected an IP address, got {value!r}")
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        # Names are refused: the allow-list compares exact addresses, and DNS may change under us.
+        raise ConfigError(f"{_key(name)}: expected an IP address (not a host name), got {value!r}") from None
+    return value
+
+
+def check_ledger_url(value: Any) -> str | None:
+    """None (in-memory only), `memory://`, `sqlite:///path` or `postgresql://...`; else ConfigError."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{_key('ledger_url')}: expected a URL string, got {value!r}")
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in LEDGER_URL_SCHEMES:
+        raise ConfigError(f"{_key('ledger_url')}: {value!r} is not sqlite:///path, postgresql://... or memory://")
+    if scheme == "sqlite" and (not rest.startswith("/") or rest in ("/", "/:memory:")):
+        raise ConfigError(f"{_key('ledger_url')}: {value!r} needs a file path, as in sqlite:///var/ledger.db")
+    if scheme.startswith("postgres") and not rest:
+        raise ConfigError(f"{_key('ledger_url')}: {value!r} names no server")
+    return value
+
+
+def _peers(value: Any) -> tuple[PeerEngine, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise ConfigError(f"{_key('peers')}: expected a list of peer engines, got {value!r}")
+    if len(value) > limits.PEERS_MAX:
+        raise ConfigError(f"{_key('peers')}: {len(value)} peers, at most {limits.PEERS_MAX}")
+    out = []
+    for i, item in enumerate(value):
+        where = f"peers[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{_key(where)}: expected an object with host and ports, got {item!r}")
+        unknown = set(item) - {"host", "handshake_port", "notify_port", "transport_port", "tp_size", "dp_size"}
+        if unknown:
+            raise ConfigError(f"{_key(where)}: unknown keys {sorted(unknown)}")
+        for required in ("host", "handshake_port", "notify_port"):
+            if required not in item:
+                raise ConfigError(f"{_key(where + '.' + required)}: missing")
+        out.append(
+            PeerEngine(
+                host=_host(item["host"], where + ".host"),
+                handshake_port=_port(item["handshake_port"], where + ".handshake_port"),
+                notify_port=_port(item["notify_port"], where + ".notify_port"),
+                transport_port=_port(
+                    item.get("transport_port", limits.DEFAULT_TRANSPORT_PORT), where + ".transport_port"
+                ),
+                tp_size=_positive_int(item.get("tp_size", 1), where + ".tp_size"),
+                dp_size=_positive_int(item.get("dp_size", 1), where + ".dp_size"),
+            )
+        )
+    return tuple(out)
+
+
+KNOWN_KEYS = frozenset(
+    {
+        "read_mode",
+        "transfer_timeout",
+        "defer_timeout",
+        "recv_abort_timeout",
+        "handshake_port",
+        "notify_port",
+        "transport_port",
+        "backend",
+        "host_ip",
+        "ledger_url",
+        "source_name",
+        "peers",
+        "peer_tp_size",
+    }
+)
+
+
+def from_extra_config(
+    extra: Mapping[str, Any] | None,
+    *,
+    kv_role: str,
+    engine_id: str,
+    dp_rank: int = 0,
+    dp_size: int = 1,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+) -> ConnectorConfig:
+    """Validate `kv_connector_extra_config` and the engine's place; raise ConfigError naming the key."""
+    extra = dict(extra or {})
+    unknown = set(extra) - KNOWN_KEYS - IGNORED_MORIIO_KEYS
+    if unknown:
+        raise ConfigError(f"kv_connector_extra_config: unknown keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
+    roles: dict[str, Role] = {"kv_producer": "producer", "kv_consumer": "consumer"}
+    if kv_role not in roles:
+        # kv_both was a consumer in MoRIIO's scheduler but a producer in its worker; refuse it.
+        raise ConfigError(f"kv_role: expected kv_producer or kv_consumer, got {kv_role!r}")
+    backend = str(extra.get("backend", "tcp")).strip().lower()
+    if backend not in BACKENDS:
+        raise ConfigError(f"{_key('backend')}: expected one of {list(BACKENDS)}, got {extra.get('backend')!r}")
+    source_name = extra.get("source_name", engine_id)
+    if not isinstance(source_name, str) or not source_name or "/" in source_name:
+        raise ConfigError(f"{_key('source_name')}: expected a non-empty name without '/', got {source_name!r}")
+    if not 0 <= tp_rank < tp_size or not 0 <= dp_rank < dp_size:
+        raise ConfigError(f"rank (dp {dp_rank}, tp {tp_rank}) outside (dp_size {dp_size}, tp_size {tp_size})")
+    config = ConnectorConfig(
+        role=roles[kv_role],
+        mode="read" if _bool(extra, "read_mode", False) else "write",
+        engine_id=engine_id,
+        host=_host(extra.get("host_ip", "127.0.0.1"), "host_ip"),
+        handshake_port=_port(extra.get("handshake_port", limits.DEFAULT_HANDSHAKE_PORT), "handshake_port"),
+        notify_port=_port(extra.get("notify_port", limits.DEFAULT_NOTIFY_PORT), "notify_port"),
+        transport_port=_port(extra.get("transport_port", limits.DEFAULT_TRANSPORT_PORT), "transport_port"),
+        backend=backend,
+        transfer_timeout_s=_seconds(extra, "transfer_timeout", limits.DEFAULT_TRANSFER_TIMEOUT_S),
+        defer_timeout_s=_seconds(extra, "defer_timeout", limits.DEFAULT_DEFER_TIMEOUT_S),
+        recv_abort_timeout_s=_seconds(extra, "recv_abort_timeout", limits.DEFAULT_RECV_ABORT_TIMEOUT_S),
+        ledger_url=check_ledger_url(extra.get("ledger_url")),
+        source_name=source_name,
+        peers=_peers(extra.get("peers")),
+        peer_tp_size=_positive_int(extra.get("peer_tp_size", 1), "peer_tp_size"),
+        dp_rank=dp_rank,
+        dp_size=dp_size,
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+    )
+    for name in ("handshake_port", "notify_port", "transport_port"):
+        base = getattr(config, name)
+        try:
+            rank_port(base, dp_size - 1, tp_size - 1, tp_size)
+        except ValueError as error:
+            raise ConfigError(f"{_key(name)}: {error}") from None
+    return config

@@ -1,0 +1,32 @@
+"""Request id -> transfer id, a projection of the log's `map` events (vLLM speaks request ids only).
+
+Not bookkeeping beside the ledger: it is rebuilt by replaying the same maps, and
+an entry is forgotten once the transfer's release has been handed to vLLM.
+"""
+
+from __future__ import annotations
+
+from ledger.events import Event, Map, ReqId, TransferId
+from ledger.log import EventLog
+
+
+class RequestIndex:
+    def __init__(self, log: EventLog | None = None) -> None:
+        self._by_request: dict[ReqId, TransferId] = {}
+        if log is not None:
+            log.subscribe(self.on_event)
+
+    def on_event(self, event: Event) -> None:
+        # Called under the log's lock, in seq order: must be quick and must not append.
+        if type(event) is Map:
+            self._by_request[event.request_id] = event.transfer_id
+
+    def get(self, request_id: ReqId) -> TransferId | None:
+        return self._by_request.get(request_id)
+
+    def forget(self, request_id: ReqId, transfer_id: TransferId) -> None:
+        if self._by_request.get(request_id) == transfer_id:
+            del self._by_request[request_id]
+
+    def __len__(self) -> int:
+        return len(self._by_request)

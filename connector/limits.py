@@ -1,0 +1,66 @@
+"""Every named limit of the connector, in one place (TigerBeetle style: units last)."""
+
+from __future__ import annotations
+
+DEFAULT_TRANSFER_TIMEOUT_S = 30.0
+"""MoRIIO's `transfer_timeout`: how long a read or write may keep failing transiently."""
+
+DEFAULT_DEFER_TIMEOUT_S = 60.0
+"""MoRIIO's `defer_timeout`: how long a producer holds blocks for a remote decode."""
+
+DEFAULT_RECV_ABORT_TIMEOUT_S = 120.0
+"""How long a consumer waits for its KV before giving the blocks back (failed load)."""
+
+DEFAULT_HANDSHAKE_PORT = 6301
+"""MoRIIO's default handshake port (base; ranks add their offset)."""
+
+DEFAULT_NOTIFY_PORT = 61005
+"""MoRIIO's default notify port (base; ranks add their offset)."""
+
+DEFAULT_TRANSPORT_PORT = 62005
+"""Base port of the tcp transport's data listener (ranks add their offset)."""
+
+PORT_MAX = 65535
+
+MESSAGE_VERSION = 1
+"""Wire version of every notification message; a message with another version is dropped."""
+
+MESSAGE_BYTES_MAX = 1 << 20
+"""A notification larger than this is counted and dropped (a block list of 100k ids is ~500 KB)."""
+
+MESSAGE_BYTES_HARD_MAX = 4 * MESSAGE_BYTES_MAX
+"""ZMQ drops (and disconnects) above this before we ever see the bytes: a memory guard."""
+
+CHANNEL_INBOX_MAX = 65536
+"""Decoded notifications waiting for the worker's next poll; beyond this they are dropped and counted."""
+
+CHANNEL_POLL_MS = 50
+"""How often the listener thread looks at its stop flag."""
+
+HANDSHAKE_TIMEOUT_S = 5.0
+"""How long a dialer waits for a peer's handshake metadata."""
+
+TRANSPORT_POLL_MS = 1
+"""How long the tcp transport's I/O threads sleep in poll when idle (latency of a new request)."""
+
+TRANSPORT_FRAME_BYTES_MAX = 64 << 20
+"""Largest single op the tcp transport accepts (a KV block of one layer is far below this)."""
+
+TRANSPORT_OPS_PER_REQUEST_MAX = 65536
+"""Largest number of (local, remote, size) ops in one tcp request."""
+
+TRANSPORT_INFLIGHT_MAX = 4096
+"""Requests a tcp transport client may have outstanding; more are queued in the caller's thread."""
+
+RETRY_BACKOFF_MIN_S = 0.001
+RETRY_BACKOFF_MAX_S = 0.050
+"""MoRIIO's backoff for a transient (send-queue-full) failure: 1 ms doubling up to 50 ms."""
+
+PEERS_MAX = 1024
+"""Peer engines a configuration may list."""
+
+REMOTE_DIRECTORY_MAX = 65536
+"""Remote block lists (WRITE mode) a producer worker keeps for transfers it has not mapped or finished."""
+
+STOP_JOIN_TIMEOUT_S = 2.0
+"""How long shutdown waits for a listener or transport thread to end."""

@@ -1,0 +1,111 @@
+"""Typed notification messages between engines, msgpack on the wire, with a version field.
+
+Every message is a frozen msgspec Struct tagged by `type` (MoRIIO's names:
+`remote_blocks`, `write_done`, `write_failed`, `release`, plus the handshake
+pair). `decode` never raises on bad input: it returns a `Rejected` value saying
+why, so the listener can count and drop it.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import msgspec
+
+from connector.layout import LayerDescriptor
+from connector.limits import MESSAGE_BYTES_MAX, MESSAGE_VERSION
+from connector.transports.base import TransportEndpoint
+from ledger.events import TransferId
+
+
+class RankAddress(msgspec.Struct, frozen=True, kw_only=True):
+    """Who sent a message: an engine's base ports and the sender's rank (peers compute its ports)."""
+
+    engine_id: str
+    host: str
+    handshake_port: int
+    notify_port: int
+    dp_rank: int = 0
+    tp_rank: int = 0
+    tp_size: int = 1
+
+
+class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
+    version: int = MESSAGE_VERSION
+
+
+class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):
+    """WRITE mode, consumer -> producer: my blocks for this transfer are allocated; write here."""
+
+    transfer_id: TransferId
+    block_ids: tuple[int, ...]
+    sender: RankAddress
+
+
+class WriteDone(_Message, frozen=True, tag="write_done"):
+    """WRITE mode, producer rank -> consumer: every layer of this transfer landed."""
+
+    transfer_id: TransferId
+    rank: int
+
+
+class WriteFailed(_Message, frozen=True, tag="write_failed"):
+    """WRITE mode, producer rank -> consumer: the write will not complete; do not decode."""
+
+    transfer_id: TransferId
+    rank: int
+    reason: str
+
+
+class ReleaseBlocks(_Message, frozen=True, tag="release"):
+    """Consumer rank -> holder rank: you may free this transfer's blocks (read done, or aborted)."""
+
+    transfer_id: TransferId
+    rank: int
+    consumer_tp_size: int
+
+
+class HandshakeRequest(_Message, frozen=True, tag="handshake_request"):
+    sender: RankAddress
+
+
+class HandshakeMetadata(_Message, frozen=True, tag="handshake"):
+    """What a dialer needs to move KV with this rank: its transport endpoint and layer geometry."""
+
+    engine_id: str
+    dp_rank: int
+    tp_rank: int
+    tp_size: int
+    endpoint: TransportEndpoint
+    layers: tuple[LayerDescriptor, ...]
+
+
+Message: TypeAlias = RemoteBlocks | WriteDone | WriteFailed | ReleaseBlocks | HandshakeRequest | HandshakeMetadata
+
+
+class Rejected(msgspec.Struct, frozen=True):
+    """Why bytes off the wire were not a message: `oversized`, `malformed` or `version`."""
+
+    reason: str
+    detail: str
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | memoryview, *, max_bytes: int = MESSAGE_BYTES_MAX) -> Message | Rejected:
+    """The message in `data`, or a `Rejected` naming why not; never raises on bad input."""
+    if len(data) > max_bytes:
+        return Rejected("oversized", f"{len(data)} bytes > {max_bytes}")
+    try:
+        message = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        return Rejected("malformed", str(error)[:200])
+    if message.version != MESSAGE_VERSION:
+        return Rejected("version", f"version {message.version}, this build speaks {MESSAGE_VERSION}")
+    return message

@@ -1,0 +1,72 @@
+"""What the scheduler half hands its workers each step (vLLM's connector metadata), as plain data."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ledger.events import Mode, ReqId, TransferId
+
+
+class PeerRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A remote engine as named in params: host and *base* ports (ports.rank_port adds the rank)."""
+
+    engine_id: str = ""
+    host: str
+    handshake_port: int
+    notify_port: int
+    tp_size: int = 1
+    dp_rank: int = 0
+
+    @property
+    def label(self) -> str:
+        """The ledger's `peer` field: host and base notify port."""
+        return f"{self.host}:{self.notify_port}"
+
+
+class RecvItem(msgspec.Struct, frozen=True, kw_only=True):
+    """Consumer: receive this transfer into `block_ids` (READ: pull from the peer; WRITE: tell it where)."""
+
+    transfer_id: TransferId
+    request_id: ReqId
+    mode: Mode
+    block_ids: tuple[int, ...]
+    remote_block_ids: tuple[int, ...] | None
+    peer: PeerRef
+    deadline: float
+
+
+class SendItem(msgspec.Struct, frozen=True, kw_only=True):
+    """Producer, READ: hold `block_ids` for the consumer's reads until it releases them."""
+
+    transfer_id: TransferId
+    request_id: ReqId
+    block_ids: tuple[int, ...]
+    deadline: float
+
+
+class SaveItem(msgspec.Struct, frozen=True, kw_only=True):
+    """Producer, WRITE: this step's forward completes the prompt; write every layer to the consumer."""
+
+    transfer_id: TransferId
+    request_id: ReqId
+    block_ids: tuple[int, ...]
+    peer: PeerRef | None
+    deadline: float
+
+
+class AbortItem(msgspec.Struct, frozen=True, kw_only=True):
+    """Consumer aborted before allocation: tell the holder ranks to release at once."""
+
+    transfer_id: TransferId
+    request_id: ReqId
+    peer: PeerRef
+
+
+class StepMetadata(msgspec.Struct, kw_only=True):
+    recv: list[RecvItem] = msgspec.field(default_factory=list)
+    send: list[SendItem] = msgspec.field(default_factory=list)
+    save: list[SaveItem] = msgspec.field(default_factory=list)
+    abort: list[AbortItem] = msgspec.field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.recv or self.send or self.save or self.abort)

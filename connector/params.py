@@ -1,0 +1,88 @@
+"""`kv_transfer_params`: what the proxy and the engines put in a request, parsed and checked.
+
+A request takes part in a transfer when its params carry a `transfer_id` (chosen
+by the proxy, shared by both sides) and `do_remote_decode` (producer) or
+`do_remote_prefill` (consumer). Host and ports in params are only *names* of a
+peer: the connector dials them only if the configuration lists that peer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from connector.metadata import PeerRef
+from ledger.events import TransferId
+
+
+class ParamsError(ValueError):
+    """kv_transfer_params that name a transfer but cannot be used; the message names the field."""
+
+
+class TransferParams(msgspec.Struct, frozen=True, kw_only=True):
+    transfer_id: TransferId
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_block_ids: tuple[int, ...] | None = None
+    remote_engine_id: str = ""
+    remote_host: str | None = None
+    remote_handshake_port: int | None = None
+    remote_notify_port: int | None = None
+    remote_tp_size: int = 1
+    remote_dp_rank: int = 0
+
+    def peer(self) -> PeerRef | None:
+        """The remote engine these params name, or None if they name none."""
+        if self.remote_host is None or self.remote_handshake_port is None or self.remote_notify_port is None:
+            return None
+        return PeerRef(
+            engine_id=self.remote_engine_id,
+            host=self.remote_host,
+            handshake_port=self.remote_handshake_port,
+            notify_port=self.remote_notify_port,
+            tp_size=self.remote_tp_size,
+            dp_rank=self.remote_dp_rank,
+        )
+
+
+def parse_params(raw: Mapping[str, Any] | None) -> TransferParams | None:
+    """None when the request takes no part in a kvledger transfer; ParamsError when it is malformed."""
+    if not raw or "transfer_id" not in raw:
+        return None
+    try:
+        params = msgspec.convert(dict(raw), TransferParams, strict=False)
+    except msgspec.ValidationError as error:
+        raise ParamsError(f"kv_transfer_params: {error}") from None
+    if not params.transfer_id:
+        raise ParamsError("kv_transfer_params.transfer_id: empty")
+    if params.remote_tp_size < 1:
+        raise ParamsError(f"kv_transfer_params.remote_tp_size: must be >= 1, got {params.remote_tp_size}")
+    return params
+
+
+def consumer_params(
+    transfer_id: TransferId,
+    block_ids: tuple[int, ...],
+    *,
+    engine_id: str,
+    host: str,
+    handshake_port: int,
+    notify_port: int,
+    tp_size: int,
+    dp_rank: int,
+) -> dict[str, Any]:
+    """What a producer's `request_finished` returns for the consumer (through the proxy)."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "transfer_id": transfer_id,
+        "remote_block_ids": list(block_ids),
+        "remote_engine_id": engine_id,
+        "remote_host": host,
+        "remote_handshake_port": handshake_port,
+        "remote_notify_port": notify_port,
+        "remote_tp_size": tp_size,
+        "remote_dp_rank": dp_rank,
+    }

@@ -1,0 +1,333 @@
+"""The scheduler half of the connector core: vLLM's scheduler-side hooks as plain data in, decisions out.
+
+Sans-IO: no sockets, no threads, no clock (`now` comes in). Every observation
+is appended to this process's ledger (`<engine>/sched`) and every answer is read
+from its fold: blocks are held exactly while the fold says a transfer is live,
+and `finished_sending` / `finished_recving` are the releases the fold decided.
+What crosses to the workers is the per-step `StepMetadata` (an outbox, emptied
+by `build_meta`), never a second copy of transfer state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from connector.config import ConnectorConfig
+from connector.index import RequestIndex
+from connector.metadata import AbortItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
+from connector.params import TransferParams, consumer_params
+from ledger.decisions import Release
+from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, TransferId
+from ledger.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+REASON_ABORTED_BEFORE_ALLOCATION = "aborted_before_allocation"
+"""A consumer request that ended before it had blocks: the producer is told to release; vLLM already forgot it."""
+
+REASON_PEER_NOT_ALLOWED = "peer_not_allowed"
+REASON_WORKER_RECV_FAILED = "worker_recv_failed"
+
+
+@dataclass
+class WorkerOutcome:
+    """What the scheduler tells vLLM after folding the workers' output and its clock tick."""
+
+    finished_sending: set[ReqId] = field(default_factory=set)
+    finished_recving: set[ReqId] = field(default_factory=set)
+    failed_recving: set[ReqId] = field(default_factory=set)
+    invalid_block_ids: set[int] = field(default_factory=set)
+    releases: list[Release] = field(default_factory=list)
+
+
+class SchedulerCore:
+    def __init__(self, config: ConnectorConfig, ledger: Ledger) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.source = ledger.source
+        self.state = ledger.state
+        self.index = RequestIndex(ledger.log)
+        self.counters: Counter[str] = Counter()
+        self._step = StepMetadata()
+
+    # -- the peer allow-list ------------------------------------------------
+
+    def _allowed_peer(self, peer: PeerRef | None) -> bool:
+        return peer is not None and self.config.find_peer(peer.host, peer.handshake_port, peer.notify_port) is not None
+
+    def _mapped(self, transfer_id: TransferId) -> bool:
+        t = self.state.transfers.get((self.source, transfer_id))
+        return t is not None and t.mapped
+
+    # -- hooks ----------------------------------------------------------------
+
+    def matched_tokens(
+        self, params: TransferParams | None, num_prompt_tokens: int, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        """get_num_new_matched_tokens: side-effect free. Loads are asynchronous in both modes (the
+        request waits in WAITING_FOR_REMOTE_KVS), and the last prompt token is recomputed locally."""
+        if self.config.role != "consumer" or params is None or not params.do_remote_prefill:
+            return 0, False
+        if self.config.mode == "read" and params.remote_block_ids is None:
+            return 0, False
+        if self._mapped(params.transfer_id):
+            return 0, False  # asked again after the load: nothing more to fetch
+        count = num_prompt_tokens - num_computed_tokens - 1
+        return (count, True) if count > 0 else (0, False)
+
+    def on_alloc(
+        self,
+        request_id: ReqId,
+        params: TransferParams | None,
+        block_ids: Iterable[int],
+        num_external_tokens: int,
+        now: float,
+    ) -> None:
+        """update_state_after_alloc: the consumer maps the transfer onto its freshly allocated blocks."""
+        if self.config.role != "consumer" or params is None or not params.do_remote_prefill:
+            return
+        if num_external_tokens <= 0 or self._mapped(params.transfer_id):
+            return  # the second call for an async load, or nothing to load
+        peer = params.peer()
+        blocks = tuple(block_ids)
+        self._record(
+            Map(
+                ts=now,
+                source=self.source,
+                transfer_id=params.transfer_id,
+                request_id=request_id,
+                role="consumer",
+                mode=self.config.mode,
+                block_ids=blocks,
+                remote_block_ids=params.remote_block_ids,
+                peer=peer.label if peer else None,
+                deadline=now + self.config.recv_abort_timeout_s,
+            )
+        )
+        if peer is None or not self._allowed_peer(peer):
+            self.counters["peer_not_allowed"] += 1
+            self._record(
+                Fail(
+                    ts=now,
+                    source=self.source,
+                    transfer_id=params.transfer_id,
+                    reason=f"{REASON_PEER_NOT_ALLOWED}: {peer.label if peer else 'none named'}",
+                )
+            )
+            return
+        self._step.recv.append(
+            RecvItem(
+                transfer_id=params.transfer_id,
+                request_id=request_id,
+                mode=self.config.mode,
+                block_ids=blocks,
+                remote_block_ids=params.remote_block_ids,
+                peer=peer,
+                deadline=now + self.config.recv_abort_timeout_s,
+            )
+        )
+
+    def on_save(self, request_id: ReqId, params: TransferParams | None, block_ids: Iterable[int], now: float) -> None:
+        """Producer, WRITE: the request's prompt completes in this step; its workers write every layer."""
+        if self.config.role != "producer" or self.config.mode != "write":
+            return
+        if params is None or not params.do_remote_decode:
+            return
+        peer = params.peer()
+        self._step.save.append(
+            SaveItem(
+                transfer_id=params.transfer_id,
+                request_id=request_id,
+                block_ids=tuple(block_ids),
+                peer=peer if self._allowed_peer(peer) else None,
+                deadline=now + self.config.defer_timeout_s,
+            )
+        )
+
+    def on_request_finished(
+        self, request_id: ReqId, params: TransferParams | None, block_ids: Iterable[int], now: float
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """request_finished: True while the producer keeps blocks for a remote decode."""
+        if params is None:
+            return False, None
+        if self.config.role == "producer":
+            return self._producer_finished(request_id, params, tuple(block_ids), now)
+        if params.do_remote_prefill and not self._mapped(params.transfer_id):
+            self._consumer_aborted(request_id, params, now)
+        # A mapped consumer request: vLLM itself keeps its blocks until finished_recving.
+        return False, None
+
+    def _producer_finished(
+        self, request_id: ReqId, params: TransferParams, blocks: tuple[int, ...], now: float
+    ) -> tuple[bool, dict[str, Any] | None]:
+        if not params.do_remote_decode or not blocks or self._mapped(params.transfer_id):
+            return False, None
+        config = self.config
+        peer = params.peer()
+        self._record(
+            Map(
+                ts=now,
+                source=self.source,
+                transfer_id=params.transfer_id,
+                request_id=request_id,
+                role="producer",
+                mode=config.mode,
+                block_ids=blocks,
+                peer=peer.label if peer else None,
+                deadline=now + config.defer_timeout_s,
+            )
+        )
+        if config.mode == "read":
+            self._step.send.append(
+                SendItem(
+                    transfer_id=params.transfer_id,
+                    request_id=request_id,
+                    block_ids=blocks,
+                    deadline=now + config.defer_timeout_s,
+                )
+            )
+            return True, consumer_params(
+                params.transfer_id,
+                blocks,
+                engine_id=config.engine_id,
+                host=config.host,
+                handshake_port=config.handshake_port,
+                notify_port=config.notify_port,
+                tp_size=config.tp_size,
+                dp_rank=config.dp_rank,
+            )
+        if not self._allowed_peer(peer):
+            self.counters["peer_not_allowed"] += 1
+            self._record(
+                Fail(
+                    ts=now,
+                    source=self.source,
+                    transfer_id=params.transfer_id,
+                    reason=f"{REASON_PEER_NOT_ALLOWED}: {peer.label if peer else 'none named'}",
+                )
+            )
+        return True, {"transfer_id": params.transfer_id, "remote_engine_id": config.engine_id}
+
+    def _consumer_aborted(self, request_id: ReqId, params: TransferParams, now: float) -> None:
+        # Recorded as a failed, blockless side so that the log says what happened and replay agrees.
+        tid = params.transfer_id
+        peer = params.peer()
+        self._record(
+            Map(
+                ts=now,
+                source=self.source,
+                transfer_id=tid,
+                request_id=request_id,
+                role="consumer",
+                mode=self.config.mode,
+                block_ids=(),
+                deadline=now,
+                peer=peer.label if peer else None,
+            )
+        )
+        self._record(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_ABORTED_BEFORE_ALLOCATION))
+        if peer is not None and self._allowed_peer(peer):
+            self._step.abort.append(AbortItem(transfer_id=tid, request_id=request_id, peer=peer))
+
+    def build_meta(self) -> StepMetadata:
+        """build_connector_meta: hand this step's outbox to the workers and start a new one."""
+        step, self._step = self._step, StepMetadata()
+        return step
+
+    def on_worker_output(
+        self,
+        finished_sending: Iterable[ReqId],
+        finished_recving: Iterable[ReqId],
+        failed_recving: Iterable[ReqId],
+        now: float,
+    ) -> WorkerOutcome:
+        """update_connector_output, the clock tick: fold the workers' reports and expire what is due."""
+        events: list[Event] = []
+        source, index = self.source, self.index
+        failed = set(failed_recving)
+        for request_id in failed:
+            tid = index.get(request_id)
+            if tid is None:
+                self.counters["unknown_request"] += 1
+                continue
+            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=REASON_WORKER_RECV_FAILED))
+        for request_id in finished_recving:
+            tid = index.get(request_id)
+            if request_id in failed:
+                continue
+            if tid is None:
+                self.counters["unknown_request"] += 1
+                continue
+            events.append(Ack(ts=now, source=source, transfer_id=tid, what="recv"))
+        for request_id in finished_sending:
+            tid = index.get(request_id)
+            if tid is None:
+                self.counters["unknown_request"] += 1
+                continue
+            events.append(Ack(ts=now, source=source, transfer_id=tid, what="release"))
+        if events:
+            self.ledger.extend(events)
+        self.tick(now)
+        return self._outcome()
+
+    def tick(self, now: float) -> None:
+        """Append `expire` for every deadline that has passed (the only place time decides)."""
+        state, source = self.state, self.source
+        expired: list[Event] = [
+            Expire(
+                ts=now,
+                source=source,
+                transfer_id=t.transfer_id,
+                deadline="defer" if t.role == "producer" else "transfer",
+            )
+            for t in state.due(now)
+        ]
+        if state.unmapped:
+            expired.extend(
+                Expire(ts=now, source=source, transfer_id=t.transfer_id, deadline="transfer")
+                for t in state.orphans_due(now, self.config.transfer_timeout_s)
+            )
+        if expired:
+            self.ledger.extend(expired)
+
+    def _outcome(self) -> WorkerOutcome:
+        out = WorkerOutcome()
+        for release in self.ledger.take_releases():
+            out.releases.append(release)
+            self.index.forget(release.request_id, release.transfer_id)
+            if release.role == "producer":
+                out.finished_sending.add(release.request_id)
+                continue
+            if release.reason == REASON_ABORTED_BEFORE_ALLOCATION:
+                continue  # vLLM already freed the request: reporting it would be a KeyError there
+            out.finished_recving.add(release.request_id)
+            if release.load_error:
+                out.failed_recving.add(release.request_id)
+                out.invalid_block_ids.update(release.block_ids)
+        return out
+
+    def _record(self, event: Event) -> None:
+        self.ledger.append(event)
+
+    # -- queries --------------------------------------------------------------
+
+    def has_pending_block_frees(self) -> bool:
+        """A producer holds blocks for a remote decode (the engine must keep stepping to free them)."""
+        return self.config.role == "producer" and bool(self.state.live)
+
+    def has_pending_push_work(self) -> bool:
+        return self.config.role == "producer" and self.config.mode == "write" and bool(self.state.live)
+
+    def stats(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "live": len(state.live),
+            "blocks_held": state.blocks_held,
+            "released": dict(state.releases_by_cause),
+            "events": self.ledger.log.next_seq - 1,
+            **{f"count_{k}": v for k, v in self.counters.items()},
+        }

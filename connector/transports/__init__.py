@@ -1,0 +1,22 @@
+"""Transports behind one contract (base.py): tcp (pyzmq), loopback (in-process); mori later."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from connector.transports.base import Transport
+
+
+def make_transport(backend: str, host: str, port: int, **options: Any) -> Transport:
+    """The transport named by the config's `backend`; imports it only when chosen."""
+    if backend == "tcp":
+        from connector.transports.tcp import TcpTransport
+
+        return TcpTransport(host, port, **options)
+    if backend == "loopback":
+        from connector.transports.loopback import LoopbackTransport
+
+        return LoopbackTransport(host)
+    if backend == "mori":
+        raise NotImplementedError("the mori transport is not written yet (it will sit behind transports.base)")
+    raise ValueError(f"unknown transport backend {backend!r}")

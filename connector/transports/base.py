@@ -1,0 +1,141 @@
+"""The transport contract: register KV tensors, read/write batches of (local, remote, size), poll a status.
+
+Shaped so that a mori.io IOEngine fits behind it: `register` is
+`register_torch_tensor` (its packed MemoryDesc travels in `RegionDescriptor.extra`),
+`connect` is `create_session`, `read`/`write` are `batch_read`/`batch_write`
+returning a status with succeeded / failed / in progress, a code and a message,
+and `wait_all` is `wait_all`. A failure is transient (send queue full: retry with
+backoff) or terminal; the caller decides what to do, the transport never retries.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from typing import Any, Protocol, TypeAlias
+
+import msgspec
+
+Op: TypeAlias = tuple[int, int, int]
+"""(local offset, remote offset, size) in bytes, offsets from the start of each side's region."""
+
+
+class TransportEndpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a transport listens, as a peer learns it in the handshake."""
+
+    backend: str
+    host: str
+    port: int
+    extra: bytes = b""
+
+
+class RegionDescriptor(msgspec.Struct, frozen=True, kw_only=True):
+    """A registered memory region (one layer's KV tensor) as a peer addresses it."""
+
+    name: str
+    size: int
+    extra: bytes = b""
+
+
+class State(StrEnum):
+    IN_PROGRESS = "in_progress"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class Code(IntEnum):
+    OK = 0
+    SEND_QUEUE_FULL = 1
+    """Transient back-pressure (mori's "SQ full"): retry within the transfer timeout."""
+    PEER_UNREACHABLE = 2
+    BAD_REQUEST = 3
+    """Offsets outside a region, unknown region, too many ops: a bug, never retried."""
+    REMOTE_ERROR = 4
+    CLOSED = 5
+    TIMEOUT = 6
+
+
+@dataclass(frozen=True)
+class TransferStatus:
+    state: State
+    code: Code = Code.OK
+    message: str = ""
+    transient: bool = False
+
+    def succeeded(self) -> bool:
+        return self.state is State.SUCCEEDED
+
+    def failed(self) -> bool:
+        return self.state is State.FAILED
+
+    def in_progress(self) -> bool:
+        return self.state is State.IN_PROGRESS
+
+
+IN_PROGRESS = TransferStatus(State.IN_PROGRESS)
+SUCCEEDED = TransferStatus(State.SUCCEEDED)
+
+
+def failed(code: Code, message: str, *, transient: bool = False) -> TransferStatus:
+    return TransferStatus(State.FAILED, code, message, transient)
+
+
+class TransferHandle:
+    """The status of one batch, set once by the transport's thread; safe to poll from any thread."""
+
+    __slots__ = ("_done", "_status")
+
+    def __init__(self, status: TransferStatus = IN_PROGRESS) -> None:
+        self._status = status
+        self._done = threading.Event()
+        if not status.in_progress():
+            self._done.set()
+
+    def status(self) -> TransferStatus:
+        return self._status
+
+    def finish(self, status: TransferStatus) -> None:
+        assert not status.in_progress()
+        if self._done.is_set():
+            return  # first outcome wins: a late reply after close does not flip a status
+        self._status = status
+        self._done.set()
+
+    def wait(self, timeout_s: float) -> bool:
+        return self._done.wait(timeout_s)
+
+
+class Session(Protocol):
+    endpoint: TransportEndpoint
+
+
+class Transport(Protocol):
+    """One engine rank's transport; methods are called from one thread (the worker's)."""
+
+    backend: str
+
+    def register(self, name: str, tensor: Any) -> RegionDescriptor:
+        """Make a KV tensor readable and writable by peers under `name`."""
+        ...
+
+    def endpoint(self) -> TransportEndpoint: ...
+
+    def connect(self, endpoint: TransportEndpoint, regions: Sequence[RegionDescriptor]) -> Session:
+        """A session with a peer whose regions were learnt in a completed handshake."""
+        ...
+
+    def read(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+        """Copy remote region bytes into the local region, op by op; returns at once."""
+        ...
+
+    def write(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+        """Copy local region bytes into the remote region; returns at once."""
+        ...
+
+    def wait_all(self, handles: Sequence[TransferHandle], timeout_s: float) -> bool:
+        """True when every handle finished within the timeout."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,341 @@
+"""The tcp transport: real tensor bytes between processes over pyzmq (ROUTER server, DEALER clients).
+
+Two threads per transport: a server that answers peers' reads (sending views
+of the registered tensors, zero-copy on CPU) and applies their writes, and a
+client I/O thread that owns every outgoing socket, sends queued batches and
+completes handles from the replies. The caller's thread only queues work and
+wakes the client through a pipe, so `read`/`write` never block on the network.
+Device tensors go through host staging (regions.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import torch
+import zmq
+
+from connector.limits import (
+    CHANNEL_POLL_MS,
+    STOP_JOIN_TIMEOUT_S,
+    TRANSPORT_FRAME_BYTES_MAX,
+    TRANSPORT_INFLIGHT_MAX,
+    TRANSPORT_OPS_PER_REQUEST_MAX,
+)
+from connector.transports.base import (
+    SUCCEEDED,
+    Code,
+    Op,
+    RegionDescriptor,
+    TransferHandle,
+    TransferStatus,
+    TransportEndpoint,
+    failed,
+)
+from connector.transports.regions import RegionError, TensorRegion
+
+log = logging.getLogger(__name__)
+
+BACKEND = "tcp"
+
+
+class _Request(msgspec.Struct, array_like=True):
+    id: int
+    op: str  # "read" or "write"
+    region: str
+    spans: list[tuple[int, int]]  # (remote offset, size)
+
+
+class _Reply(msgspec.Struct, array_like=True):
+    id: int
+    code: int
+    message: str = ""
+
+
+_req_encoder = msgspec.msgpack.Encoder()
+_req_decoder = msgspec.msgpack.Decoder(_Request)
+_reply_decoder = msgspec.msgpack.Decoder(_Reply)
+
+
+@dataclass
+class TcpSession:
+    endpoint: TransportEndpoint
+    regions: dict[str, RegionDescriptor] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"tcp://{self.endpoint.host}:{self.endpoint.port}"
+
+
+@dataclass
+class _Job:
+    url: str
+    request_id: int
+    frames: list[Any]
+    handle: TransferHandle
+    read_into: tuple[TensorRegion, list[Op]] | None
+
+
+class TcpTransport:
+    """See the module docstring. `port=0` picks a free port (tests)."""
+
+    backend = BACKEND
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, context: zmq.Context[Any] | None = None) -> None:
+        self._own_context = context is None
+        self._context: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._regions: dict[str, TensorRegion] = {}
+        self._ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._wake_read, self._wake_write = os.pipe()
+        self._inflight = 0
+        self._inflight_lock = threading.Lock()
+        server = self._context.socket(zmq.ROUTER)
+        server.setsockopt(zmq.LINGER, 0)
+        if port == 0:
+            port = server.bind_to_random_port(f"tcp://{host}")
+        else:
+            server.bind(f"tcp://{host}:{port}")
+        self._endpoint = TransportEndpoint(backend=BACKEND, host=host, port=port)
+        self._server_thread = threading.Thread(
+            target=self._serve, args=(server,), name=f"kvledger-tcp-server-{port}", daemon=True
+        )
+        self._client_thread = threading.Thread(
+            target=self._client_loop, name=f"kvledger-tcp-client-{port}", daemon=True
+        )
+        self._server_thread.start()
+        self._client_thread.start()
+
+    # -- the contract ---------------------------------------------------------
+
+    def register(self, name: str, tensor: torch.Tensor) -> RegionDescriptor:
+        region = TensorRegion(tensor)
+        self._regions[name] = region
+        return RegionDescriptor(name=name, size=region.size)
+
+    def endpoint(self) -> TransportEndpoint:
+        return self._endpoint
+
+    def connect(self, endpoint: TransportEndpoint, regions: Sequence[RegionDescriptor]) -> TcpSession:
+        if endpoint.backend != BACKEND:
+            raise ValueError(f"a tcp transport cannot talk to a {endpoint.backend!r} endpoint")
+        return TcpSession(endpoint, {r.name: r for r in regions})
+
+    def read(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+        return self._submit(session, "read", local, remote, ops)
+
+    def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+        return self._submit(session, "write", local, remote, ops)
+
+    def wait_all(self, handles: Sequence[TransferHandle], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        return all(h.wait(max(0.0, deadline - time.monotonic())) for h in handles)
+
+    def close(self) -> None:
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        os.write(self._wake_write, b"x")
+        self._server_thread.join(STOP_JOIN_TIMEOUT_S)
+        self._client_thread.join(STOP_JOIN_TIMEOUT_S)
+        while True:  # whatever was queued but never sent fails, so no caller waits on it forever
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            job.handle.finish(failed(Code.CLOSED, "transport closed"))
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+        if self._own_context:
+            self._context.term()
+
+    # -- the caller's side ----------------------------------------------------
+
+    def _submit(self, session: Any, op: str, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+        if self._stop.is_set():
+            return TransferHandle(failed(Code.CLOSED, "transport closed"))
+        checked = self._check(session, local, remote, ops)
+        if isinstance(checked, TransferStatus):
+            return TransferHandle(checked)
+        region = checked
+        with self._inflight_lock:
+            if self._inflight >= TRANSPORT_INFLIGHT_MAX:
+                # Back-pressure is transient, like mori's send queue full: the caller retries later.
+                return TransferHandle(failed(Code.SEND_QUEUE_FULL, "send queue full", transient=True))
+            self._inflight += 1
+        op_list = list(ops)
+        request = _Request(next(self._ids), op, remote, [(ro, size) for _, ro, size in op_list])
+        frames: list[Any] = [_req_encoder.encode(request)]
+        if op == "write":
+            try:
+                frames.extend(region.view(lo, size) for lo, _, size in op_list)
+            except RegionError as error:
+                self._done_one()
+                return TransferHandle(failed(Code.BAD_REQUEST, str(error)))
+        handle = TransferHandle()
+        self._jobs.put(_Job(session.url, request.id, frames, handle, (region, op_list) if op == "read" else None))
+        os.write(self._wake_write, b"x")
+        return handle
+
+    def _check(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TensorRegion | TransferStatus:
+        region = self._regions.get(local)
+        if region is None:
+            return failed(Code.BAD_REQUEST, f"no local region {local!r}")
+        descriptor = session.regions.get(remote)
+        if descriptor is None:
+            return failed(Code.BAD_REQUEST, f"peer has no region {remote!r}")
+        if len(ops) > TRANSPORT_OPS_PER_REQUEST_MAX:
+            return failed(Code.BAD_REQUEST, f"{len(ops)} ops > {TRANSPORT_OPS_PER_REQUEST_MAX}")
+        for lo, ro, size in ops:
+            if size > TRANSPORT_FRAME_BYTES_MAX:
+                return failed(Code.BAD_REQUEST, f"op of {size} bytes > {TRANSPORT_FRAME_BYTES_MAX}")
+            if lo < 0 or lo + size > region.size or ro < 0 or ro + size > descriptor.size:
+                return failed(Code.BAD_REQUEST, f"op ({lo}, {ro}, {size}) outside {local!r}/{remote!r}")
+        return region
+
+    def _done_one(self) -> None:
+        with self._inflight_lock:
+            self._inflight -= 1
+
+    # -- the client I/O thread -----------------------------------------------
+
+    def _client_loop(self) -> None:
+        sockets: dict[str, zmq.Socket[Any]] = {}
+        pending: dict[int, _Job] = {}
+        poller = zmq.Poller()
+        poller.register(self._wake_read, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                for sock_or_fd, _ in poller.poll(CHANNEL_POLL_MS):
+                    if sock_or_fd == self._wake_read:
+                        os.read(self._wake_read, 4096)
+                        continue
+                    assert isinstance(sock_or_fd, zmq.Socket)
+                    self._on_reply(sock_or_fd, pending)
+                while True:
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    sock = sockets.get(job.url)
+                    if sock is None:
+                        sock = sockets[job.url] = self._context.socket(zmq.DEALER)
+                        sock.setsockopt(zmq.LINGER, 0)
+                        sock.connect(job.url)
+                        poller.register(sock, zmq.POLLIN)
+                    pending[job.request_id] = job
+                    sock.send_multipart(job.frames, copy=False)
+        except zmq.ZMQError as error:  # the context was torn down under us
+            log.warning("tcp transport client stopped: %s", error)
+        finally:
+            for job in pending.values():
+                job.handle.finish(failed(Code.CLOSED, "transport closed"))
+            for sock in sockets.values():
+                sock.close(linger=0)
+
+    def _on_reply(self, sock: zmq.Socket[Any], pending: dict[int, _Job]) -> None:
+        """Take one reply; a read's payload is received straight into the local region (one copy)."""
+        header = sock.recv()
+        try:
+            reply = _reply_decoder.decode(header)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            log.warning("tcp transport: malformed reply dropped: %s", error)
+            self._drain(sock)
+            return
+        job = pending.pop(reply.id, None)
+        if job is None:
+            self._drain(sock)
+            return
+        self._done_one()
+        if reply.code != Code.OK:
+            self._drain(sock)
+            job.handle.finish(failed(Code(reply.code), reply.message, transient=reply.code == Code.SEND_QUEUE_FULL))
+            return
+        if job.read_into is None:
+            self._drain(sock)
+            job.handle.finish(SUCCEEDED)
+            return
+        region, ops = job.read_into
+        try:
+            for lo, _, size in ops:
+                if not sock.getsockopt(zmq.RCVMORE):
+                    raise RegionError(f"reply ended before {len(ops)} ops")
+                target = region.writable(lo, size)
+                if target is not None:
+                    received = sock.recv_into(target)
+                else:
+                    frame = sock.recv(copy=False)
+                    received = len(frame)
+                    if received == size:
+                        region.store(lo, frame.buffer)
+                if received != size:
+                    raise RegionError(f"frame of {received} bytes for an op of {size}")
+            if sock.getsockopt(zmq.RCVMORE):
+                raise RegionError(f"more frames than {len(ops)} ops")
+        except RegionError as error:
+            self._drain(sock)
+            job.handle.finish(failed(Code.REMOTE_ERROR, str(error)))
+            return
+        job.handle.finish(SUCCEEDED)
+
+    @staticmethod
+    def _drain(sock: zmq.Socket[Any]) -> None:
+        while sock.getsockopt(zmq.RCVMORE):
+            sock.recv(copy=False)
+
+    # -- the server thread ----------------------------------------------------
+
+    def _serve(self, server: zmq.Socket[Any]) -> None:
+        poller = zmq.Poller()
+        poller.register(server, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(CHANNEL_POLL_MS):
+                    continue
+                frames = server.recv_multipart(copy=False)
+                server.send_multipart(self._answer(frames), copy=False)
+        except zmq.ZMQError as error:
+            log.warning("tcp transport server stopped: %s", error)
+        finally:
+            server.close(linger=0)
+
+    def _answer(self, frames: list[Any]) -> list[Any]:
+        identity = frames[0]
+        if len(frames) < 2:
+            return [identity, msgspec.msgpack.encode(_Reply(0, Code.BAD_REQUEST, "no header"))]
+        try:
+            request = _req_decoder.decode(frames[1].buffer)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            return [identity, msgspec.msgpack.encode(_Reply(0, Code.BAD_REQUEST, f"bad header: {error}"))]
+        region = self._regions.get(request.region)
+        if region is None:
+            return [
+                identity,
+                msgspec.msgpack.encode(_Reply(request.id, Code.BAD_REQUEST, f"no region {request.region!r}")),
+            ]
+        try:
+            if request.op == "read":
+                views = [region.view(offset, size) for offset, size in request.spans]
+                return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK)), *views]
+            if request.op == "write":
+                payload = frames[2:]
+                if len(payload) != len(request.spans):
+                    raise RegionError(f"{len(payload)} frames for {len(request.spans)} ops")
+                for (offset, size), frame in zip(request.spans, payload, strict=True):
+                    if len(frame) != size:
+                        raise RegionError(f"frame of {len(frame)} bytes for an op of {size}")
+                    region.store(offset, frame.buffer)
+                return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK))]
+        except RegionError as error:
+            return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.BAD_REQUEST, str(error)))]
+        return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.BAD_REQUEST, f"unknown op {request.op!r}"))]

@@ -1,0 +1,208 @@
+"""`LedgerConnector(KVConnectorBase_V1)`: translates vLLM's objects into the core's plain-data calls.
+
+The only file that imports vllm. Scheduler-role instances drive a `SchedulerCore`,
+worker-role instances a `WorkerCore`; the clock is read here (`time.time()`) and
+passed in as `now`. Load with
+`--kv-transfer-config '{"kv_connector": "LedgerConnector", "kv_connector_module_path": "connector",
+"kv_role": "kv_producer", "kv_connector_extra_config": {...}}'`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from connector.assemble import build_scheduler, build_worker
+from connector.config import from_extra_config
+from connector.metadata import StepMetadata
+from connector.params import ParamsError, TransferParams, parse_params
+from connector.scheduler import SchedulerCore
+from connector.worker import WorkerCore
+from ledger.events import ReqId
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+
+class LedgerConnectorMetadata(KVConnectorMetadata):
+    """One step's `StepMetadata`, carried from the scheduler process to the workers."""
+
+    def __init__(self, step: StepMetadata) -> None:
+        self.step = step
+
+
+@dataclass
+class LedgerStats(KVConnectorStats):
+    """The fold's counters (live transfers, blocks held, releases by cause); the latest snapshot wins."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        self.data = {**self.data, **other.data}
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: v for k, v in self.data.items() if isinstance(v, int | float)}
+
+    def is_empty(self) -> bool:
+        return not self.data
+
+
+def _params(request: Request) -> TransferParams | None:
+    try:
+        return parse_params(request.kv_transfer_params)
+    except ParamsError as error:
+        # A malformed request runs without a transfer (a local prefill) rather than failing the engine.
+        log.warning("request %s: %s; no KV transfer", request.request_id, error)
+        return None
+
+
+class LedgerConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
+        transfer = vllm_config.kv_transfer_config
+        assert transfer is not None
+        parallel = vllm_config.parallel_config
+        tp_rank = 0
+        if role == KVConnectorRole.WORKER:
+            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+            tp_rank = get_tensor_model_parallel_rank()
+        self.config = from_extra_config(
+            transfer.kv_connector_extra_config,
+            kv_role=str(transfer.kv_role),
+            engine_id=str(transfer.engine_id),
+            dp_rank=parallel.data_parallel_rank,
+            dp_size=parallel.data_parallel_size,
+            tp_rank=tp_rank,
+            tp_size=parallel.tensor_parallel_size,
+        )
+        self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
+        self.scheduler: SchedulerCore | None = None
+        self.worker: WorkerCore | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = build_scheduler(self.config)
+        else:
+            self.worker = build_worker(self.config)
+        self._bound: KVConnectorMetadata | None = None
+
+    def _sched(self) -> SchedulerCore:
+        assert self.scheduler is not None, "a scheduler-side hook called on a worker connector"
+        return self.scheduler
+
+    def _work(self) -> WorkerCore:
+        assert self.worker is not None, "a worker-side hook called on a scheduler connector"
+        return self.worker
+
+    # -- scheduler side ---------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self._sched().matched_tokens(_params(request), request.num_prompt_tokens, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        core, params, now = self._sched(), _params(request), time.time()
+        request_id = ReqId(request.request_id)
+        if self.config.role == "consumer":
+            block_ids = blocks.get_unhashed_block_ids() if num_external_tokens > 0 else []
+            core.on_alloc(request_id, params, block_ids, num_external_tokens, now)
+        elif self.config.mode == "write" and params is not None and params.do_remote_decode:
+            # The whole prompt runs in this step (chunked prefill is not supported for WRITE producers yet).
+            core.on_save(request_id, params, blocks.get_block_ids()[0], now)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return LedgerConnectorMetadata(self._sched().build_meta())
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self._sched().on_request_finished(ReqId(request.request_id), _params(request), block_ids, time.time())
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        """The clock tick: rewrite the workers' report with the fold's decisions (in place, as vLLM allows)."""
+        outcome = self._sched().on_worker_output(
+            [ReqId(r) for r in connector_output.finished_sending or ()],
+            [ReqId(r) for r in connector_output.finished_recving or ()],
+            [ReqId(r) for r in connector_output.failed_recving or ()],
+            time.time(),
+        )
+        connector_output.finished_sending = set(outcome.finished_sending) or None
+        connector_output.finished_recving = set(outcome.finished_recving) or None
+        connector_output.failed_recving = set(outcome.failed_recving)
+        connector_output.invalid_block_ids = set(connector_output.invalid_block_ids) | outcome.invalid_block_ids
+
+    def has_pending_block_frees(self) -> bool:
+        return self.scheduler is not None and self.scheduler.has_pending_block_frees()
+
+    def has_pending_push_work(self) -> bool:
+        return self.scheduler is not None and self.scheduler.has_pending_push_work()
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        core = self.scheduler
+        if core is None:
+            return None  # the scheduler's fold is the one that decides; workers' counters stay local
+        return LedgerStats(data=core.stats())
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return LedgerStats(data=data or {})
+
+    # -- worker side --------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._work().register_kv_caches(kv_caches, self._num_blocks)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if connector_metadata is self._bound:
+            return
+        self._bound = connector_metadata
+        if isinstance(connector_metadata, LedgerConnectorMetadata):
+            self._work().bind(connector_metadata.step, time.time())
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self._work().start_load(time.time())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are asynchronous: the request waits for finished_recving, not for a layer
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        self._work().save_layer(layer_name)
+
+    def wait_for_save(self) -> None:
+        self._work().wait_for_save(time.time())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        sending, recving, failed = self._work().get_finished([ReqId(r) for r in finished_req_ids], time.time())
+        del failed  # carried by get_transfer_results, which vLLM calls instead when present
+        return (set(sending) or None), (set(recving) or None)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending, recving, failed = self._work().get_finished([ReqId(r) for r in finished_req_ids], time.time())
+        return KVConnectorTransferResults(
+            finished_sending=set(sending), finished_recving=set(recving), failed_recving=set(failed)
+        )
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._work().take_load_errors()
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.close()

@@ -1,0 +1,579 @@
+"""The worker half of the connector core: moves KV for one rank and records what it sees.
+
+Called from the worker's one thread; the channel's listener and the transport's
+I/O threads only hand it messages and handle statuses, which `poll(now)` turns
+into events of this rank's ledger (`<engine>/tp<r>`). What to report to vLLM
+(finished sends and receives, load errors) and what to tell peers (write_done,
+write_failed, release) follows from the releases the fold decides. Besides the
+ledger it keeps only I/O state: in-flight transport handles, sessions from
+completed handshakes, and (WRITE producer) where the consumer wants its bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from connector.channel import Channel, PeerNotAllowed
+from connector.config import ConnectorConfig
+from connector.index import RequestIndex
+from connector.layout import Geometry, LayerDescriptor, LayoutError, block_ops, geometry_of
+from connector.limits import (
+    HANDSHAKE_TIMEOUT_S,
+    REMOTE_DIRECTORY_MAX,
+    RETRY_BACKOFF_MAX_S,
+    RETRY_BACKOFF_MIN_S,
+)
+from connector.messages import (
+    HandshakeMetadata,
+    Message,
+    RankAddress,
+    ReleaseBlocks,
+    RemoteBlocks,
+    WriteDone,
+    WriteFailed,
+)
+from connector.metadata import PeerRef, StepMetadata
+from connector.ports import holder_ranks, rank_port, releases_expected
+from connector.transports.base import Op, Session, TransferHandle, Transport
+from ledger.decisions import Release
+from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from ledger.fold import TransferState
+from ledger.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+REASON_HANDSHAKE = "handshake_failed"
+REASON_LAYOUT = "layout_mismatch"
+REASON_TRANSIENT_TIMEOUT = "transient_failures_past_transfer_timeout"
+
+
+@dataclass
+class PeerLink:
+    """A completed handshake: the peer's metadata and a transport session with it."""
+
+    metadata: HandshakeMetadata
+    session: Session
+    geometry: dict[str, Geometry] = field(default_factory=dict)
+
+
+@dataclass
+class RemoteTarget:
+    """WRITE producer: where the consumer wants the bytes (from its remote_blocks message)."""
+
+    block_ids: tuple[int, ...]
+    sender: RankAddress
+
+
+@dataclass
+class Inflight:
+    """One transfer's outstanding transport batches: (layer index or None for a whole read, handle)."""
+
+    handles: list[tuple[int | None, TransferHandle]] = field(default_factory=list)
+    read_failed: bool = False
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_ops(
+    local: Geometry, remote: Geometry, local_blocks: tuple[int, ...], remote_blocks: tuple[int, ...]
+) -> tuple[Op, ...]:
+    # Every layer of a model shares a few geometries, so a transfer's ops are computed once, not per layer.
+    return tuple(block_ops(local, remote, local_blocks, remote_blocks))
+
+
+class WorkerCore:
+    def __init__(self, config: ConnectorConfig, ledger: Ledger, transport: Transport, channel: Channel) -> None:
+        if config.mode == "write" and config.role == "consumer" and config.peer_tp_size > config.tp_size:
+            raise ValueError("WRITE mode with a larger producer TP needs a recv fan-in the fold does not have yet")
+        self.config = config
+        self.ledger = ledger
+        self.source = ledger.source
+        self.state = ledger.state
+        self.transport = transport
+        self.channel = channel
+        self.index = RequestIndex(ledger.log)
+        self.counters: Counter[str] = Counter()
+        self.layers: dict[str, LayerDescriptor] = {}
+        self.layer_names: list[str] = []
+        self.layer_index: dict[str, int] = {}
+        self.links: dict[tuple[str, int], PeerLink] = {}
+        self.remote: OrderedDict[TransferId, RemoteTarget] = OrderedDict()
+        self.inflight: dict[TransferId, Inflight] = {}
+        self.peers: dict[TransferId, PeerRef] = {}
+        """The peer of each live transfer, from the metadata (I/O addressing, dropped at release)."""
+        self._step_saves: dict[TransferId, list[int]] = {}
+        self._step_recv: list[TransferId] = []
+        self._unreported_sending: dict[ReqId, TransferId] = {}
+        self._finished_seen: set[ReqId] = set()
+        self._finished_recving: set[ReqId] = set()
+        self._failed_recving: set[ReqId] = set()
+        self._load_errors: set[int] = set()
+
+    # -- setup ----------------------------------------------------------------
+
+    def my_address(self) -> RankAddress:
+        c = self.config
+        return RankAddress(
+            engine_id=c.engine_id,
+            host=c.host,
+            handshake_port=c.handshake_port,
+            notify_port=c.notify_port,
+            dp_rank=c.dp_rank,
+            tp_rank=c.tp_rank,
+            tp_size=c.tp_size,
+        )
+
+    def register_kv_caches(self, caches: Mapping[str, Any], num_blocks: int | None = None) -> None:
+        """Register every layer's KV tensor with the transport and publish the handshake metadata."""
+        for name, tensor in caches.items():
+            region = self.transport.register(name, tensor)
+            self.layers[name] = LayerDescriptor(name=name, geometry=geometry_of(tensor, num_blocks), region=region)
+        self.layer_names = list(self.layers)
+        self.layer_index = {name: i for i, name in enumerate(self.layer_names)}
+        c = self.config
+        self.channel.set_metadata(
+            HandshakeMetadata(
+                engine_id=c.engine_id,
+                dp_rank=c.dp_rank,
+                tp_rank=c.tp_rank,
+                tp_size=c.tp_size,
+                endpoint=self.transport.endpoint(),
+                layers=tuple(self.layers.values()),
+            )
+        )
+
+    # -- per step: metadata in -------------------------------------------------
+
+    def bind(self, meta: StepMetadata, now: float) -> None:
+        """bind_connector_metadata: map this step's transfers in this rank's ledger."""
+        c, source = self.config, self.source
+        fan_in = releases_expected(c.peer_tp_size, c.tp_size) if c.role == "producer" else 1
+        events: list[Event] = []
+        for send in meta.send:
+            events.append(
+                Map(
+                    ts=now,
+                    source=source,
+                    transfer_id=send.transfer_id,
+                    request_id=send.request_id,
+                    role="producer",
+                    mode="read",
+                    block_ids=send.block_ids,
+                    deadline=send.deadline,
+                    acks_expected=fan_in,
+                )
+            )
+        for save in meta.save:
+            if save.peer is not None:
+                self.peers[save.transfer_id] = save.peer
+            events.append(
+                Map(
+                    ts=now,
+                    source=source,
+                    transfer_id=save.transfer_id,
+                    request_id=save.request_id,
+                    role="producer",
+                    mode="write",
+                    block_ids=save.block_ids,
+                    deadline=save.deadline,
+                    peer=save.peer.label if save.peer else None,
+                    acks_expected=fan_in,
+                )
+            )
+            self._step_saves[save.transfer_id] = []
+        for recv in meta.recv:
+            self.peers[recv.transfer_id] = recv.peer
+            events.append(
+                Map(
+                    ts=now,
+                    source=source,
+                    transfer_id=recv.transfer_id,
+                    request_id=recv.request_id,
+                    role="consumer",
+                    mode=recv.mode,
+                    block_ids=recv.block_ids,
+                    remote_block_ids=recv.remote_block_ids,
+                    peer=recv.peer.label,
+                    deadline=recv.deadline,
+                )
+            )
+            self._step_recv.append(recv.transfer_id)
+        if events:
+            self.ledger.extend(events)
+        for abort in meta.abort:
+            self._tell_holders(
+                abort.peer, ReleaseBlocks(transfer_id=abort.transfer_id, rank=c.tp_rank, consumer_tp_size=c.tp_size)
+            )
+
+    def start_load(self, now: float) -> None:
+        """start_load_kv: READ consumers issue their reads; WRITE consumers tell the producer where to write."""
+        recv, self._step_recv = self._step_recv, []
+        for tid in recv:
+            t = self._live(tid)
+            if t is None:
+                continue
+            if t.mode == "read":
+                self._start_read(t, now, attempt=0)
+            else:
+                message = RemoteBlocks(transfer_id=tid, block_ids=t.block_ids, sender=self.my_address())
+                self._tell_holders(self.peers[tid], message)
+        self.poll(now)
+
+    # -- the forward: WRITE producer ---------------------------------------------
+
+    def save_layer(self, layer_name: str) -> None:
+        """save_kv_layer: write this layer for every transfer completing in this step whose remote is known.
+
+        The hot path (layers x requests calls a step): no events here; the layers
+        issued are buffered and appended as one `schedule` per transfer in `wait_for_save`.
+        """
+        if not self._step_saves:
+            return
+        layer = self.layer_index.get(layer_name)
+        if layer is None:
+            return
+        for tid, issued in self._step_saves.items():
+            if self._write_layer(tid, layer):
+                issued.append(layer)
+
+    def wait_for_save(self, now: float) -> None:
+        """Record what this step's forward issued and seal the number of layer writes to expect."""
+        saves, self._step_saves = self._step_saves, {}
+        source, expected = self.source, len(self.layer_names)
+        events: list[Event] = []
+        for tid, issued in saves.items():
+            if issued:
+                events.append(Schedule(ts=now, source=source, transfer_id=tid, op="write", layers=tuple(issued)))
+            else:
+                # The consumer has not said where to write yet: the writes happen when it does.
+                events.append(Schedule(ts=now, source=source, transfer_id=tid, op="write", layers=(), deferred=True))
+            events.append(Seal(ts=now, source=source, transfer_id=tid, expected=expected))
+        if events:
+            self.ledger.extend(events)
+
+    # -- per step: reports out ---------------------------------------------------
+
+    def get_finished(self, finished_req_ids: Iterable[ReqId], now: float) -> tuple[set[ReqId], set[ReqId], set[ReqId]]:
+        """(finished sending, finished receiving, failed receiving) since the last call.
+
+        A finished send is reported only once vLLM has told this worker that the
+        request finished (vLLM's rule for get_finished), so a WRITE that lands
+        during the prompt's own forward waits for that notice.
+        """
+        for request_id in finished_req_ids:
+            if self.index.get(request_id) is not None or request_id in self._unreported_sending:
+                self._finished_seen.add(request_id)
+        self.poll(now)
+        sending = {r for r in self._unreported_sending if r in self._finished_seen}
+        for request_id in sending:
+            del self._unreported_sending[request_id]
+            self._finished_seen.discard(request_id)
+        recving, self._finished_recving = self._finished_recving, set()
+        failed, self._failed_recving = self._failed_recving, set()
+        return sending, recving, failed
+
+    def take_load_errors(self) -> set[int]:
+        """get_block_ids_with_load_errors: blocks of failed receives, reported no later than the request."""
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    # -- the poll: wire and transport in, events out ---------------------------------
+
+    def poll(self, now: float) -> None:
+        events: list[Event] = []
+        for message in self.channel.drain():
+            self._on_message(message, now, events)
+        self._collect(now, events)
+        if events:
+            self.ledger.extend(events)
+        self._retry(now)
+        self._tick(now)
+        self._act_on_releases()
+
+    def _on_message(self, message: Message, now: float, events: list[Event]) -> None:
+        source = self.source
+        if isinstance(message, ReleaseBlocks):
+            events.append(
+                Ack(ts=now, source=source, transfer_id=message.transfer_id, what="release", rank=message.rank)
+            )
+        elif isinstance(message, WriteDone):
+            events.append(Ack(ts=now, source=source, transfer_id=message.transfer_id, what="recv", rank=message.rank))
+        elif isinstance(message, WriteFailed):
+            events.append(
+                Fail(
+                    ts=now,
+                    source=source,
+                    transfer_id=message.transfer_id,
+                    reason=f"write_failed from rank {message.rank}: {message.reason}",
+                )
+            )
+        elif isinstance(message, RemoteBlocks):
+            self._on_remote_blocks(message, now)
+        else:
+            self.counters["unexpected_message"] += 1
+
+    def _on_remote_blocks(self, message: RemoteBlocks, now: float) -> None:
+        sender = message.sender
+        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        if self.config.role != "producer" or not self.config.may_dial(sender.host, port):
+            self.counters["remote_blocks_refused"] += 1
+            log.warning(
+                "remote_blocks for %s from %s:%s refused (not a configured peer)",
+                message.transfer_id,
+                sender.host,
+                port,
+            )
+            return
+        self.remote[message.transfer_id] = RemoteTarget(message.block_ids, sender)
+        while len(self.remote) > REMOTE_DIRECTORY_MAX:
+            self.remote.popitem(last=False)
+        t = self._live(message.transfer_id)
+        if t is not None and t.expected is not None:
+            self._write_missing_layers(t, attempt=0, now=now)
+
+    def _collect(self, now: float, events: list[Event]) -> None:
+        """Turn finished transport handles into acks and fails."""
+        source = self.source
+        for tid in list(self.inflight):
+            flight = self.inflight[tid]
+            done_layers: list[int] = []
+            still: list[tuple[int | None, TransferHandle]] = []
+            for layer, handle in flight.handles:
+                status = handle.status()
+                if status.in_progress():
+                    still.append((layer, handle))
+                elif status.succeeded():
+                    if layer is not None:
+                        done_layers.append(layer)
+                else:
+                    flight.read_failed = flight.read_failed or layer is None
+                    events.append(
+                        Fail(
+                            ts=now,
+                            source=source,
+                            transfer_id=tid,
+                            reason=f"{status.code.name}: {status.message}",
+                            retryable=status.transient,
+                        )
+                    )
+                    self.counters["transient_failures" if status.transient else "terminal_failures"] += 1
+            if done_layers:
+                events.append(Ack(ts=now, source=source, transfer_id=tid, what="write", layers=tuple(done_layers)))
+            # A read lands when every layer's batch of this attempt succeeded.
+            reading = any(layer is None for layer, _ in flight.handles)
+            if reading and not still and not flight.read_failed:
+                events.append(Ack(ts=now, source=source, transfer_id=tid, what="read"))
+            if still:
+                flight.handles = still
+            else:
+                del self.inflight[tid]
+
+    def _retry(self, now: float) -> None:
+        """Re-issue operations that failed transiently, after a backoff, until transfer_timeout."""
+        failures: list[Event] = []
+        for t in list(self.state.live.values()):
+            if not t.transient_failures or t.transfer_id in self.inflight:
+                continue
+            tid = TransferId(t.transfer_id)
+            if t.mode == "read" and t.role == "consumer":
+                pending = not t.whole_acked
+            elif t.mode == "write" and t.role == "producer":
+                pending = t.expected is not None and len(t.acked or ()) < t.expected and tid in self.remote
+            else:
+                continue
+            if not pending:
+                continue
+            if now - t.first_ts >= self.config.transfer_timeout_s:
+                failures.append(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_TRANSIENT_TIMEOUT))
+                continue
+            backoff = min(RETRY_BACKOFF_MIN_S * 2 ** (t.transient_failures - 1), RETRY_BACKOFF_MAX_S)
+            if now < t.last_ts + backoff:
+                continue
+            if t.role == "consumer":
+                self._start_read(t, now, attempt=t.transient_failures)
+            else:
+                self._write_missing_layers(t, attempt=t.transient_failures, now=now)
+        if failures:
+            self.ledger.extend(failures)
+
+    def _tick(self, now: float) -> None:
+        state, source = self.state, self.source
+        expired: list[Event] = [
+            Expire(
+                ts=now,
+                source=source,
+                transfer_id=t.transfer_id,
+                deadline="defer" if t.role == "producer" else "transfer",
+            )
+            for t in state.due(now)
+        ]
+        if state.unmapped:
+            expired.extend(
+                Expire(ts=now, source=source, transfer_id=t.transfer_id, deadline="transfer")
+                for t in state.orphans_due(now, self.config.transfer_timeout_s)
+            )
+        if expired:
+            self.ledger.extend(expired)
+
+    def _act_on_releases(self) -> None:
+        """What each decision obliges this rank to do: report it to vLLM and tell the peer."""
+        c = self.config
+        for release in self.ledger.take_releases():
+            tid = release.transfer_id
+            self.index.forget(release.request_id, tid)
+            self.inflight.pop(tid, None)
+            peer = self.peers.pop(tid, None)
+            if release.role == "producer":
+                self._unreported_sending[release.request_id] = tid
+                if release.mode == "write":
+                    self._tell_consumer(release)
+                continue
+            self._finished_recving.add(release.request_id)
+            if release.load_error:
+                self._failed_recving.add(release.request_id)
+                self._load_errors.update(release.block_ids)
+            # READ: the holders may free now (whatever the cause); WRITE: only a receive that did not
+            # complete needs telling, so that the producer stops writing into blocks we give back.
+            if peer is not None and (release.mode == "read" or release.cause != "completed"):
+                self._tell_holders(peer, ReleaseBlocks(transfer_id=tid, rank=c.tp_rank, consumer_tp_size=c.tp_size))
+
+    def _tell_consumer(self, release: Release) -> None:
+        target = self.remote.pop(release.transfer_id, None)
+        if target is None:
+            return  # the consumer never said where it was: it was aborted, or will time out on its own
+        sender = target.sender
+        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        if release.cause == "completed":
+            message: Message = WriteDone(transfer_id=release.transfer_id, rank=self.config.tp_rank)
+        else:
+            message = WriteFailed(
+                transfer_id=release.transfer_id, rank=self.config.tp_rank, reason=f"{release.cause}: {release.reason}"
+            )
+        self._send(sender.host, port, message)
+
+    # -- I/O helpers -------------------------------------------------------------------
+
+    def _live(self, tid: TransferId) -> TransferState | None:
+        t = self.state.live.get((self.source, tid))
+        return t
+
+    def _send(self, host: str, port: int, message: Message) -> None:
+        try:
+            self.channel.send(host, port, message)
+        except PeerNotAllowed as error:
+            self.counters["send_refused"] += 1
+            log.warning("%s not sent: %s", type(message).__name__, error)
+
+    def _tell_holders(self, peer: PeerRef, message: Message) -> None:
+        for rank in holder_ranks(self.config.tp_rank, self.config.tp_size, peer.tp_size):
+            self._send(peer.host, rank_port(peer.notify_port, peer.dp_rank, rank, peer.tp_size), message)
+
+    def _link(self, host: str, handshake_base: int, dp_rank: int, tp_rank: int, tp_size: int) -> PeerLink | None:
+        """A session with the peer rank, from a completed handshake (cached); None if it failed."""
+        port = rank_port(handshake_base, dp_rank, tp_rank, tp_size)
+        link = self.links.get((host, port))
+        if link is not None:
+            return link
+        try:
+            metadata = self.channel.handshake(host, port, self.my_address(), HANDSHAKE_TIMEOUT_S)
+        except PeerNotAllowed as error:
+            log.warning("handshake refused: %s", error)
+            return None
+        if metadata is None:
+            return None
+        if metadata.endpoint.host != host or metadata.endpoint.backend != self.transport.backend:
+            # A handshake may not redirect us to another host (or a transport we do not speak).
+            self.counters["handshake_redirect_refused"] += 1
+            log.warning("handshake with %s:%s named endpoint %s: refused", host, port, metadata.endpoint)
+            return None
+        session = self.transport.connect(metadata.endpoint, [layer.region for layer in metadata.layers])
+        link = PeerLink(metadata, session, {layer.name: layer.geometry for layer in metadata.layers})
+        self.links[(host, port)] = link
+        return link
+
+    def _start_read(self, t: TransferState, now: float, attempt: int) -> None:
+        tid = TransferId(t.transfer_id)
+        peer = self.peers.get(tid)
+        holders = holder_ranks(self.config.tp_rank, self.config.tp_size, peer.tp_size) if peer else []
+        if peer is None or len(holders) != 1 or peer.tp_size != self.config.tp_size:
+            self.ledger.append(
+                Fail(
+                    ts=now,
+                    source=self.source,
+                    transfer_id=tid,
+                    reason=f"{REASON_LAYOUT}: only equal TP sizes move data yet",
+                )
+            )
+            return
+        link = self._link(peer.host, peer.handshake_port, peer.dp_rank, holders[0], peer.tp_size)
+        if link is None:
+            self.ledger.append(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_HANDSHAKE))
+            return
+        flight = Inflight()
+        try:
+            for name, layer in self.layers.items():
+                remote_geometry = link.geometry.get(name)
+                if remote_geometry is None:
+                    raise LayoutError(f"peer has no layer {name!r}")
+                ops = _cached_ops(layer.geometry, remote_geometry, t.block_ids, t.remote_block_ids or ())
+                if ops:
+                    flight.handles.append((None, self.transport.read(link.session, name, name, ops)))
+        except LayoutError as error:
+            self.ledger.append(Fail(ts=now, source=self.source, transfer_id=tid, reason=f"{REASON_LAYOUT}: {error}"))
+            return
+        self.ledger.append(Schedule(ts=now, source=self.source, transfer_id=tid, op="read", attempt=attempt))
+        if flight.handles:
+            self.inflight[tid] = flight
+        else:
+            # Nothing to move (every block was a local prefix hit): the read is trivially complete.
+            self.ledger.append(Ack(ts=now, source=self.source, transfer_id=tid, what="read"))
+
+    def _write_layer(self, tid: TransferId, layer: int) -> bool:
+        """Issue one layer's write if the consumer's blocks are known; True if issued."""
+        target = self.remote.get(tid)
+        t = self._live(tid)
+        if target is None or t is None:
+            return False
+        sender = target.sender
+        link = self._link(sender.host, sender.handshake_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        if link is None:
+            return False
+        name = self.layer_names[layer]
+        remote_geometry = link.geometry.get(name)
+        if remote_geometry is None:
+            return False
+        try:
+            # Paired from the consumer's side (its list may be shorter: a prefix hit), then turned round.
+            ops = _cached_ops(remote_geometry, self.layers[name].geometry, target.block_ids, t.block_ids)
+        except LayoutError:
+            return False
+        swapped = [(producer, consumer, size) for consumer, producer, size in ops]
+        handle = self.transport.write(link.session, name, name, swapped)
+        self.inflight.setdefault(tid, Inflight()).handles.append((layer, handle))
+        return True
+
+    def _write_missing_layers(self, t: TransferState, attempt: int, now: float) -> None:
+        """Write every expected layer not yet issued (deferred) or not yet landed (retry)."""
+        tid = TransferId(t.transfer_id)
+        expected = t.expected if t.expected is not None else len(self.layer_names)
+        acked = t.acked or set()
+        flying = {layer for layer, _ in self.inflight[tid].handles} if tid in self.inflight else set()
+        if attempt == 0:
+            todo = [layer for layer in range(expected) if layer not in (t.scheduled or set()) and layer not in flying]
+        else:
+            todo = [layer for layer in range(expected) if layer not in acked and layer not in flying]
+        issued = [layer for layer in todo if self._write_layer(tid, layer)]
+        if issued:
+            self.ledger.append(
+                Schedule(ts=now, source=self.source, transfer_id=tid, op="write", layers=tuple(issued), attempt=attempt)
+            )
+
+    # -- shutdown ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.channel.close()
+        self.transport.close()
