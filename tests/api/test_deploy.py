@@ -61,7 +61,9 @@ def _free_port() -> int:
 def test_the_compose_start_command_migrates_and_serves(tmp_path: Path) -> None:
     """The container's command, verbatim but for loopback and a free port, over a new SQLite file."""
     port = _free_port()
-    command = _start_command().replace("--host 0.0.0.0", "--host 127.0.0.1").replace("--port 8000", f"--port {port}")
+    # Compose turns `$$` into `$` before the shell sees the command; do the same.
+    command = _start_command().replace("$$", "$")
+    command = command.replace("--host 0.0.0.0", "--host 127.0.0.1").replace("--port 8000", f"--port {port}")
     env = os.environ | {"KVLEDGER_DB": f"sqlite:///{tmp_path}/ledger.db", "KVLEDGER_TOKEN": "t"}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     process = subprocess.Popen(["sh", "-c", command], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
