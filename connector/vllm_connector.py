@@ -206,3 +206,5 @@ class LedgerConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.close()
+        if self.scheduler is not None:
+            self.scheduler.ledger.close()  # flush this process's events to the store

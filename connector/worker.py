@@ -577,3 +577,4 @@ class WorkerCore:
     def close(self) -> None:
         self.channel.close()
         self.transport.close()
+        self.ledger.close()

@@ -33,6 +33,7 @@ class Ledger:
         self.clock = clock
         self._lock = threading.Lock()
         self._outbox: deque[Release] = deque()
+        self._closers: list[Callable[[], object]] = []
 
     @property
     def source(self) -> str:
@@ -69,6 +70,15 @@ class Ledger:
                     out.append(release)
             self._outbox.extend(out)
         return out
+
+    def on_close(self, closer: Callable[[], object]) -> None:
+        """Run `closer` at `close()` (a persistence writer's flush, for example), last added first."""
+        self._closers.append(closer)
+
+    def close(self) -> None:
+        """Flush and close what is attached (persistence); the in-memory log stays readable."""
+        while self._closers:
+            self._closers.pop()()
 
     def take_releases(self) -> list[Release]:
         """Releases decided since the last call, in decision order (each returned once)."""
