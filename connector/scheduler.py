@@ -293,6 +293,8 @@ class SchedulerCore:
             )
         if expired:
             self.ledger.extend(expired)
+        # Late events stay visible (as findings) for a defer timeout after the decision.
+        self.ledger.maintain(now, retain_s=self.config.defer_timeout_s)
 
     def _outcome(self) -> WorkerOutcome:
         out = WorkerOutcome()

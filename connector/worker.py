@@ -293,6 +293,7 @@ class WorkerCore:
         self._retry(now)
         self._tick(now)
         self._act_on_releases()
+        self.ledger.maintain(now, retain_s=self.config.defer_timeout_s)
 
     def _on_message(self, message: Message, now: float, events: list[Event]) -> None:
         source = self.source

@@ -623,14 +623,21 @@ class LedgerState:
             out.append(t)
         return out
 
-    def compact(self, upto_seq_by_source: dict[str, int] | None = None, *, clean_only: bool = False) -> int:
+    def compact(
+        self,
+        upto_seq_by_source: dict[str, int] | None = None,
+        *,
+        clean_only: bool = False,
+        decided_before_ts: float | None = None,
+    ) -> int:
         """Forget decided sides, so memory follows live transfers rather than log length.
 
         With `upto_seq_by_source`, only sides whose last event is at or below that
         seq (persisted) go. With `clean_only`, sides that carry audit evidence
         (late, duplicate, over-ack, reuse, double owner, an expired producer that
         a merged consumer may still prove premature, an expired orphan) stay, so
-        no finding is lost. Their keys become tombstones (bounded by
+        no finding is lost. With `decided_before_ts`, only sides whose last event
+        is older than that go (late events stay visible for that long). Their keys become tombstones (bounded by
         `TOMBSTONES_MAX`): an event arriving later is absorbed as late rather than
         mistaken for a new transfer. Phase and mode counts of dropped sides are
         kept in `compacted_by_phase` / `compacted_by_mode`. Returns how many went.
@@ -640,6 +647,8 @@ class LedgerState:
             if not t.closed:
                 continue
             if upto_seq_by_source is not None and t.last_seq > upto_seq_by_source.get(t.source, -1):
+                continue
+            if decided_before_ts is not None and t.last_ts >= decided_before_ts:
                 continue
             if clean_only and (
                 key in self.anomalous

@@ -16,6 +16,7 @@ from typing import Any
 from ledger.decisions import Release
 from ledger.events import Event
 from ledger.fold import LedgerState
+from ledger.limits import LOG_EVENTS_RETAINED_MAX, MAINTENANCE_INTERVAL_S
 from ledger.log import EventLog
 
 
@@ -34,6 +35,7 @@ class Ledger:
         self._lock = threading.Lock()
         self._outbox: deque[Release] = deque()
         self._closers: list[Callable[[], object]] = []
+        self._next_maintenance = float("-inf")
 
     @property
     def source(self) -> str:
@@ -70,6 +72,21 @@ class Ledger:
                     out.append(release)
             self._outbox.extend(out)
         return out
+
+    def maintain(self, now: float, *, retain_s: float) -> int:
+        """Keep memory bounded by live transfers in a long-running process (rate-limited; cheap to call
+        every step): forget sides decided more than `retain_s` ago and let go of the oldest in-memory
+        events beyond `LOG_EVENTS_RETAINED_MAX` (a persistence writer holds its own references until
+        they are written). Returns how many sides were forgotten."""
+        if now < self._next_maintenance:
+            return 0
+        self._next_maintenance = now + MAINTENANCE_INTERVAL_S
+        with self._lock:
+            dropped = self.state.compact(decided_before_ts=now - retain_s)
+            excess = len(self.log) - LOG_EVENTS_RETAINED_MAX
+            if excess > 0:
+                self.log.retain_from(self.log.first_seq + excess)
+        return dropped
 
     def on_close(self, closer: Callable[[], object]) -> None:
         """Run `closer` at `close()` (a persistence writer's flush, for example), last added first."""

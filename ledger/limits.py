@@ -34,3 +34,9 @@ REPLAY_COMPACT_EVERY = 16_384
 
 EXPORT_BATCH_EVENTS = 5_000
 """Events per transaction when `kvledger export` loads a log into a store."""
+
+MAINTENANCE_INTERVAL_S = 5.0
+"""How often a running ledger forgets old decided sides and trims its in-memory log."""
+
+LOG_EVENTS_RETAINED_MAX = 1_000_000
+"""Events a running ledger keeps in memory (older ones live in the store, if one is attached)."""

@@ -88,3 +88,21 @@ def test_ledger_folds_under_the_log_lock_and_hands_each_release_out_once() -> No
     side = Side("prefill-0/tp0")
     side.seq = 2
     assert ledger.extend([side.map("tx2", "p-2", blocks=(3,)), side.ack("tx2", "release")])[0].block_ids == (3,)
+
+
+def test_maintain_forgets_old_decided_sides_and_trims_the_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ledger.ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "LOG_EVENTS_RETAINED_MAX", 3)
+    ledger = Ledger("prefill-0/tp0")
+    side = Side("prefill-0/tp0", start_ts=100.0)
+    ledger.extend([side.map("tx-old", "p-1", blocks=(1,)), side.ack("tx-old", "release")])
+    side.ts = 200.0
+    ledger.extend([side.map("tx-live", "p-2", blocks=(2,)), side.map("tx-new", "p-3", blocks=(3,))])
+    ledger.append(side.ack("tx-new", "release"))
+    assert ledger.maintain(now=210.0, retain_s=60.0) == 1  # tx-old decided at ~100: forgotten
+    assert set(ledger.state.transfers) == {("prefill-0/tp0", "tx-live"), ("prefill-0/tp0", "tx-new")}
+    assert [e.seq for e in ledger.log.since(0)] == [3, 4, 5]
+    assert ledger.maintain(now=211.0, retain_s=0.0) == 0  # rate-limited
+    assert ledger.append(side.ack("tx-old", "release", rank=1)) is None  # absorbed, not an orphan
+    assert ("prefill-0/tp0", "tx-old") not in ledger.state.transfers
