@@ -64,3 +64,24 @@ REMOTE_DIRECTORY_MAX = 65536
 
 STOP_JOIN_TIMEOUT_S = 2.0
 """How long shutdown waits for a listener or transport thread to end."""
+
+# mori transport (mori.io RDMA/XGMI); values follow vLLM's MoRIIO engine setup.
+MORI_QP_PER_TRANSFER = 4
+MORI_POST_BATCH_SIZE = -1
+MORI_WORKER_THREADS = 4
+"""RDMA backend settings, MoRIIO's defaults (-1: mori picks the batch size)."""
+
+MORI_OPS_PER_BATCH_MAX = 65536
+"""Largest number of (local, remote, size) ops in one batch_read/batch_write."""
+
+MORI_INFLIGHT_MAX = 4096
+"""Batches a transport may have in flight; beyond this new work fails transiently, like a full send queue."""
+
+MORI_WAIT_SLICE_S = 0.05
+"""Longest single native wait inside a handle's wait, so that a close from another thread is seen."""
+
+MORI_POLL_INTERVAL_S = 0.001
+"""Sleep between polls of a status that cannot be waited on natively (an old mori without WaitFor)."""
+
+MORI_CLOSE_GRACE_S = 2.0
+"""How long close waits for in-flight batches before deregistering memory the NIC may still be writing."""

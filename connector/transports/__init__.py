@@ -1,4 +1,4 @@
-"""Transports behind one contract (base.py): tcp (pyzmq), loopback (in-process); mori later."""
+"""Transports behind one contract (base.py): tcp (pyzmq), mori (mori.io RDMA/XGMI), loopback (in-process)."""
 
 from __future__ import annotations
 
@@ -18,5 +18,7 @@ def make_transport(backend: str, host: str, port: int, **options: Any) -> Transp
 
         return LoopbackTransport(host)
     if backend == "mori":
-        raise NotImplementedError("the mori transport is not written yet (it will sit behind transports.base)")
+        from connector.transports.mori import MoriTransport
+
+        return MoriTransport(host, port, **options)
     raise ValueError(f"unknown transport backend {backend!r}")

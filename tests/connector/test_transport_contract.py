@@ -11,10 +11,12 @@ import torch
 from connector.transports.base import Code, Transport
 from connector.transports.loopback import LoopbackTransport
 from connector.transports.tcp import TcpTransport
+from tests.connector.fake_mori import make_mori_transport
 
 TRANSPORTS: dict[str, Callable[[], Transport]] = {
     "tcp": lambda: TcpTransport("127.0.0.1", 0),
     "loopback": lambda: LoopbackTransport(),
+    "mori": make_mori_transport,  # against the fake mori.io (mori needs ROCm hardware)
 }
 WAIT_S = 10.0
 

@@ -1,0 +1,1 @@
+"""A fake `mori` package for tests (mori needs ROCm hardware); only `mori.io` exists, see io.py."""
