@@ -5,11 +5,13 @@ from __future__ import annotations
 import typer
 
 from ledger.cli_db import db_app
+from ledger.cli_demo import demo_command
 from ledger.cli_export import export_command
 from ledger.cli_replay import audit_command, replay_command, timeline_command
 from ledger.cli_serve import serve
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
+app.command("demo")(demo_command)
 app.command("replay")(replay_command)
 app.command("audit")(audit_command)
 app.command("timeline")(timeline_command)
