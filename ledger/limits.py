@@ -8,7 +8,7 @@ EVIDENCE_SEQS_MAX = 32
 DEADLINE_HEAP_SLACK = 4
 """The deadline heap is swept of decided sides when it holds this many times the live ones."""
 
-TOMBSTONES_MAX = 100_000
+TOMBSTONES_MAX = 50_000
 """Compacted transfer keys remembered, so a late event after compaction is late, not orphan."""
 
 DEFAULT_TRANSFER_TIMEOUT_S = 30.0
@@ -40,3 +40,6 @@ MAINTENANCE_INTERVAL_S = 5.0
 
 LOG_EVENTS_RETAINED_MAX = 1_000_000
 """Events a running ledger keeps in memory (older ones live in the store, if one is attached)."""
+
+REPLAY_RETAIN_S = 60.0
+"""Log seconds a replay keeps a cleanly released side before compacting it (late events still land on it)."""

@@ -9,7 +9,7 @@ from ledger.advice import LatencyRecorder
 from ledger.decisions import Release
 from ledger.events import Event
 from ledger.fold import LedgerState
-from ledger.limits import REPLAY_COMPACT_EVERY
+from ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
 
 
 @dataclass
@@ -38,8 +38,9 @@ def replay(
 
     The state is fresh and private: an error while reading leaves nothing half-applied
     anywhere else. Every `compact_every` events (rounded down to a power of two), cleanly released sides are compacted
-    away (their counts kept), so memory follows live transfers, not log length;
-    sides with audit evidence are kept.
+    away once their last event is `REPLAY_RETAIN_S` older than the newest (their counts
+    kept), so memory follows live transfers, not log length; sides with audit evidence
+    are kept.
     """
     result = ReplayResult(LedgerState())
     state = result.state
@@ -71,7 +72,7 @@ def replay(
             if first_ts is None:
                 first_ts = event.ts
             if compact_every is not None:
-                state.compact(clean_only=True)
+                state.compact(clean_only=True, decided_before_ts=last_ts - REPLAY_RETAIN_S)
             if on_progress is not None:
                 on_progress(n)
         elif n == 1:
