@@ -3,8 +3,10 @@
 Key names follow MoRIIO where the meaning is the same (`read_mode`,
 `transfer_timeout`, `defer_timeout`, `recv_abort_timeout`, `handshake_port`,
 `notify_port`, `backend`, `host_ip`); kvledger adds `ledger_url`, `source_name`,
-`transport_port`, `peers` and `peer_tp_size`. A bad value raises `ConfigError`
-naming the key, so a typo stops the engine at start instead of in the first transfer.
+`transport_port`, `peers`, `peer_tp_size`, `incident_log_dir` (each process appends
+its events to a JSONL incident log there) and one test hook,
+`test_hook_corrupt_received_kv` (overwrites received KV with noise: never in production).
+A bad value raises `ConfigError` naming the key, so a typo stops the engine at start instead of in the first transfer.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class ConnectorConfig:
     source_name: str = ""
     peers: tuple[PeerEngine, ...] = ()
     peer_tp_size: int = 1
+    incident_log_dir: str | None = None
+    test_hook_corrupt_received_kv: bool = False
+    """Test hook: a consumer overwrites every block it received with noise, so a test can show that
+    the decode really used transferred KV (its output must change)."""
     dp_rank: int = 0
     dp_size: int = 1
     tp_rank: int = 0
@@ -173,6 +179,14 @@ def _host(value: Any, name: str) -> str:
     return value
 
 
+def _directory(value: Any, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(f"{_key(name)}: expected a directory path, got {value!r}")
+    return value
+
+
 def check_ledger_url(value: Any) -> str | None:
     """None (in-memory only), `memory://`, `sqlite:///path` or `postgresql://...`; else ConfigError."""
     if value is None or value == "":
@@ -237,6 +251,8 @@ KNOWN_KEYS = frozenset(
         "source_name",
         "peers",
         "peer_tp_size",
+        "incident_log_dir",
+        "test_hook_corrupt_received_kv",
     }
 )
 
@@ -284,6 +300,8 @@ def from_extra_config(
         source_name=source_name,
         peers=_peers(extra.get("peers")),
         peer_tp_size=_positive_int(extra.get("peer_tp_size", 1), "peer_tp_size"),
+        incident_log_dir=_directory(extra.get("incident_log_dir"), "incident_log_dir"),
+        test_hook_corrupt_received_kv=_bool(extra, "test_hook_corrupt_received_kv", False),
         dp_rank=dp_rank,
         dp_size=dp_size,
         tp_rank=tp_rank,

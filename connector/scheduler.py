@@ -248,22 +248,25 @@ class SchedulerCore:
         """update_connector_output, the clock tick: fold the workers' reports and expire what is due."""
         events: list[Event] = []
         source, index = self.source, self.index
-        failed = set(failed_recving)
+        # vLLM hands over sets: sorting makes the log's order independent of string hashing, so
+        # the same run gives the same log byte for byte in every process.
+        failed = sorted(set(failed_recving))
         for request_id in failed:
             tid = index.get(request_id)
             if tid is None:
                 self.counters["unknown_request"] += 1
                 continue
             events.append(Fail(ts=now, source=source, transfer_id=tid, reason=REASON_WORKER_RECV_FAILED))
-        for request_id in finished_recving:
+        failed_set = set(failed)
+        for request_id in sorted(finished_recving):
             tid = index.get(request_id)
-            if request_id in failed:
+            if request_id in failed_set:
                 continue
             if tid is None:
                 self.counters["unknown_request"] += 1
                 continue
             events.append(Ack(ts=now, source=source, transfer_id=tid, what="recv"))
-        for request_id in finished_sending:
+        for request_id in sorted(finished_sending):
             tid = index.get(request_id)
             if tid is None:
                 self.counters["unknown_request"] += 1

@@ -24,6 +24,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 from connector.assemble import build_scheduler, build_worker
 from connector.config import from_extra_config
+from connector.hooks_for_tests import corrupt_blocks
+from connector.incident_log import IncidentLog
 from connector.metadata import StepMetadata
 from connector.params import ParamsError, TransferParams, parse_params
 from connector.scheduler import SchedulerCore
@@ -77,6 +79,20 @@ def _params(request: Request) -> TransferParams | None:
         return None
 
 
+def _prefill_handed_over(request: Request, mode: str) -> bool:
+    """Whether a producer request ended in a state where a consumer may use its KV.
+
+    READ: an aborted or failed prefill hands no params to the proxy, so no consumer can ever read
+    (holding until defer_timeout would only strand the blocks). WRITE: once the prompt was scheduled,
+    the workers may be writing from these blocks, so they are held whatever the status.
+    """
+    from vllm.v1.request import RequestStatus
+
+    if request.status not in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
+        return True
+    return mode == "write" and request.num_computed_tokens >= request.num_prompt_tokens
+
+
 class LedgerConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
@@ -102,9 +118,15 @@ class LedgerConnector(KVConnectorBase_V1):
         self.worker: WorkerCore | None = None
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = build_scheduler(self.config)
+            ledger = self.scheduler.ledger
         else:
             self.worker = build_worker(self.config)
+            ledger = self.worker.ledger
+        self.incident_log = IncidentLog(ledger, self.config.incident_log_dir) if self.config.incident_log_dir else None
         self._bound: KVConnectorMetadata | None = None
+        self._kv_caches: dict[str, torch.Tensor] = {}
+        self._recv_blocks: dict[str, tuple[int, ...]] = {}
+        """Only for `test_hook_corrupt_received_kv`: the blocks each receiving request loads into."""
 
     def _sched(self) -> SchedulerCore:
         assert self.scheduler is not None, "a scheduler-side hook called on a worker connector"
@@ -133,7 +155,11 @@ class LedgerConnector(KVConnectorBase_V1):
         return LedgerConnectorMetadata(self._sched().build_meta())
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        return self._sched().on_request_finished(ReqId(request.request_id), _params(request), block_ids, time.time())
+        params = _params(request)
+        producer = self.config.role == "producer"
+        if producer and params is not None and not _prefill_handed_over(request, self.config.mode):
+            params = None  # aborted before its KV could reach a consumer: free the blocks now, not at expire
+        return self._sched().on_request_finished(ReqId(request.request_id), params, block_ids, time.time())
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """The clock tick: rewrite the workers' report with the fold's decisions (in place, as vLLM allows)."""
@@ -147,6 +173,8 @@ class LedgerConnector(KVConnectorBase_V1):
         connector_output.finished_recving = set(outcome.finished_recving) or None
         connector_output.failed_recving = set(outcome.failed_recving)
         connector_output.invalid_block_ids = set(connector_output.invalid_block_ids) | outcome.invalid_block_ids
+        if self.incident_log is not None:
+            self.incident_log.flush()
 
     def has_pending_block_frees(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_pending_block_frees()
@@ -168,6 +196,7 @@ class LedgerConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._work().register_kv_caches(kv_caches, self._num_blocks)
+        self._kv_caches = dict(kv_caches)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -176,6 +205,9 @@ class LedgerConnector(KVConnectorBase_V1):
         self._bound = connector_metadata
         if isinstance(connector_metadata, LedgerConnectorMetadata):
             self._work().bind(connector_metadata.step, time.time())
+            if self.config.test_hook_corrupt_received_kv:
+                for recv in connector_metadata.step.recv:
+                    self._recv_blocks[recv.request_id] = recv.block_ids
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self._work().start_load(time.time())
@@ -189,13 +221,28 @@ class LedgerConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         self._work().wait_for_save(time.time())
 
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+    def _worker_finished(self, finished_req_ids: set[str]) -> tuple[set[ReqId], set[ReqId], set[ReqId]]:
         sending, recving, failed = self._work().get_finished([ReqId(r) for r in finished_req_ids], time.time())
+        if self.config.test_hook_corrupt_received_kv:
+            self._corrupt_received(recving - failed)
+        if self.incident_log is not None:
+            self.incident_log.flush()
+        return sending, recving, failed
+
+    def _corrupt_received(self, received: set[ReqId]) -> None:
+        blocks = [b for r in received for b in self._recv_blocks.pop(r, ())]
+        if blocks:
+            axes = {name: layer.geometry.block_axis for name, layer in self._work().layers.items()}
+            corrupt_blocks(self._kv_caches, axes, blocks)
+            log.warning("test_hook_corrupt_received_kv: overwrote %d received blocks with noise", len(blocks))
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        sending, recving, failed = self._worker_finished(finished_req_ids)
         del failed  # carried by get_transfer_results, which vLLM calls instead when present
         return (set(sending) or None), (set(recving) or None)
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        sending, recving, failed = self._work().get_finished([ReqId(r) for r in finished_req_ids], time.time())
+        sending, recving, failed = self._worker_finished(finished_req_ids)
         return KVConnectorTransferResults(
             finished_sending=set(sending), finished_recving=set(recving), failed_recving=set(failed)
         )
@@ -206,5 +253,7 @@ class LedgerConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.close()
+        if self.incident_log is not None:
+            self.incident_log.close()
         if self.scheduler is not None:
             self.scheduler.ledger.close()  # flush this process's events to the store

@@ -254,6 +254,13 @@ class WorkerCore:
             events.append(Seal(ts=now, source=source, transfer_id=tid, expected=expected))
         if events:
             self.ledger.extend(events)
+        # vLLM calls start_load_kv (and so poll) after the forward when no load is synchronous: a
+        # remote_blocks drained there came after save_kv_layer but before this seal, and nothing else
+        # would issue its writes (the transfer would sit until the defer deadline).
+        for tid, issued in saves.items():
+            t = self._live(tid)
+            if t is not None and len(issued) < expected and tid in self.remote:
+                self._write_missing_layers(t, attempt=0, now=now)
 
     # -- per step: reports out ---------------------------------------------------
 

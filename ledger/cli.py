@@ -7,6 +7,7 @@ import typer
 from ledger.cli_db import db_app
 from ledger.cli_demo import demo_command
 from ledger.cli_export import export_command
+from ledger.cli_proxy import proxy
 from ledger.cli_replay import audit_command, replay_command, timeline_command
 from ledger.cli_serve import serve
 
@@ -17,6 +18,7 @@ app.command("audit")(audit_command)
 app.command("timeline")(timeline_command)
 app.command("export")(export_command)
 app.command("serve")(serve)
+app.command("proxy")(proxy)
 app.add_typer(db_app, name="db")
 
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 DEMO_DIR_DEFAULT = Path("kvledger-demo")
 
-Dir = Annotated[Path, typer.Option("--dir", help="Where the ledger (SQLite) and the incident log go; replaced each run")]
+Dir = Annotated[Path, typer.Option("--dir", help="Where the ledger (SQLite) and incident log go; replaced each run")]
 Requests = Annotated[int, typer.Option(help="Requests in the storm")]
 Concurrency = Annotated[int, typer.Option(help="Requests in flight at once")]
 Seed = Annotated[int, typer.Option(help="The seed: the same seed replays the same storm")]

@@ -1,0 +1,179 @@
+"""After a storm: merge the four logs, replay them offline, audit them, run the naive baseline, judge.
+
+Every invariant that fails becomes one line in `StormResult.problems`, so a
+failing seed says what broke; `ok` is "no problems".
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Iterable
+
+import msgspec
+
+from connector.sim.config import StormConfig, StormResult
+from connector.sim.driver import Storm, Tally
+from connector.sim.engine import SimEngine
+from connector.sim.faults import NO_FAULTS
+from connector.sim.naive import run_naive
+from ledger.audit import AuditConfig, Finding, audit, counts_by_code
+from ledger.decisions import Release
+from ledger.events import Event, Map, TransferId, to_json
+from ledger.fold import fold_all
+from ledger.jsonl import read_events, write_log
+from ledger.merge import merge
+
+LATE_CHECKED_MESSAGES = ("release", "write_done", "write_failed")
+"""Messages that become events where they land; a late remote_blocks is not an event (the producer only
+notes where to write), so its lateness shows only through the consumer's later expiry."""
+
+PROBLEM_DETAILS_MAX = 10
+"""Transfer ids named per problem line."""
+
+
+def fingerprint(streams: dict[str, list[Event]]) -> str:
+    """A digest of each transfer side's events in order, seqs and peer addresses left out: the run's decisions
+    and evidence, independent of the ports the kernel chose and of how one batch's events of different
+    transfers interleave (a core folds some reports in set order, which changes between processes)."""
+    per_key: dict[tuple[str, str], list[bytes]] = {}
+    for events in streams.values():
+        for e in events:
+            bare = (
+                msgspec.structs.replace(e, seq=0, peer=None)
+                if isinstance(e, Map)
+                else msgspec.structs.replace(e, seq=0)
+            )
+            per_key.setdefault((e.source, e.transfer_id), []).append(to_json(bare))
+    digest = hashlib.sha256()
+    for key in sorted(per_key):
+        digest.update(repr(key).encode())
+        for line in per_key[key]:
+            digest.update(line)
+    return digest.hexdigest()[:16]
+
+
+def _names(tids: Iterable[str]) -> str:
+    items = sorted(tids)
+    more = f" (+{len(items) - PROBLEM_DETAILS_MAX} more)" if len(items) > PROBLEM_DETAILS_MAX else ""
+    return ", ".join(items[:PROBLEM_DETAILS_MAX]) + more
+
+
+def evaluate(storm: Storm, tally: Tally) -> StormResult:
+    cfg: StormConfig = storm.config
+    r = StormResult(seed=cfg.seed, mode=cfg.mode, requests=cfg.requests, concurrency=cfg.concurrency)
+    r.rounds, r.wall_seconds = tally.rounds, tally.wall_seconds
+    r.unserved_requests = cfg.requests - tally.issued
+    r.sim_seconds = round(tally.rounds * cfg.step_s, 6)
+    engines: tuple[SimEngine, ...] = storm.engines
+    alive = [e for e in engines if e.alive]
+    dead_sources = {source for e in engines if not e.alive for source in e.events}
+    streams: dict[str, list[Event]] = {source: ev for e in engines for source, ev in e.events.items()}
+    live: dict[str, list[Release]] = {source: rel for e in engines for source, rel in e.releases.items()}
+    r.events = sum(len(v) for v in streams.values())
+    r.fingerprint = fingerprint(streams)
+
+    # The merged incident log, replayed offline: the same releases per source, in the same order.
+    merged: Iterable[Event] = list(merge(streams.values(), names=list(streams)))
+    if cfg.incident_log is not None:
+        write_log(cfg.incident_log, merged)
+        r.incident_log = str(cfg.incident_log)
+        merged = read_events(cfg.incident_log)
+    state, releases = fold_all(merged)
+    offline: dict[str, list[Release]] = {source: [] for source in streams}
+    for release in releases:
+        offline[release.source].append(release)
+    mismatched = [source for source in streams if offline[source] != live[source]]
+    r.replay_matches = not mismatched
+
+    findings = audit(state, tally.final_now, AuditConfig(transfer_timeout_s=cfg.transfer_timeout_s, clock_skew_s=0.0))
+    r.findings = {code: n for code, n in counts_by_code(findings).items() if n}
+    r.findings_on_dead_engine = dict(Counter(f.code for f in findings if f.source in dead_sources))
+    r.premature_releases = r.findings.get("premature_release", 0)
+    faulted = {q.transfer_id for q in storm.requests if q.faults is not NO_FAULTS} | tally.death_touched
+    r.unexplained_findings = [_describe(f) for f in findings if not _explained(f, faulted, dead_sources)]
+    late_sent: dict[TransferId, str] = {}
+    for e in engines:
+        late_sent.update({tid: e.name for tid in e.channel.late_sent})
+    late_tids = {f.transfer_id for f in findings if f.code == "late_event"}
+    r.late_faults_unreported = sorted(
+        tid for tid in late_sent if tid not in late_tids and _late_message(storm, tid) in LATE_CHECKED_MESSAGES
+    )
+
+    # vLLM's view, from the driver's block pools and reports.
+    sides = [(q, s) for q in storm.requests for s in (q.producer, q.consumer)]
+    r.finished_sending = sum(1 for q in storm.requests if q.producer.reported)
+    r.finished_recving = sum(1 for q in storm.requests if q.consumer.reported)
+    r.failed_recving = sum(1 for q in storm.requests if q.consumer.failed)
+    r.leaked_blocks = sum(e.pool.held for e in alive)
+    r.double_releases = tally.double_reports + sum(e.pool.double_frees for e in engines)
+    hung = [q.transfer_id for q, s in sides if s.needed and not s.lost and s.reported == 0]
+    r.hung_requests = len(hung)
+    r.lost_requests = sum(1 for _, s in sides if s.lost)
+    r.integrity_checked = tally.integrity_checked
+    r.integrity_failures = len(tally.integrity_failures)
+    r.failed_reported_as_received = len(tally.failed_reported_as_received)
+    r.faults_injected = _faults_injected(storm, tally)
+
+    lost = {(e.worker.source, q.transfer_id) for q in storm.requests for e, s in
+            ((storm.producer, q.producer), (storm.consumer, q.consumer)) if s.lost}  # fmt: skip
+    naive = run_naive({e.worker.source: e.events[e.worker.source] for e in engines}, lost)
+    r.naive_leaked_blocks, r.naive_hung_requests = naive.leaked_blocks, naive.hung_requests
+    r.naive_dropped_acks = naive.dropped_acks
+
+    problems = r.problems
+    if r.leaked_blocks:
+        problems.append(f"{r.leaked_blocks} blocks still allocated at the end")
+    for e in alive:
+        for ledger in e.ledgers:
+            if ledger.state.live or ledger.state.blocks_held:
+                problems.append(
+                    f"{ledger.source}: {len(ledger.state.live)} live transfers, {ledger.state.blocks_held} blocks held"
+                )
+    if r.double_releases:
+        problems.append(f"{r.double_releases} double releases")
+    if r.premature_releases:
+        problems.append(f"{r.premature_releases} premature releases")
+    if hung:
+        problems.append(f"{len(hung)} request sides never finished: {_names(hung)}")
+    if tally.integrity_failures:
+        problems.append(f"received bytes differ from the producer's: {_names(tally.integrity_failures)}")
+    if tally.failed_reported_as_received:
+        problems.append(f"failed transfers reported as received: {_names(tally.failed_reported_as_received)}")
+    if tally.load_errors_missing:
+        problems.append(f"failed receives without their load-error blocks: {_names(tally.load_errors_missing)}")
+    if mismatched:
+        problems.append(f"offline replay decided differently for {', '.join(mismatched)}")
+    if r.unexplained_findings:
+        problems.append(f"{len(r.unexplained_findings)} findings no injected fault explains")
+    if r.late_faults_unreported:
+        problems.append(f"late notifications without a late_event finding: {_names(r.late_faults_unreported)}")
+    if tally.horizon_reached:
+        problems.append("the run hit its horizon with requests unresolved")
+    return r
+
+
+def _explained(f: Finding, faulted: set[TransferId], dead_sources: set[str]) -> bool:
+    if f.source in dead_sources:
+        return True  # whatever a dead engine held died with it
+    if f.severity == "error":
+        return False  # a leak, double owner, premature release or id reuse on a live engine: never expected
+    return f.transfer_id in faulted
+
+
+def _describe(f: Finding) -> str:
+    return f"{f.code} {f.source} {f.transfer_id}: {f.detail}"
+
+
+def _late_message(storm: Storm, tid: TransferId) -> str:
+    faults = storm.network.faults(tid)
+    return next((m.target for m in faults.messages if m.kind == "late"), "")
+
+
+def _faults_injected(storm: Storm, tally: Tally) -> dict[str, int]:
+    planned: Counter[str] = Counter()
+    for q in storm.requests:
+        planned.update(q.faults.kinds())
+    if tally.dead is not None:
+        planned["peer_death"] = 1
+    return dict(sorted(planned.items()))

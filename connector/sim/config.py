@@ -1,0 +1,131 @@
+"""What a storm is asked to do (`StormConfig`) and what it found (`StormResult`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypeAlias
+
+from ledger.events import Mode
+
+FaultKind: TypeAlias = Literal[
+    "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death"
+]
+FAULT_KINDS: tuple[FaultKind, ...] = (
+    "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
+)  # fmt: skip
+"""sq_full: a burst of send-queue-full (transient) transport failures; transfer_fail: a terminal transport
+failure; drop / duplicate / reorder / late: a notification lost, delivered twice, held a few rounds, or held
+past every deadline; early: the producer worker binds a transfer late, so the consumer's release (READ) or
+remote_blocks (WRITE) reaches it before its map; never_ready: the consumer never takes the request (a READ
+consumer that never reads, a WRITE consumer that never sends remote_blocks); peer_death: one engine dies
+mid-run (its worker closes; its scheduler stops)."""
+
+
+@dataclass(frozen=True)
+class StormConfig:
+    seed: int = 1
+    mode: Mode = "read"
+    requests: int = 2000
+    concurrency: int = 512
+    faults: frozenset[FaultKind] = frozenset(FAULT_KINDS)
+    fault_rate: float = 0.02
+    """Probability, per transfer and per enabled kind (peer_death: once per run), that the fault is injected."""
+    layers: int = 2
+    blocks_per_request: int = 2
+    block_size: int = 4
+    kv_heads: int = 1
+    head_dim: int = 8
+    num_blocks: int = 0
+    """KV blocks per engine; 0 picks concurrency x blocks_per_request x 2."""
+    step_s: float = 0.01
+    """Simulated seconds per round."""
+    start_ts: float = 1_700_000_000.0
+    transfer_timeout_s: float = 1.0
+    defer_timeout_s: float = 2.0
+    recv_abort_timeout_s: float = 3.0
+    """Longer than defer_timeout: the producer gives up before the consumer, so no write lands in blocks the
+    consumer has already handed back."""
+    start_load_before_forward: bool = False
+    """vLLM (0.33) calls start_load_kv after launching the forward when no load is synchronous, as here;
+    True steps the workers in the older order (start_load_kv first)."""
+    ledger_url: str | None = None
+    """Persist each source's ledger there (a fresh store: transfer ids repeat across runs)."""
+    incident_log: Path | None = None
+    """Write the merged JSONL incident log (all four sources) there."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.faults) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {list(FAULT_KINDS)}")
+        if self.requests < 1 or self.concurrency < 1:
+            raise ValueError("requests and concurrency must be >= 1")
+        if not 0.0 <= self.fault_rate <= 1.0:
+            raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate}")
+        if self.num_blocks and self.num_blocks < self.concurrency * self.blocks_per_request:
+            raise ValueError("num_blocks must hold concurrency x blocks_per_request blocks")
+        if not self.transfer_timeout_s < self.defer_timeout_s < self.recv_abort_timeout_s:
+            raise ValueError("timeouts must be ordered: transfer < defer < recv_abort")
+
+    @property
+    def blocks(self) -> int:
+        return self.num_blocks or self.concurrency * self.blocks_per_request * 2
+
+
+@dataclass
+class StormResult:
+    """Every figure of one storm. `problems` lists each broken invariant in words; empty means it passed."""
+
+    seed: int
+    mode: Mode
+    requests: int
+    concurrency: int
+    unserved_requests: int = 0
+    """Requests never issued: a dead READ producer leaves the proxy nobody to prefill them."""
+    rounds: int = 0
+    sim_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    events: int = 0
+    faults_injected: dict[str, int] = field(default_factory=dict)
+    finished_sending: int = 0
+    finished_recving: int = 0
+    failed_recving: int = 0
+    leaked_blocks: int = 0
+    """Blocks still allocated at the end, on engines that are alive."""
+    double_releases: int = 0
+    """A request reported finished twice, or a block freed that was not allocated."""
+    premature_releases: int = 0
+    """`premature_release` findings over the merged log."""
+    hung_requests: int = 0
+    """Request sides (a producer's or a consumer's) never reported finished, on engines that are alive."""
+    lost_requests: int = 0
+    """Request sides in flight on an engine when it died: gone with it, neither finished nor hung."""
+    integrity_checked: int = 0
+    integrity_failures: int = 0
+    """Completed receives whose bytes differ from the producer's (per-block checksums)."""
+    failed_reported_as_received: int = 0
+    """Receives known to have failed that were reported without a load error."""
+    findings: dict[str, int] = field(default_factory=dict)
+    """Audit findings over the merged log at the end, by code (what `kvledger replay` reports)."""
+    findings_on_dead_engine: dict[str, int] = field(default_factory=dict)
+    """Of those, the ones on the engine that died (what it held when it died)."""
+    unexplained_findings: list[str] = field(default_factory=list)
+    """Findings on transfers no injected fault touched (must be empty)."""
+    late_faults_unreported: list[str] = field(default_factory=list)
+    """Transfers whose notification was held past the deadline with no late_event finding (must be empty)."""
+    replay_matches: bool = False
+    naive_leaked_blocks: int = 0
+    naive_hung_requests: int = 0
+    naive_dropped_acks: int = 0
+    fingerprint: str = ""
+    """A digest of every transfer's events (seqs left out): equal for equal seeds, across processes."""
+    incident_log: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def sim_requests_per_s(self) -> float:
+        return self.requests / self.wall_seconds if self.wall_seconds > 0 else 0.0

@@ -1,0 +1,393 @@
+"""The storm's round loop: admit requests, step both engines in vLLM's order, settle the wire, repeat.
+
+Each round the simulated clock advances by `step_s`. Within a round: new
+requests arrive (up to `concurrency` in flight); the producer prefills and
+schedules; the producer engine steps; finished prefills call request_finished;
+the consumer takes its requests and steps; then the round ends: held
+notifications due are sent, and the driver waits (bounded) until every real
+byte and message of the round has landed before admitting them for the next
+round. All randomness comes from one `random.Random(seed)` drawn in the
+driver's thread, and the wire is seen only at round boundaries, so a seed
+reproduces the run's decisions; thread timing only decides how long a round
+takes in real time.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from connector.config import ConnectorConfig, PeerEngine
+from connector.params import parse_params
+from connector.sim.config import StormConfig
+from connector.sim.engine import SimEngine, StepReport
+from connector.sim.errors import SimulationError
+from connector.sim.faults import NO_FAULTS, DeathPlan, draw_death, draw_faults, late_delay_rounds
+from connector.sim.integrity import checksums, prefill
+from connector.sim.limits import (
+    ARRIVALS_PER_ROUND_MAX,
+    PORT_ATTEMPTS_MAX,
+    PORTS_PER_ENGINE,
+    PROXY_DELAY_ROUNDS_MAX,
+    ROUNDS_MAX,
+    SETTLE_POLL_S,
+    SETTLE_TIMEOUT_S,
+    TAIL_ROUNDS,
+)
+from connector.sim.network import SimNetwork
+from connector.sim.requests import SideRecord, SimRequest
+from ledger.events import ReqId, Role, TransferId
+
+HOST = "127.0.0.1"
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports, chosen by the kernel (bound, then released for the engines to bind)."""
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind((HOST, 0))
+            sockets.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
+
+
+def engine_config(storm: StormConfig, role: Role, mine: list[int], theirs: list[int]) -> ConnectorConfig:
+    peer = PeerEngine(host=HOST, handshake_port=theirs[0], notify_port=theirs[1], transport_port=theirs[2])
+    return ConnectorConfig(
+        role=role,
+        mode=storm.mode,
+        engine_id="prefill-0" if role == "producer" else "decode-0",
+        host=HOST,
+        handshake_port=mine[0],
+        notify_port=mine[1],
+        transport_port=mine[2],
+        transfer_timeout_s=storm.transfer_timeout_s,
+        defer_timeout_s=storm.defer_timeout_s,
+        recv_abort_timeout_s=storm.recv_abort_timeout_s,
+        ledger_url=storm.ledger_url,
+        peers=(peer,),
+    )
+
+
+@dataclass
+class Tally:
+    """What the driver counted while it ran (the checks after the run add the rest)."""
+
+    rounds: int = 0
+    final_now: float = 0.0
+    wall_seconds: float = 0.0
+    issued: int = 0
+    double_reports: int = 0
+    integrity_checked: int = 0
+    integrity_failures: list[str] = field(default_factory=list)
+    failed_reported_as_received: list[str] = field(default_factory=list)
+    load_errors_missing: list[str] = field(default_factory=list)
+    death_touched: set[TransferId] = field(default_factory=set)
+    dead: str | None = None
+    horizon_reached: bool = False
+
+
+class Storm:
+    def __init__(self, config: StormConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.network = SimNetwork()
+        self.producer, self.consumer = self._build_engines()
+        self.engines = (self.producer, self.consumer)
+        self.death: DeathPlan | None = draw_death(self.rng, config)
+        self.requests: list[SimRequest] = []
+        self.unresolved: dict[int, SimRequest] = {}
+        self.by_request: dict[ReqId, SimRequest] = {}
+        self.tally = Tally()
+        self.prompt_tokens = config.blocks_per_request * config.block_size
+        self._finishing: list[SimRequest] = []
+        self._last_issue_now = config.start_ts
+
+    def _build_engines(self) -> tuple[SimEngine, SimEngine]:
+        """Both engines on free ports; another program may take a port between our choosing and binding it,
+        so a bind that fails is retried on fresh ports (a bounded number of times)."""
+        config = self.config
+        for attempt in range(PORT_ATTEMPTS_MAX):
+            ports = free_ports(2 * PORTS_PER_ENGINE)
+            mine, theirs = ports[:PORTS_PER_ENGINE], ports[PORTS_PER_ENGINE:]
+            try:
+                producer = SimEngine(engine_config(config, "producer", mine, theirs), config, self.network)
+            except zmq.ZMQError:
+                if attempt + 1 == PORT_ATTEMPTS_MAX:
+                    raise
+                continue
+            try:
+                return producer, SimEngine(engine_config(config, "consumer", theirs, mine), config, self.network)
+            except BaseException as error:
+                producer.close()
+                if not isinstance(error, zmq.ZMQError) or attempt + 1 == PORT_ATTEMPTS_MAX:
+                    raise
+        raise SimulationError("no free ports")  # unreachable: the last attempt re-raises
+
+    # -- the loop -----------------------------------------------------------------
+
+    def run(self) -> Tally:
+        cfg, tally = self.config, self.tally
+        horizon_s = 2 * (cfg.recv_abort_timeout_s + cfg.transfer_timeout_s) + late_delay_rounds(cfg) * cfg.step_s
+        started = time.perf_counter()
+        tail = TAIL_ROUNDS
+        try:
+            for round_number in range(ROUNDS_MAX):
+                now = cfg.start_ts + round_number * cfg.step_s
+                tally.rounds, tally.final_now = round_number + 1, now
+                self._round(round_number, now)
+                if self._quiet():
+                    tail -= 1
+                    if tail == 0:
+                        break
+                elif now > self._last_issue_now + horizon_s:
+                    tally.horizon_reached = True  # what is unresolved now is hung: every deadline has passed
+                    break
+            for engine in self.engines:
+                if engine.alive:
+                    for ledger in engine.ledgers:
+                        ledger.take_releases()  # decided in the last step, not yet acted on: still decisions
+        finally:
+            for engine in self.engines:
+                if engine.alive:
+                    engine.close()
+            tally.wall_seconds = time.perf_counter() - started
+        return tally
+
+    def _round(self, round_number: int, now: float) -> None:
+        self._arrivals(round_number, now)
+        producer, consumer = self.producer, self.consumer
+        if producer.alive:
+            self._producer_admissions(round_number, now)
+            self._on_producer_report(producer.step(now, round_number))
+            self._request_finished(round_number, now)
+        if consumer.alive:
+            self._consumer_admissions(round_number, now)
+            self._on_consumer_report(consumer.step(now, round_number))
+        self._maybe_die()
+        self._settle(round_number + 1)
+
+    def _quiet(self) -> bool:
+        if self.unresolved or self.tally.issued < self._issuable():
+            return False
+        for engine in self.engines:
+            if not engine.alive:
+                continue
+            if engine.channel.held:
+                return False
+            for ledger in engine.ledgers:
+                if ledger.state.live or ledger.state.unmapped:
+                    return False
+        return True
+
+    def _issuable(self) -> int:
+        """Requests the proxy can still route: none once a READ producer is dead (nobody can prefill)."""
+        if self.tally.dead == "prefill-0" and self.config.mode == "read":
+            return self.tally.issued
+        return self.config.requests
+
+    # -- requests arrive --------------------------------------------------------------
+
+    def _arrivals(self, round_number: int, now: float) -> None:
+        cfg, tally = self.config, self.tally
+        arrived = 0
+        while (
+            tally.issued < self._issuable()
+            and len(self.unresolved) < cfg.concurrency
+            and arrived < ARRIVALS_PER_ROUND_MAX
+        ):
+            self._issue(tally.issued, round_number)
+            tally.issued += 1
+            arrived += 1
+            self._last_issue_now = now
+
+    def _issue(self, number: int, round_number: int) -> None:
+        cfg = self.config
+        tid = TransferId(f"tx-{cfg.seed}-{number:06d}")
+        faults = draw_faults(self.rng, cfg)
+        lead = self.rng.randint(0, PROXY_DELAY_ROUNDS_MAX)
+        producer = SideRecord(ReqId(f"p-{number}"), admit_round=round_number)
+        consumer = SideRecord(ReqId(f"c-{number}"), admit_round=round_number)
+        if cfg.mode == "read":
+            consumer.admit_round += lead  # the proxy hands the prefill's answer to the decode engine
+        else:
+            producer.admit_round += lead  # the decode engine allocated first; the prefill runs a little later
+        consumer.needed = not faults.never_ready and self.consumer.alive
+        producer.needed = self.producer.alive
+        if not producer.needed and cfg.mode == "read":
+            consumer.needed = False
+        request = SimRequest(number, tid, faults, producer, consumer)
+        self.network.transfers.add(tid)
+        if faults is not NO_FAULTS:
+            self.network.plans[tid] = faults
+        if self.tally.dead is not None:
+            self.tally.death_touched.add(tid)
+        self.requests.append(request)
+        self.unresolved[number] = request
+        self.by_request[producer.request_id] = request
+        self.by_request[consumer.request_id] = request
+        self._check_resolved(request)
+
+    def _producer_admissions(self, round_number: int, now: float) -> None:
+        cfg, engine = self.config, self.producer
+        for request in list(self.unresolved.values()):
+            side = request.producer
+            if side.admitted or not side.needed or side.admit_round != round_number:
+                continue
+            blocks = engine.pool.allocate(cfg.blocks_per_request, request.transfer_id)
+            if blocks is None:
+                raise SimulationError("producer KV pool exhausted: num_blocks is below what concurrency needs")
+            side.blocks, side.admitted = blocks, True
+            request.checksums = prefill(engine.caches, blocks, cfg.seed, request.number)
+            raw: dict[str, object] = {"transfer_id": request.transfer_id, "do_remote_decode": True}
+            if cfg.mode == "write":
+                c = self.consumer.config
+                raw.update(remote_host=c.host, remote_handshake_port=c.handshake_port,
+                           remote_notify_port=c.notify_port, remote_engine_id=c.engine_id)  # fmt: skip
+            request.producer_params = parse_params(raw)
+            if cfg.mode == "write":
+                engine.scheduler.on_save(side.request_id, request.producer_params, blocks, now)
+            if request.faults.lag_rounds:
+                # READ maps at request_finished, whose metadata goes out with the next step.
+                first = round_number + (1 if cfg.mode == "read" else 0)
+                engine.lagged[request.transfer_id] = first + request.faults.lag_rounds
+            self._finishing.append(request)
+
+    def _request_finished(self, round_number: int, now: float) -> None:
+        """After the prefill's forward: max_tokens=1, so the request finishes in the same step."""
+        engine = self.producer
+        finishing, self._finishing = self._finishing, []
+        for request in finishing:
+            side = request.producer
+            keep, kv = engine.scheduler.on_request_finished(side.request_id, request.producer_params, side.blocks, now)
+            if not keep:
+                raise SimulationError(f"request_finished did not keep the blocks of {request.transfer_id}")
+            if self.config.mode == "read":
+                request.consumer_params = parse_params(kv)
+            due = round_number + 1
+            if request.faults.lag_rounds:
+                due = max(due, round_number + (1 if self.config.mode == "read" else 0) + request.faults.lag_rounds)
+            engine.notify_finished(side.request_id, due)
+
+    def _consumer_admissions(self, round_number: int, now: float) -> None:
+        cfg, engine = self.config, self.consumer
+        for request in list(self.unresolved.values()):
+            side = request.consumer
+            if side.admitted or not side.needed or side.admit_round > round_number:
+                continue
+            if cfg.mode == "read":
+                params = request.consumer_params
+                if params is None:
+                    continue  # the prefill has not finished yet: the proxy has nothing to hand over
+            else:
+                p = self.producer.config
+                params = parse_params({
+                    "transfer_id": request.transfer_id, "do_remote_prefill": True, "remote_host": p.host,
+                    "remote_handshake_port": p.handshake_port, "remote_notify_port": p.notify_port,
+                    "remote_engine_id": p.engine_id,
+                })  # fmt: skip
+            count, is_async = engine.scheduler.matched_tokens(params, self.prompt_tokens, 0)
+            if not is_async or count <= 0:
+                raise SimulationError(f"consumer would not load {request.transfer_id}: ({count}, {is_async})")
+            blocks = engine.pool.allocate(cfg.blocks_per_request, request.transfer_id)
+            if blocks is None:
+                raise SimulationError("consumer KV pool exhausted: num_blocks is below what concurrency needs")
+            side.blocks, side.admitted = blocks, True
+            engine.scheduler.on_alloc(side.request_id, params, blocks, count, now)
+
+    # -- what vLLM's scheduler is told --------------------------------------------------
+
+    def _on_producer_report(self, report: StepReport) -> None:
+        for request_id in sorted(report.outcome.finished_sending, key=_number):
+            request = self.by_request[request_id]
+            if self._report(request.producer):
+                self.producer.pool.free(request.producer.blocks, request.transfer_id)
+            self._check_resolved(request)
+
+    def _on_consumer_report(self, report: StepReport) -> None:
+        outcome, tally = report.outcome, self.tally
+        invalid = outcome.invalid_block_ids | report.load_errors
+        for request_id in sorted(outcome.finished_recving, key=_number):
+            request = self.by_request[request_id]
+            side = request.consumer
+            if not self._report(side):
+                continue
+            tid = request.transfer_id
+            if request_id in outcome.failed_recving:
+                side.failed = True
+                if not set(side.blocks) <= invalid:
+                    tally.load_errors_missing.append(tid)
+            else:
+                if any(tid in e.transport.failed_terminally for e in self.engines):
+                    tally.failed_reported_as_received.append(tid)
+                tally.integrity_checked += 1
+                if checksums(self.consumer.caches, side.blocks) != request.checksums:
+                    tally.integrity_failures.append(tid)
+            self.consumer.pool.free(side.blocks, tid)
+            self._check_resolved(request)
+
+    def _report(self, side: SideRecord) -> bool:
+        """Count a finished report; False (and counted) when it is the second for this request."""
+        side.reported += 1
+        if side.reported > 1:
+            self.tally.double_reports += 1
+            return False
+        return True
+
+    def _check_resolved(self, request: SimRequest) -> None:
+        if request.resolved:
+            self.unresolved.pop(request.number, None)
+
+    # -- the round boundary -------------------------------------------------------------
+
+    def _maybe_die(self) -> None:
+        death = self.death
+        if death is None or self.tally.dead is not None or self.tally.issued < death.after_requests:
+            return
+        engine = self.producer if death.role == "producer" else self.consumer
+        self.tally.dead = engine.name
+        for request in list(self.unresolved.values()):
+            self.tally.death_touched.add(request.transfer_id)
+            side = request.producer if engine is self.producer else request.consumer
+            if side.admitted and side.reported == 0:
+                side.lost = True
+            elif not side.admitted:
+                side.needed = False
+            if engine is self.producer and self.config.mode == "read" and not request.consumer.admitted:
+                request.consumer.needed = False  # the prefill never finished: nothing to hand the decode engine
+            self._check_resolved(request)
+        engine.kill()
+        self.network.kill(engine.endpoints())
+
+    def _settle(self, next_round: int) -> None:
+        """End the round: send what is due, wait until every real byte and message landed, then show them."""
+        alive = [e for e in self.engines if e.alive]
+        for engine in alive:
+            engine.channel.release_due(next_round - 1)  # a message held d rounds is seen d rounds late
+            engine.channel.round = next_round
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        for engine in alive:
+            engine.transport.settle(deadline, time.monotonic)
+        for engine in alive:
+            channel = engine.channel
+            expected = sum(e.channel.sent_to[channel.address] for e in self.engines)
+            while channel.received() < expected:
+                if time.monotonic() > deadline:
+                    raise SimulationError(f"{engine.name}: {channel.received()} of {expected} notifications arrived")
+                time.sleep(SETTLE_POLL_S)
+        for engine in alive:
+            engine.channel.admit()
+            engine.transport.open()
+
+
+def _number(request_id: ReqId) -> int:
+    return int(request_id.split("-", 1)[1])

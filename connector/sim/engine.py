@@ -1,0 +1,182 @@
+"""One simulated engine: a scheduler core and one worker core, stepped in vLLM's order each round.
+
+Real parts: the cores, the ZMQ channel and the tcp transport on loopback, KV
+tensors on the CPU. Simulated parts: the clock (`now` comes from the driver),
+the block pool, the forward pass (a prefill writes known bytes), and the faults
+(wrapped channel and transport). Every event either ledger appends is collected
+here through the log's listener, and every release a core acts on is recorded as
+it takes it, so the run can be replayed and compared afterwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from connector.config import ConnectorConfig
+from connector.metadata import SaveItem, SendItem, StepMetadata
+from connector.ports import engine_ports
+from connector.scheduler import SchedulerCore, WorkerOutcome
+from connector.sim.config import StormConfig
+from connector.sim.errors import SimulationError
+from connector.sim.faulty_channel import FaultyChannel
+from connector.sim.faulty_transport import FaultyTransport
+from connector.sim.integrity import block_stride_bytes, make_caches
+from connector.sim.network import SimNetwork
+from connector.sim.pool import BlockPool
+from connector.store import open_ledger
+from connector.transports.tcp import TcpTransport
+from connector.worker import WorkerCore
+from ledger.decisions import Release
+from ledger.events import Event, ReqId, TransferId
+from ledger.ledger import Ledger
+
+
+@dataclass
+class StepReport:
+    """What vLLM's scheduler learns from one step: the core's outcome plus the worker's load errors."""
+
+    outcome: WorkerOutcome
+    load_errors: set[int] = field(default_factory=set)
+
+
+def _record(ledger: Ledger, events: list[Event], releases: list[Release]) -> None:
+    """Collect every event appended and every release a core takes (live compaction may forget both)."""
+    if ledger.log.next_seq != 1:
+        raise SimulationError(
+            f"the store already holds events of {ledger.source}: give the simulator a fresh ledger_url"
+        )
+    ledger.log.subscribe(events.append)
+    take = ledger.take_releases
+
+    def take_and_record() -> list[Release]:
+        out = take()
+        releases.extend(out)
+        return out
+
+    ledger.take_releases = take_and_record  # type: ignore[method-assign]
+
+
+class SimEngine:
+    def __init__(self, config: ConnectorConfig, storm: StormConfig, network: SimNetwork) -> None:
+        self.config = config
+        self.name = config.engine_id
+        self.alive = True
+        self.load_before_forward = storm.start_load_before_forward
+        self.pool = BlockPool(storm.blocks)
+        self.caches = make_caches(storm.layers, storm.blocks, storm.block_size, storm.kv_heads, storm.head_dim)
+        self._strides = {name: block_stride_bytes(t) for name, t in self.caches.items()}
+        self.events: dict[str, list[Event]] = {}
+        self.releases: dict[str, list[Release]] = {}
+        self.lagged: dict[TransferId, int] = {}
+        """Transfers whose metadata this engine's worker binds late: transfer -> the round it binds."""
+        self._held_send: list[tuple[int, SendItem]] = []
+        self._held_save: list[tuple[int, SaveItem]] = []
+        self._notices: list[tuple[int, ReqId]] = []
+        ledgers = []
+        for scheduler in (True, False):
+            ledger = open_ledger(config, config.source(scheduler=scheduler))
+            ledgers.append(ledger)
+            self.events[ledger.source] = []
+            self.releases[ledger.source] = []
+            _record(ledger, self.events[ledger.source], self.releases[ledger.source])
+        self.scheduler = SchedulerCore(config, ledgers[0])
+        try:
+            self.channel = FaultyChannel(
+                config.host,
+                config.my_port(config.handshake_port),
+                config.my_port(config.notify_port),
+                config.may_dial,
+                network=network,
+            )
+        except BaseException:
+            for ledger in ledgers:
+                ledger.close()
+            raise
+        try:
+            tcp = TcpTransport(config.host, config.my_port(config.transport_port))
+        except BaseException:
+            self.channel.close()
+            for ledger in ledgers:
+                ledger.close()
+            raise
+        self.transport = FaultyTransport(tcp, network, self._owner_at)
+        self.worker = WorkerCore(config, ledgers[1], self.transport, self.channel)
+        self.worker.register_kv_caches(self.caches, storm.blocks)
+
+    def _owner_at(self, layer: str, offset: int) -> TransferId | None:
+        return self.pool.owner.get(offset // self._strides[layer])
+
+    @property
+    def ledgers(self) -> tuple[Ledger, Ledger]:
+        return self.scheduler.ledger, self.worker.ledger
+
+    def endpoints(self) -> list[tuple[str, int]]:
+        """Every (host, port) this engine listens on."""
+        c = self.config
+        ports: list[int] = []
+        for base in (c.handshake_port, c.notify_port, c.transport_port):
+            ports.extend(engine_ports(base, c.dp_size, c.tp_size))
+        return [(c.host, port) for port in ports]
+
+    # -- vLLM's step ---------------------------------------------------------------
+
+    def notify_finished(self, request_id: ReqId, round_number: int) -> None:
+        """vLLM passes a finished request to the workers with the next step's output (or later, if lagged)."""
+        self._notices.append((round_number, request_id))
+
+    def step(self, now: float, round_number: int) -> StepReport:
+        meta = self._lag(self.scheduler.build_meta(), round_number)
+        worker = self.worker
+        worker.bind(meta, now)
+        if self.load_before_forward:
+            worker.start_load(now)
+        if meta.save:
+            for name in self.caches:  # the forward: one save per layer
+                worker.save_layer(name)
+        if not self.load_before_forward:
+            worker.start_load(now)  # vLLM starts asynchronous loads after launching the forward
+        worker.wait_for_save(now)
+        due = sorted(r for when, r in self._notices if when <= round_number)
+        self._notices = [(when, r) for when, r in self._notices if when > round_number]
+        sending, recving, failed = worker.get_finished(due, now)
+        load_errors = worker.take_load_errors()
+        # Sorted: the core folds them in this order, and set order changes between processes.
+        outcome = self.scheduler.on_worker_output(sorted(sending), sorted(recving), sorted(failed), now)
+        return StepReport(outcome, load_errors)
+
+    def _lag(self, meta: StepMetadata, round_number: int) -> StepMetadata:
+        """Hold lagged transfers' items back; hand over those due now (the `early` fault)."""
+        if self.lagged:
+            send, save = [], []
+            for item in meta.send:
+                due = self.lagged.pop(item.transfer_id, None)
+                if due is None:
+                    send.append(item)
+                else:
+                    self._held_send.append((due, item))
+            for saved in meta.save:
+                due = self.lagged.pop(saved.transfer_id, None)
+                if due is None:
+                    save.append(saved)
+                else:
+                    self._held_save.append((due, saved))
+            meta.send, meta.save = send, save
+        if self._held_send:
+            meta.send.extend(item for due, item in self._held_send if due <= round_number)
+            self._held_send = [(due, item) for due, item in self._held_send if due > round_number]
+        if self._held_save:
+            meta.save.extend(item for due, item in self._held_save if due <= round_number)
+            self._held_save = [(due, item) for due, item in self._held_save if due > round_number]
+        return meta
+
+    # -- life and death -------------------------------------------------------------
+
+    def kill(self) -> None:
+        """The engine dies: its worker's channel and transport close, its scheduler stops being stepped."""
+        self.alive = False
+        self.channel.discard_held()
+        self.close()
+
+    def close(self) -> None:
+        self.worker.close()  # channel, transport, and the worker's ledger (flushing any store)
+        self.scheduler.ledger.close()

@@ -1,0 +1,129 @@
+"""The fault plan: which faults each transfer gets, drawn from the run's one seeded RNG at admission."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from connector.sim.config import FaultKind, StormConfig
+from connector.sim.limits import (
+    LAG_ROUNDS_MAX,
+    LAG_ROUNDS_MIN,
+    REORDER_ROUNDS_MAX,
+    SQ_FULL_BURST_OPS_MAX,
+    SQ_FULL_ENDLESS_OPS,
+)
+from ledger.events import Mode
+
+MessageFaultKind: TypeAlias = Literal["drop", "duplicate", "reorder", "late"]
+MESSAGE_FAULT_KINDS: tuple[MessageFaultKind, ...] = ("drop", "duplicate", "reorder", "late")
+
+MESSAGE_TARGETS: dict[Mode, tuple[str, ...]] = {"read": ("release",), "write": ("remote_blocks", "write_done")}
+"""The notification a message fault hits, by mode: READ's release; WRITE's remote_blocks or write_done."""
+
+DEATH_AFTER_MIN_PERCENT = 70
+DEATH_AFTER_MAX_PERCENT = 95
+"""peer_death strikes once this share of the requests was issued: late enough that most traffic ran."""
+
+ENDLESS_BURST_FRACTION = 0.1
+"""Of send-queue-full bursts, the share that outlasts transfer_timeout (the retries must then give up)."""
+
+
+@dataclass(frozen=True)
+class MessageFault:
+    kind: MessageFaultKind
+    target: str
+    """The message type it hits (the first message of that type for the transfer)."""
+    delay_rounds: int = 0
+
+
+@dataclass(frozen=True)
+class TransferFaults:
+    """What goes wrong for one transfer. The default is nothing."""
+
+    sq_full_ops: int = 0
+    """The transfer's first this-many transport ops fail with send-queue-full (transient)."""
+    terminal: bool = False
+    """The op right after the burst fails terminally (a failed read or write)."""
+    messages: tuple[MessageFault, ...] = ()
+    lag_rounds: int = 0
+    """The producer worker binds this transfer's metadata this many steps late (`early`)."""
+    never_ready: bool = False
+
+    def kinds(self) -> list[FaultKind]:
+        out: list[FaultKind] = []
+        if self.sq_full_ops:
+            out.append("sq_full")
+        if self.terminal:
+            out.append("transfer_fail")
+        out.extend(m.kind for m in self.messages)
+        if self.lag_rounds:
+            out.append("early")
+        if self.never_ready:
+            out.append("never_ready")
+        return out
+
+
+NO_FAULTS = TransferFaults()
+
+
+def late_delay_rounds(config: StormConfig) -> int:
+    """Rounds a `late` notification is held: past the consumer's deadline, the longest there is."""
+    return math.ceil((config.recv_abort_timeout_s + config.transfer_timeout_s) / config.step_s)
+
+
+def draw_faults(rng: random.Random, config: StormConfig) -> TransferFaults:
+    """One transfer's faults. Draws happen in a fixed order for the enabled kinds only, so a seed and a
+    config always give the same plan."""
+    enabled, rate = config.faults, config.fault_rate
+
+    def hit(kind: FaultKind) -> bool:
+        return kind in enabled and rng.random() < rate
+
+    sq_full_ops = 0
+    if hit("sq_full"):
+        endless = rng.random() < ENDLESS_BURST_FRACTION
+        sq_full_ops = SQ_FULL_ENDLESS_OPS if endless else rng.randint(1, SQ_FULL_BURST_OPS_MAX)
+    terminal = hit("transfer_fail")
+    messages: list[MessageFault] = []
+    targets = MESSAGE_TARGETS[config.mode]
+    used: set[str] = set()
+    for kind in MESSAGE_FAULT_KINDS:
+        if not hit(kind):
+            continue
+        target = rng.choice(targets)
+        if target in used:
+            continue  # one fault per message type and transfer keeps each fault's effect attributable
+        used.add(target)
+        delay = 0
+        if kind == "reorder":
+            delay = rng.randint(1, REORDER_ROUNDS_MAX)
+        elif kind == "late":
+            delay = late_delay_rounds(config)
+        messages.append(MessageFault(kind, target, delay))
+    # Long enough that the consumer's release (READ: proxy delay, a read, a reply) or remote_blocks (WRITE)
+    # reaches the producer worker before it binds the transfer.
+    lag_rounds = rng.randint(LAG_ROUNDS_MIN, LAG_ROUNDS_MAX) if hit("early") else 0
+    never_ready = hit("never_ready")
+    if not (sq_full_ops or terminal or messages or lag_rounds or never_ready):
+        return NO_FAULTS
+    return TransferFaults(sq_full_ops, terminal, tuple(messages), lag_rounds, never_ready)
+
+
+@dataclass(frozen=True)
+class DeathPlan:
+    """peer_death: the engine that dies, after this many requests were issued."""
+
+    role: Literal["producer", "consumer"]
+    after_requests: int
+
+
+def draw_death(rng: random.Random, config: StormConfig) -> DeathPlan | None:
+    if "peer_death" not in config.faults:
+        return None
+    role: Literal["producer", "consumer"] = rng.choice(("producer", "consumer"))
+    low = max(1, config.requests * DEATH_AFTER_MIN_PERCENT // 100)
+    high = max(low, config.requests * DEATH_AFTER_MAX_PERCENT // 100)
+    return DeathPlan(role, rng.randint(low, high))

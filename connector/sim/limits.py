@@ -1,0 +1,42 @@
+"""Every named limit of the P/D simulator, in one place (units last)."""
+
+from __future__ import annotations
+
+SETTLE_TIMEOUT_S = 20.0
+"""Real seconds a round may wait for its bytes and messages to land; past it the run fails (never hangs)."""
+
+SETTLE_POLL_S = 0.0002
+"""Real seconds between looks at a channel's receive counter while settling (a message is ~100 us away)."""
+
+ROUNDS_MAX = 20_000
+"""Rounds a storm may take; a run that needs more is reported as hung, not waited on."""
+
+TAIL_ROUNDS = 3
+"""Rounds stepped after everything is resolved, so that the last messages land and get recorded."""
+
+ARRIVALS_PER_ROUND_MAX = 128
+"""New requests admitted per round, as vLLM's scheduler admits a bounded batch per step; it also keeps one
+round's transport requests under ZMQ's default high-water mark (1000), past which a ROUTER drops replies."""
+
+LAG_ROUNDS_MIN = 5
+LAG_ROUNDS_MAX = 8
+"""How many steps late a producer worker binds a transfer's metadata (the `early` fault): more than the
+proxy delay plus a read and its release take, far less than transfer_timeout (an orphan's expiry)."""
+
+REORDER_ROUNDS_MAX = 4
+"""The most rounds a `reorder` fault holds a notification back."""
+
+PROXY_DELAY_ROUNDS_MAX = 2
+"""The most rounds the proxy takes to hand a request to the second engine."""
+
+SQ_FULL_BURST_OPS_MAX = 8
+"""Transport ops a send-queue-full burst fails; a tenth of bursts are endless (they outlast transfer_timeout)."""
+
+SQ_FULL_ENDLESS_OPS = 1_000_000
+"""An endless burst: the retries give up at transfer_timeout and the failure becomes terminal."""
+
+PORT_ATTEMPTS_MAX = 5
+"""Tries at binding both engines on freshly chosen ports before giving up (another program took one)."""
+
+PORTS_PER_ENGINE = 3
+"""handshake, notify and transport."""

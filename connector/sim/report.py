@@ -1,0 +1,100 @@
+"""How a storm is shown: a side-by-side table against the naive baseline, a full account, one JSON line."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from connector.sim.config import StormResult
+
+TABLE_ROWS: tuple[tuple[str, str, str | None], ...] = (
+    ("blocks stranded at the end", "leaked_blocks", "naive_leaked_blocks"),
+    ("request sides hung (never finished)", "hung_requests", "naive_hung_requests"),
+    ("acks dropped (arrived before their map)", "", "naive_dropped_acks"),
+    ("double releases", "double_releases", None),
+    ("premature releases (audit)", "premature_releases", None),
+    ("received bytes that differ", "integrity_failures", None),
+    ("failures reported as received", "failed_reported_as_received", None),
+)
+"""(label, kvledger field, naive field). An empty field is a rule kvledger does not have; None is a figure
+the naive model does not produce."""
+
+
+def _cell(result: StormResult, name: str | None) -> str:
+    if name is None:
+        return "-"
+    if not name:
+        return "0"
+    return str(getattr(result, name))
+
+
+def side_by_side(results: Sequence[StormResult]) -> str:
+    """kvledger next to naive bookkeeping fed the same observations, one column pair per storm."""
+    heads = [f"{r.mode.upper()} seed {r.seed}" for r in results]
+    label_width = max(len(row[0]) for row in TABLE_ROWS)
+    cell_width = max(10, *(len(h) // 2 + 1 for h in heads))
+    top = " " * label_width + "".join(f" | {h:^{2 * cell_width + 3}}" for h in heads)
+    sub = " " * label_width + "".join(f" | {'kvledger':>{cell_width}} | {'naive':>{cell_width}}" for _ in heads)
+    lines = [top, sub, "-" * len(sub)]
+    for label, mine, naive in TABLE_ROWS:
+        cells = "".join(f" | {_cell(r, mine):>{cell_width}} | {_cell(r, naive):>{cell_width}}" for r in results)
+        lines.append(f"{label:<{label_width}}{cells}")
+    return "\n".join(lines)
+
+
+def account(result: StormResult) -> list[str]:
+    """Everything one storm found, in words (what `--seed N` prints)."""
+    r = result
+    lines = [
+        f"seed {r.seed} {r.mode.upper()}: {r.requests} requests at concurrency {r.concurrency}, "
+        f"{r.rounds} rounds ({r.sim_seconds:.2f} simulated s) in {r.wall_seconds:.2f} s, {r.events} events",
+        f"  faults injected: {r.faults_injected}",
+        f"  vLLM told: {r.finished_sending} finished sending, {r.finished_recving} finished receiving "
+        f"({r.failed_recving} of them failed loads); {r.lost_requests} request sides died with their engine, "
+        f"{r.unserved_requests} requests never issued",
+        f"  integrity: {r.integrity_checked} completed receives checked block by block, {r.integrity_failures} differ",
+        f"  audit of the merged log: {r.findings} (on the dead engine: {r.findings_on_dead_engine})",
+        f"  offline replay reproduces every source's releases in order: {r.replay_matches}",
+        f"  fingerprint {r.fingerprint}" + (f", incident log {r.incident_log}" if r.incident_log else ""),
+    ]
+    for finding in r.unexplained_findings:
+        lines.append(f"  unexplained finding: {finding}")
+    lines.append("  PASS" if r.ok else "  FAIL: " + "; ".join(r.problems))
+    return lines
+
+
+def _seed_span(seeds: list[int]) -> str:
+    """`1-200` for a contiguous range, else the seeds comma-separated."""
+    if seeds and seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 1:
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))
+
+
+def figures(results: Sequence[StormResult]) -> dict[str, Any]:
+    """The benchmark's JSON figures: per-storm counts summed, requests per storm, throughput over all."""
+    wall = sum(r.wall_seconds for r in results)
+    total = sum(r.requests for r in results)
+
+    def summed(name: str) -> int:
+        return sum(int(getattr(r, name)) for r in results)
+
+    return {
+        "requests": results[0].requests if results else 0,
+        "concurrency": results[0].concurrency if results else 0,
+        "modes": sorted({r.mode for r in results}),
+        "seeds": _seed_span(sorted({r.seed for r in results})),
+        "storms": len(results),
+        "leaked_blocks": summed("leaked_blocks"),
+        "double_releases": summed("double_releases"),
+        "premature_releases": summed("premature_releases"),
+        "hung_requests": summed("hung_requests"),
+        "integrity_failures": summed("integrity_failures"),
+        "failed_reported_as_received": summed("failed_reported_as_received"),
+        "late_event_findings": sum(r.findings.get("late_event", 0) for r in results),
+        "replay_matches": all(r.replay_matches for r in results),
+        "naive_leaked_blocks": summed("naive_leaked_blocks"),
+        "naive_hung_requests": summed("naive_hung_requests"),
+        "failed_storms": sum(1 for r in results if not r.ok),
+        "wall_seconds": round(wall, 3),
+        "sim_requests_per_s": round(total / wall, 1) if wall > 0 else 0.0,
+    }

@@ -1,0 +1,223 @@
+"""vLLM's own Scheduler driving LedgerConnector: blocks allocated, held, freed exactly when the connector
+says; aborts in every state free blocks; load failures take vLLM's recompute or fail path.
+
+No engine, no weights: the workers' reports are written by hand (as vLLM's unit tests do), so these
+run in the default suite, not under the `vllm` marker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.v1.engine import FinishReason
+from vllm.v1.request import RequestStatus
+
+from connector.params import consumer_params
+from tests.e2e.sched_harness import (
+    assert_empty,
+    blocks_of,
+    make_request,
+    make_scheduler,
+    make_vllm_config,
+    step,
+)
+from tests.e2e.tiny_model import write_tiny_model
+
+PRODUCER_PORTS = {"handshake_port": 17100, "notify_port": 17200, "transport_port": 17300}
+DEFER_TIMEOUT_S = 30.0
+PROMPT_TOKENS = 40  # three 16-token blocks
+
+
+class Clock:
+    """The connector's clock (`time.time` in the adapter), moved by hand: no test waits for time to pass."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    import connector.vllm_connector as adapter
+
+    fake = Clock()
+    monkeypatch.setattr(adapter.time, "time", fake)  # type: ignore[attr-defined]
+    return fake
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(write_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def producer(model: str) -> Any:
+    extra = {"read_mode": True, "defer_timeout": DEFER_TIMEOUT_S, **PRODUCER_PORTS}
+    return make_scheduler(make_vllm_config(model, "kv_producer", extra))
+
+
+def consumer(model: str, policy: str = "fail") -> Any:
+    extra = {"read_mode": True, "peers": [{"host": "127.0.0.1", **PRODUCER_PORTS}]}
+    return make_scheduler(make_vllm_config(model, "kv_consumer", extra, kv_load_failure_policy=policy))
+
+
+def remote_decode_params(tid: str) -> dict[str, Any]:
+    return {"do_remote_decode": True, "transfer_id": tid}
+
+
+def remote_prefill_params(tid: str) -> dict[str, Any]:
+    return consumer_params(
+        tid,  # type: ignore[arg-type]
+        (5, 6, 7),
+        engine_id="prefill-0",
+        host="127.0.0.1",
+        handshake_port=PRODUCER_PORTS["handshake_port"],
+        notify_port=PRODUCER_PORTS["notify_port"],
+        tp_size=1,
+        dp_rank=0,
+    )
+
+
+def finish_prefill(scheduler: Any, tid: str) -> Any:
+    request = make_request(PROMPT_TOKENS, remote_decode_params(tid), max_tokens=1)
+    scheduler.add_request(request)
+    _, outputs = step(scheduler)
+    (out,) = outputs[0].outputs
+    assert out.finish_reason == FinishReason.LENGTH and out.kv_transfer_params["transfer_id"] == tid
+    return request
+
+
+# -- remote decode (the producer) -----------------------------------------------------
+
+
+def test_producer_holds_blocks_until_the_connector_reports_the_release(model: str, clock: Clock) -> None:
+    scheduler = producer(model)
+    request = finish_prefill(scheduler, "tx-hold")
+    held = blocks_of(scheduler, request.request_id)
+    assert len(held) == 3
+    for _ in range(3):  # steps without a release: the blocks stay
+        clock.now += 1
+        step(scheduler)
+        assert blocks_of(scheduler, request.request_id) == held
+    assert scheduler.connector.has_pending_block_frees()
+    step(scheduler, finished_sending={request.request_id})  # the workers saw the consumer's release
+    assert_empty(scheduler)
+    step(scheduler, finished_sending={request.request_id})  # a duplicate report frees nothing twice
+    assert_empty(scheduler)
+    assert scheduler.connector.scheduler.stats()["released"] == {"completed": 1, "failed": 0, "expired": 0}
+
+
+def test_producer_blocks_come_back_by_expire(model: str, clock: Clock) -> None:
+    scheduler = producer(model)
+    request = finish_prefill(scheduler, "tx-expire")
+    clock.now += DEFER_TIMEOUT_S - 1
+    step(scheduler)
+    assert blocks_of(scheduler, request.request_id)
+    clock.now += 2
+    step(scheduler)
+    assert_empty(scheduler)
+    assert scheduler.connector.scheduler.stats()["released"]["expired"] == 1
+
+
+# -- remote prefill (the consumer) -------------------------------------------------------
+
+
+def test_consumer_waits_for_the_load_then_decodes(model: str, clock: Clock) -> None:
+    scheduler = consumer(model)
+    request = make_request(PROMPT_TOKENS, remote_prefill_params("tx-load"), max_tokens=3)
+    scheduler.add_request(request)
+    out, _ = step(scheduler)
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not out.num_scheduled_tokens
+    held = blocks_of(scheduler, request.request_id)
+    assert len(held) == 3
+    step(scheduler)
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and blocks_of(scheduler, request.request_id) == held
+    step(scheduler, finished_recving={request.request_id})
+    # Loaded: the last prompt token is recomputed locally, then the request decodes.
+    out, _ = step(scheduler)
+    assert out.num_scheduled_tokens == {request.request_id: 1}
+    while scheduler.requests:
+        step(scheduler)
+    assert_empty(scheduler)
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_load_failure_takes_the_policy_path(model: str, clock: Clock, policy: str) -> None:
+    scheduler = consumer(model, policy)
+    request = make_request(PROMPT_TOKENS, remote_prefill_params(f"tx-fail-{policy}"), max_tokens=2)
+    scheduler.add_request(request)
+    step(scheduler)
+    held = set(blocks_of(scheduler, request.request_id))
+    _, outputs = step(scheduler, finished_recving={request.request_id}, failed_recving={request.request_id})
+    if policy == "fail":
+        finished = [o for o in outputs[0].outputs if o.request_id == request.request_id] if outputs else []
+        assert finished and finished[0].finish_reason == FinishReason.ERROR
+    else:
+        out, _ = step(scheduler)
+        # Recomputed from scratch: every prompt token scheduled locally, none trusted from the failed load.
+        assert out.num_scheduled_tokens == {request.request_id: PROMPT_TOKENS}
+    while scheduler.requests:
+        step(scheduler)
+    assert_empty(scheduler)
+    assert held
+    assert scheduler.connector.scheduler.stats()["released"]["failed"] == 1
+
+
+# -- aborts in every state ------------------------------------------------------------------
+
+
+def test_abort_producer_waiting_and_running(model: str, clock: Clock) -> None:
+    scheduler = producer(model)
+    waiting = make_request(PROMPT_TOKENS, remote_decode_params("tx-ab-w"), max_tokens=1)
+    scheduler.add_request(waiting)
+    scheduler.finish_requests(waiting.request_id, RequestStatus.FINISHED_ABORTED)
+    assert_empty(scheduler)
+    running = make_request(PROMPT_TOKENS, remote_decode_params("tx-ab-r"), max_tokens=4)
+    scheduler.add_request(running)
+    step(scheduler)
+    assert running.status == RequestStatus.RUNNING
+    scheduler.finish_requests(running.request_id, RequestStatus.FINISHED_ABORTED)
+    step(scheduler)
+    assert_empty(scheduler)  # READ: an aborted prefill hands no params out, so nothing is kept for a consumer
+
+
+def test_abort_producer_after_it_finished_keeps_blocks_for_the_consumer(model: str, clock: Clock) -> None:
+    scheduler = producer(model)
+    request = finish_prefill(scheduler, "tx-ab-done")
+    scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)  # too late: already finished
+    step(scheduler)
+    assert blocks_of(scheduler, request.request_id)
+    step(scheduler, finished_sending={request.request_id})
+    assert_empty(scheduler)
+
+
+@pytest.mark.parametrize("state", ["waiting", "waiting_for_remote_kvs", "running"])
+def test_abort_consumer(model: str, clock: Clock, state: str) -> None:
+    scheduler = consumer(model)
+    request = make_request(PROMPT_TOKENS, remote_prefill_params(f"tx-abc-{state}"), max_tokens=4)
+    scheduler.add_request(request)
+    if state != "waiting":
+        step(scheduler)
+        assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    if state == "running":
+        step(scheduler, finished_recving={request.request_id})
+        step(scheduler)
+        assert request.status == RequestStatus.RUNNING
+    scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+    if state == "waiting_for_remote_kvs":
+        # The worker may still be writing into these blocks: vLLM keeps them until the load is reported done.
+        step(scheduler)
+        step(scheduler, finished_recving={request.request_id})
+    for _ in range(3):
+        step(scheduler)
+    assert_empty(scheduler)
+    core = scheduler.connector.scheduler
+    assert not core.state.live
+    if state == "waiting":
+        # Never allocated: the producer is told to release (an abort item for the workers).
+        assert core.stats()["released"]["failed"] == 1

@@ -1,0 +1,44 @@
+"""A tiny LlamaForCausalLM folder (config.json only) that vLLM runs on CPU with dummy weights, no tokenizer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+TINY_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 32,  # vLLM's CPU attention rejects 16
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+
+MAX_MODEL_LEN = 256
+BLOCK_SIZE_CPU = 128
+"""vLLM's CPU block size: a prompt needs more than one block (>= 130 tokens) for KV to move."""
+
+
+def write_tiny_model(folder: str | Path) -> Path:
+    """Write the config into `folder` (created if missing) and return it; idempotent."""
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(TINY_LLAMA, indent=2) + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    print(write_tiny_model(sys.argv[1] if len(sys.argv) > 1 else "/tmp/kvledger-tiny-llama"))
