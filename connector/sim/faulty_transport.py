@@ -92,7 +92,9 @@ class FaultyTransport:
         tid = self._owner_of(local, ops[0][0]) if ops else None
         faults = self.network.faults(tid)
         handle: TransferHandle
-        if tid is not None and (faults.sq_full_ops or faults.terminal):
+        if self.network.is_dead(session.endpoint.host, session.endpoint.port):
+            handle = TransferHandle()  # a dead engine never answers; nothing goes on the wire
+        elif tid is not None and (faults.sq_full_ops or faults.terminal):
             n = self._ops[tid]
             self._ops[tid] = n + 1
             if n < faults.sq_full_ops:
@@ -121,9 +123,15 @@ class FaultyTransport:
                 raise SimulationError(f"a transport op to {handle.endpoint.host}:{handle.endpoint.port} never finished")
 
     def open(self) -> None:
-        """Show every finished handle to the worker; those to a dead engine stay in progress for ever."""
+        """Show every finished handle to the worker; those to a dead engine stay in progress for ever.
+
+        An op to an engine that died this round stays in progress even if the dead engine's
+        server thread still answered it before stopping: whether it did is thread timing, and
+        the run must not depend on it (the same seed must give the same run).
+        """
         for handle in self._gated:
-            if handle.inner.status().in_progress():
+            dead = self.network.is_dead(handle.endpoint.host, handle.endpoint.port)
+            if dead or handle.inner.status().in_progress():
                 self.hung.append(handle)
             else:
                 handle.opened = True
