@@ -16,7 +16,7 @@ Key: TypeAlias = tuple[str, TransferId]
 """One side of a transfer: (source, transfer_id). Decisions are per key."""
 
 
-class Release(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+class Release(msgspec.Struct, frozen=True, gc=False):
     """The blocks of one side of one transfer may be freed; taken exactly once.
 
     `seq`/`ts` are those of the event that completed the evidence. A consumer

@@ -49,3 +49,6 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 
 PG_CONNECT_TIMEOUT_S = 3
 """How long a PostgreSQL connection attempt may take before the batch fails and is retried."""
+
+SPILL_HEADER_PEEK_BYTES = 4096
+"""Bytes read to see whether a spill file got its header line before a crash (a header is ~100 bytes)."""

@@ -16,11 +16,11 @@ import msgspec
 from ledger.decisions import Cause, Key
 from ledger.fold import LedgerState, TransferState
 
-FORMAT = 1
+FORMAT = 2
 """Bumped whenever the encoding below changes."""
 
 _STATE_FIELDS = frozenset({
-    "transfers", "live", "unmapped", "deadlines", "owners", "contested", "double_owned", "anomalous",
+    "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
     "orphans_expired", "expired_producers", "sources", "tombstones", "late_after_compaction",
     "releases_by_cause", "blocks_held", "_handlers",
 })  # fmt: skip
@@ -35,7 +35,7 @@ class _Document(msgspec.Struct, kw_only=True):
     live: list[Key]
     unmapped: list[Key]
     deadlines: list[tuple[float, int, str, str]]
-    owners: list[tuple[str, list[tuple[int, Key]]]]
+    held: list[tuple[str, list[int]]]
     contested: list[tuple[str, int, list[Key]]]
     double_owned: list[tuple[Key, list[tuple[int, Key, int]]]]
     anomalous: list[Key]
@@ -72,7 +72,7 @@ def encode(state: LedgerState) -> bytes:
         live=list(state.live),
         unmapped=list(state.unmapped),
         deadlines=state.deadlines,
-        owners=[(source, list(owners.items())) for source, owners in state.owners.items()],
+        held=[(source, sorted(blocks)) for source, blocks in state.held.items()],
         contested=[(source, block, keys) for (source, block), keys in state.contested.items()],
         double_owned=list(state.double_owned.items()),
         anomalous=list(state.anomalous),
@@ -106,7 +106,7 @@ def decode(body: bytes) -> LedgerState:
     state.live = {key: transfers[key] for key in doc.live}
     state.unmapped = {key: transfers[key] for key in doc.unmapped}
     state.deadlines = doc.deadlines
-    state.owners = {source: dict(owners) for source, owners in doc.owners}
+    state.held = {source: set(blocks) for source, blocks in doc.held}
     state.contested = {(source, block): keys for source, block, keys in doc.contested}
     state.double_owned = dict(doc.double_owned)
     state.anomalous = dict.fromkeys(doc.anomalous)

@@ -28,6 +28,7 @@ from ledger.events import Event
 from ledger.jsonl import LogReader, LogWriter
 from ledger.store.base import ConflictError, EventStore
 from ledger.store.limits import (
+    SPILL_HEADER_PEEK_BYTES,
     SPILL_LOAD_EVENTS_MAX,
     WRITER_BATCH_AGE_S_MAX,
     WRITER_BATCH_EVENTS_MAX,
@@ -99,6 +100,13 @@ class BackgroundWriter:
                 self._queue.append(event)
                 self._counts["queued"] += 1
                 return
+            if self._spill is None and not self._stopped:
+                # Spilling starts: the batch in flight and the queue go first into the new file, so
+                # that a crash can never leave a durable spill file after a hole of lost queued events
+                # (the in-flight batch may be written twice; the store's append is idempotent).
+                self._spill_locked([*self._in_flight, *self._queue], "respilled")
+                self._counts["respilled"] -= len(self._in_flight)  # they were not queued events
+                self._queue.clear()
             self._spill_locked((event,), "spilled")
 
     def _spill_locked(self, events: Iterable[Event], counter: str) -> None:
@@ -198,11 +206,14 @@ class BackgroundWriter:
                         or queued >= self.batch_events_max
                         or now - first_seen >= self.batch_age_s_max
                     ):
-                        self._in_flight = [
-                            self._queue.popleft() for _ in range(min(queued, self.batch_events_max))
-                        ]
-                        self._write(self._in_flight)
-                        self._in_flight = []
+                        with self._lock:  # put() must see each event in the queue or in flight
+                            self._in_flight = [
+                                self._queue.popleft() for _ in range(min(len(self._queue), self.batch_events_max))
+                            ]
+                        if self._in_flight:
+                            self._write(self._in_flight)
+                        with self._lock:
+                            self._in_flight = []
                         first_seen = None if not self._queue else time.monotonic()
                         continue
                 elif self._spill is not None:
@@ -270,6 +281,15 @@ class BackgroundWriter:
 
     def _load_file(self, path: Path) -> None:
         with open(path, "rb") as stream:
+            head = stream.read(SPILL_HEADER_PEEK_BYTES)
+            stream.seek(0)
+            if b"\n" not in head:
+                # Killed between creating the file and flushing its header: it holds no event.
+                log.warning("kvledger writer: spill file %s has no complete header line; removed", path)
+                with self._lock:
+                    self._counts["spill_bad_lines"] += 1 if head else 0
+                path.unlink()
+                return
             reader = LogReader(stream, str(path), skip_bad_lines=True)
             chunk: list[Event] = []
             for event in reader:

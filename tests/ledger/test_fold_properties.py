@@ -161,7 +161,7 @@ def test_nothing_is_held_once_every_deadline_is_expired(events: list[Event]) -> 
         state.apply(sides[t.source].expire(t.transfer_id, "transfer", ts=horizon))
     assert state.blocks_held == 0
     assert not state.live and not state.unmapped
-    assert all(not owners for owners in state.owners.values())
+    assert all(not blocks for blocks in state.held.values()) and not state.contested
     assert [f for f in audit(state, horizon + 100.0) if f.code in ("leak", "stuck", "double_owner")] == []
 
 

@@ -219,10 +219,12 @@ def test_double_owner_and_id_reuse() -> None:
     )
     codes = counts_by_code(audit(state, now=p.ts))
     assert codes["double_owner"] == 1 and codes["id_reuse"] == 1
-    assert state.owners["prefill-0/tp0"][2] == ("prefill-0/tp0", "tx-a")
+    assert state.claimants("prefill-0/tp0", 2) == [("prefill-0/tp0", "tx-a"), ("prefill-0/tp0", "tx-b")]
+    assert state.claimants("prefill-0/tp0", 3) == [("prefill-0/tp0", "tx-b")]
     # When tx-a lets go of block 2, tx-b, still live, becomes its owner.
     state.apply(p.fail("tx-a", "abort"))
-    assert state.owners["prefill-0/tp0"][2] == ("prefill-0/tp0", "tx-b")
+    assert state.claimants("prefill-0/tp0", 2) == [("prefill-0/tp0", "tx-b")]
+    assert state.claimants("prefill-0/tp0", 1) == [] and state.blocks_held == 2
     assert counts_by_code(audit(state, now=p.ts))["double_owner"] == 0
 
 
