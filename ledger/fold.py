@@ -85,6 +85,11 @@ TRANSITIONS: dict[tuple[PhaseName, str], PhaseName] = {
 """(phase, event kind) -> phase before guards. Terminal phases absorb every event
 (recorded as late). Guards may then move a live phase to completed or failed."""
 
+NEXT_PHASE: dict[str, dict[PhaseName, PhaseName]] = {}
+for (_phase, _kind), _next in TRANSITIONS.items():
+    NEXT_PHASE.setdefault(_kind, {})[_phase] = _next
+"""TRANSITIONS by kind, then phase: the same table, looked up without building a tuple per event."""
+
 CAUSE_PHASE: dict[Cause, PhaseName] = {
     "completed": Phase.COMPLETED,
     "failed": Phase.FAILED,
@@ -277,8 +282,13 @@ class LedgerState:
         t.events = 1
         self.transfers[key] = t
         self.live[key] = t
-        self._claim_blocks(t, key)
-        heapq.heappush(self.deadlines, (e.deadline, e.seq, e.source, e.transfer_id))
+        held = self.held.get(e.source)
+        if held is not None and held.isdisjoint(e.block_ids):
+            held.update(e.block_ids)  # the common case inline; _claim_blocks handles the rest
+            self.blocks_held += len(e.block_ids)
+        else:
+            self._claim_blocks(t, key)
+        heapq.heappush(self.deadlines, (e.deadline, seq, e.source, e.transfer_id))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
         remote = e.remote_block_ids
@@ -350,10 +360,10 @@ class LedgerState:
             if t.early_acks:
                 self._adopt_early_acks(t)
                 if t.role is not None:
-                    t.phase = TRANSITIONS[(t.phase, "schedule")]
+                    t.phase = NEXT_PHASE["schedule"][t.phase]
                     return self._check_complete(t, e.seq, e.ts)  # adopted acks may complete it
         if t.role is not None:
-            t.phase = TRANSITIONS[(t.phase, "schedule")]
+            t.phase = NEXT_PHASE["schedule"][t.phase]
         return None
 
     def _on_seal(self, t: TransferState, e: Seal) -> Release | None:
@@ -364,7 +374,7 @@ class LedgerState:
             self._over_ack(t, e.seq)
         if t.role is None:
             return None
-        t.phase = TRANSITIONS[(t.phase, "seal")]
+        t.phase = NEXT_PHASE["seal"][t.phase]
         return self._check_complete(t, e.seq, e.ts)
 
     def _on_ack(self, t: TransferState, e: Ack) -> Release | None:
@@ -499,9 +509,13 @@ class LedgerState:
         if cause == "completed" and t.role == "consumer" and t.arrived_ts is None:
             t.arrived_ts, t.arrived_seq = ts, seq
         t.phase = CAUSE_PHASE[cause]
-        key = t.key
+        key = (t.source, t.transfer_id)
         del self.live[key]
-        self._free_blocks(t, key)
+        if self.contested:
+            self._free_blocks(t, key)
+        else:  # the common case inline: no block has two claimants
+            self.blocks_held -= len(t.block_ids)
+            self.held[t.source].difference_update(t.block_ids)
         self.releases_by_cause[cause] += 1
         if cause == "expired" and t.role == "producer":
             self.expired_producers[key] = None

@@ -6,16 +6,22 @@ the log, and the next seq must come after them.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from ledger.events import Event
 from ledger.fold import LedgerState
+from ledger.jsonl import LogReader, LogWriter, write_log
 from ledger.ledger import Ledger
 from ledger.store import snapshot
 from ledger.store.base import EventStore, StoredSnapshot, StoreError, StoreUnavailable
-from ledger.store.limits import SNAPSHOT_TAIL_EVENTS_MAX, WRITER_CLOSE_TIMEOUT_S
-from ledger.store.writer import BackgroundWriter
+from ledger.store.limits import SNAPSHOT_TAIL_EVENTS_MAX, SPILL_HEADER_PEEK_BYTES, WRITER_CLOSE_TIMEOUT_S
+from ledger.store.writer import SPILL_GLOB, BackgroundWriter
+
+log = logging.getLogger(__name__)
 
 
 class Recovered:
@@ -62,10 +68,57 @@ def snapshot_source(store: EventStore, source: str) -> StoredSnapshot:
     return save_snapshot(store, source, recovered.state, recovered.last_seq)
 
 
+def quarantine_gaps(store: EventStore, spill_dir: str | os.PathLike[str]) -> int:
+    """Move spilled events that cannot follow the stored log into `orphaned-*.jsonl`; returns how many.
+
+    A writer spills only when its queue is full, and loads a spill file only after the
+    queue before it is written. A crash in between loses the queued events (they were
+    never durable) while the spill file after them survives: loading it would leave a
+    hole in the log. Those events stay on disk, set aside and reported, and the log
+    continues from its stored, gapless prefix.
+    """
+    folder = Path(spill_dir)
+    files = sorted(folder.glob(SPILL_GLOB)) if folder.is_dir() else []
+    if not files:
+        return 0
+    expected = {source: last + 1 for source, last in store.sources().items()}
+    broken: set[str] = set()
+    orphaned = 0
+    orphan_writer: LogWriter | None = None
+    for path in files:
+        kept: list[Event] = []
+        with open(path, "rb") as stream:
+            if b"\n" not in stream.read(SPILL_HEADER_PEEK_BYTES):
+                continue  # an empty file from a kill: the writer removes it
+            stream.seek(0)
+            for event in LogReader(stream, str(path), skip_bad_lines=True):
+                next_seq = expected.get(event.source, 1)
+                if event.source not in broken and event.seq <= next_seq:
+                    kept.append(event)
+                    expected[event.source] = max(next_seq, event.seq + 1)
+                    continue
+                broken.add(event.source)
+                if orphan_writer is None:
+                    orphan_writer = LogWriter(folder / f"orphaned-{time.time_ns():020d}.jsonl")
+                orphan_writer.write(event)
+                orphaned += 1
+        if orphaned:
+            write_log(path, kept)
+    if orphan_writer is not None:
+        orphan_writer.close()
+        log.error(
+            "kvledger: %d spilled events of %s follow events lost in a crash; set aside in %s",
+            orphaned, sorted(broken), folder,
+        )  # fmt: skip
+    return orphaned
+
+
 def drain_spill(
     store: EventStore, spill_dir: str | os.PathLike[str], timeout: float = WRITER_CLOSE_TIMEOUT_S
 ) -> None:
-    """Load every spill file left in `spill_dir` into the store; refuse to go on if it cannot."""
+    """Load every spill file left in `spill_dir` into the store (events that would leave a hole are
+    set aside first, see `quarantine_gaps`); refuse to go on if it cannot."""
+    quarantine_gaps(store, spill_dir)
     if not BackgroundWriter(store, spill_dir).close(timeout):
         raise StoreUnavailable(
             f"{store.url}: could not load the spill files in {spill_dir}; "

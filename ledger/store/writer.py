@@ -100,13 +100,6 @@ class BackgroundWriter:
                 self._queue.append(event)
                 self._counts["queued"] += 1
                 return
-            if self._spill is None and not self._stopped:
-                # Spilling starts: the batch in flight and the queue go first into the new file, so
-                # that a crash can never leave a durable spill file after a hole of lost queued events
-                # (the in-flight batch may be written twice; the store's append is idempotent).
-                self._spill_locked([*self._in_flight, *self._queue], "respilled")
-                self._counts["respilled"] -= len(self._in_flight)  # they were not queued events
-                self._queue.clear()
             self._spill_locked((event,), "spilled")
 
     def _spill_locked(self, events: Iterable[Event], counter: str) -> None:
@@ -206,14 +199,11 @@ class BackgroundWriter:
                         or queued >= self.batch_events_max
                         or now - first_seen >= self.batch_age_s_max
                     ):
-                        with self._lock:  # put() must see each event in the queue or in flight
-                            self._in_flight = [
-                                self._queue.popleft() for _ in range(min(len(self._queue), self.batch_events_max))
-                            ]
-                        if self._in_flight:
-                            self._write(self._in_flight)
-                        with self._lock:
-                            self._in_flight = []
+                        self._in_flight = [
+                            self._queue.popleft() for _ in range(min(queued, self.batch_events_max))
+                        ]
+                        self._write(self._in_flight)
+                        self._in_flight = []
                         first_seen = None if not self._queue else time.monotonic()
                         continue
                 elif self._spill is not None:

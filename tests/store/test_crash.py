@@ -21,6 +21,9 @@ from ledger.synth import SynthConfig, generate
 
 KILLS = 100
 SEED = 20240501
+APPENDS_PER_STEP = 256
+STEP_PAUSE_S = 0.0005
+"""Between bursts of appends, as between vLLM steps: the writer thread gets the GIL to commit."""
 CONFIG = SynthConfig(transfers=15_000, concurrency=64, fault_rate=0.1)
 STREAM: list[Event] = []
 INDEX: dict[tuple[str, int], int] = {}
@@ -54,9 +57,11 @@ def _child(path: Path, spill: Path, marks: Path) -> None:  # pragma: no cover - 
         writer.start()
         for ledger in ledgers.values():
             ledger.log.subscribe(writer.put)
-        for event in STREAM:
+        for i, event in enumerate(STREAM):
             if event.seq > stored[event.source]:
                 ledgers[event.source].append(event)
+            if i % APPENDS_PER_STEP == 0:
+                time.sleep(STEP_PAUSE_S)  # an engine appends in per-step bursts, not in one tight loop
         writer.close()
         os.write(fd, b"DONE\n")
         time.sleep(60)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ledger.events import Event
 from ledger.fold import LedgerState, fold_all
+from ledger.jsonl import read_events, write_log
 from ledger.ledger import Ledger
 from ledger.store import snapshot
 from ledger.store.base import EventStore, StoreError
@@ -91,3 +94,22 @@ def test_gap_in_the_stored_log_is_an_error(store: EventStore) -> None:
 def test_fresh_store_gives_a_fresh_ledger(store: EventStore) -> None:
     ledger = open_ledger(store, PRODUCER)
     assert isinstance(ledger, Ledger) and ledger.log.next_seq == 1 and not ledger.state.transfers
+
+
+def test_spilled_events_after_a_crash_hole_are_set_aside_and_the_log_continues(
+    store: EventStore, tmp_path: Path
+) -> None:
+    events = _producer_events()
+    source = events[0].source
+    mine = [e for e in events if e.source == source]
+    store.append(mine[:10])
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    # The crash lost seqs 11..14 (queued, never durable); the spill file after them survived.
+    write_log(spill / "spill-00000000000000000001-000001.jsonl", mine[14:20])
+    ledger = open_ledger(store, source, spill_dir=spill)
+    assert [e.seq for e in store.read(source=source)] == list(range(1, 11))
+    assert ledger.log.next_seq == 11
+    orphaned = sorted(spill.glob("orphaned-*.jsonl"))
+    assert len(orphaned) == 1 and [e.seq for e in read_events(orphaned[0])] == list(range(15, 21))
+    assert not list(spill.glob("spill-*.jsonl"))
