@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     cfg = SynthConfig(
-        transfers=max(1, args.events // 23), concurrency=512, layers=64, layers_per_step=8, fault_rate=0.05
+        transfers=max(1, args.events // 12), concurrency=512, layers=64, layers_per_step=8, fault_rate=0.05
     )
     events = list(generate(cfg, seed=args.seed))
     by_source: dict[str, list[Event]] = {}

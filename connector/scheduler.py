@@ -21,7 +21,7 @@ from connector.index import RequestIndex
 from connector.metadata import AbortItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
 from connector.params import TransferParams, consumer_params
 from ledger.decisions import Release
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, TransferId
+from ledger.events import Ack, Event, Fail, Map, ReqId, TransferId
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -279,23 +279,7 @@ class SchedulerCore:
 
     def tick(self, now: float) -> None:
         """Append `expire` for every deadline that has passed (the only place time decides)."""
-        state, source = self.state, self.source
-        expired: list[Event] = [
-            Expire(
-                ts=now,
-                source=source,
-                transfer_id=t.transfer_id,
-                deadline="defer" if t.role == "producer" else "transfer",
-            )
-            for t in state.due(now)
-        ]
-        if state.unmapped:
-            expired.extend(
-                Expire(ts=now, source=source, transfer_id=t.transfer_id, deadline="transfer")
-                for t in state.orphans_due(now, self.config.transfer_timeout_s)
-            )
-        if expired:
-            self.ledger.extend(expired)
+        self.ledger.expire_due(now, transfer_timeout_s=self.config.transfer_timeout_s)
         # Late events stay visible (as findings) for a defer timeout after the decision.
         self.ledger.maintain(now, retain_s=self.config.defer_timeout_s)
 

@@ -41,7 +41,7 @@ from connector.metadata import PeerRef, StepMetadata
 from connector.ports import holder_ranks, rank_port, releases_expected
 from connector.transports.base import Op, Session, TransferHandle, Transport
 from ledger.decisions import Release
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from ledger.events import Ack, Event, Fail, Map, ReqId, Schedule, Seal, TransferId
 from ledger.fold import TransferState
 from ledger.ledger import Ledger
 
@@ -409,23 +409,7 @@ class WorkerCore:
             self.ledger.extend(failures)
 
     def _tick(self, now: float) -> None:
-        state, source = self.state, self.source
-        expired: list[Event] = [
-            Expire(
-                ts=now,
-                source=source,
-                transfer_id=t.transfer_id,
-                deadline="defer" if t.role == "producer" else "transfer",
-            )
-            for t in state.due(now)
-        ]
-        if state.unmapped:
-            expired.extend(
-                Expire(ts=now, source=source, transfer_id=t.transfer_id, deadline="transfer")
-                for t in state.orphans_due(now, self.config.transfer_timeout_s)
-            )
-        if expired:
-            self.ledger.extend(expired)
+        self.ledger.expire_due(now, transfer_timeout_s=self.config.transfer_timeout_s)
 
     def _act_on_releases(self) -> None:
         """What each decision obliges this rank to do: report it to vLLM and tell the peer."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ledger.decisions import Release
-from ledger.events import Event
+from ledger.events import Event, Expire
 from ledger.fold import LedgerState
 from ledger.limits import LOG_EVENTS_RETAINED_MAX, MAINTENANCE_INTERVAL_S
 from ledger.log import EventLog
@@ -72,6 +72,23 @@ class Ledger:
                     out.append(release)
             self._outbox.extend(out)
         return out
+
+    def expire_due(self, now: float, *, transfer_timeout_s: float) -> list[Release]:
+        """The clock tick: append an `expire` for every deadline passed at `now` (a producer's is its
+        defer deadline, a consumer's its transfer deadline) and for every never-mapped side older
+        than `transfer_timeout_s`. Returns the releases they caused."""
+        state, source = self.state, self.log.source
+        expired: list[Event] = [
+            Expire(ts=now, source=source, transfer_id=t.transfer_id,
+                   deadline="defer" if t.role == "producer" else "transfer")
+            for t in state.due(now)
+        ]  # fmt: skip
+        if state.unmapped:
+            expired.extend(
+                Expire(ts=now, source=source, transfer_id=t.transfer_id, deadline="transfer")
+                for t in state.orphans_due(now, transfer_timeout_s)
+            )
+        return self.extend(expired) if expired else []
 
     def maintain(self, now: float, *, retain_s: float) -> int:
         """Keep memory bounded by live transfers in a long-running process (rate-limited; cheap to call
