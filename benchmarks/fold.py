@@ -19,6 +19,8 @@ from ledger.synth import SynthConfig, generate
 
 BATCH = 64
 """Events a worker appends at once (buffered during the forward, appended at wait_for_save)."""
+RETAIN_S = 60.0
+"""Decided sides kept this long (log time) before the ledger forgets them, as in the connector."""
 
 
 class DictBookkeeping:
@@ -102,11 +104,13 @@ def run_ledger(by_source: dict[str, list[Event]]) -> tuple[float, list[tuple[str
     gc.collect()
     start = time.perf_counter()
     for source, events in by_source.items():
-        extend = ledgers[source].extend
+        ledger = ledgers[source]
+        extend, maintain = ledger.extend, ledger.maintain
         for batch in _batches(events):
             extend(batch)
+            maintain(batch[-1].ts, retain_s=RETAIN_S)  # what the connector's tick does every step
     elapsed = time.perf_counter() - start
-    releases = [(r.source, str(r.transfer_id), str(r.cause)) for book in ledgers.values() for r in book.take_releases()]
+    releases = [(r.source, str(r.transfer_id), str(r.cause)) for lg in ledgers.values() for r in lg.take_releases()]
     return elapsed, releases
 
 

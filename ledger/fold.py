@@ -23,7 +23,7 @@ never raises.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Final, Literal, TypeAlias
 
@@ -215,6 +215,8 @@ class LedgerState:
         """Producer sides released by expire: candidates for premature_release."""
         self.sources: dict[str, None] = {}
         self.tombstones: OrderedDict[Key, Cause] = OrderedDict()
+        self.decided: deque[tuple[float, Key]] = deque()
+        """(decision ts, side) in decision order: what `forget_decided` pops from, O(1) per side."""
         self.late_after_compaction = 0
         """Events for sides already compacted away (absorbed; they can change nothing)."""
         self.compacted_by_phase: dict[str, int] = {}
@@ -440,6 +442,7 @@ class LedgerState:
             t.phase = Phase.EXPIRED
             t.closed = True
             del self.unmapped[key]
+            self.decided.append((e.ts, key))
             self.orphans_expired[key] = None
             return None
         return self._decide(t, "expired", e.seq, e.ts, f"{e.deadline} deadline passed")
@@ -517,6 +520,7 @@ class LedgerState:
             self.blocks_held -= len(t.block_ids)
             self.held[t.source].difference_update(t.block_ids)
         self.releases_by_cause[cause] += 1
+        self.decided.append((ts, key))
         if cause == "expired" and t.role == "producer":
             self.expired_producers[key] = None
         return release
@@ -653,19 +657,46 @@ class LedgerState:
                 or key in self.orphans_expired
             ):
                 continue
-            del self.transfers[key]
-            self.anomalous.pop(key, None)
-            self.double_owned.pop(key, None)
-            self.orphans_expired.pop(key, None)
-            self.expired_producers.pop(key, None)
-            self.tombstones[key] = t.decision.cause if t.decision else "expired"
-            self.compacted_by_phase[t.phase] = self.compacted_by_phase.get(t.phase, 0) + 1
-            mode = t.mode or "unmapped"
-            self.compacted_by_mode[mode] = self.compacted_by_mode.get(mode, 0) + 1
+            self._forget(key, t)
             dropped += 1
+        if dropped:
+            transfers = self.transfers
+            self.decided = deque(item for item in self.decided if item[1] in transfers)
+        self._trim_tombstones()
+        return dropped
+
+    def forget_decided(self, before_ts: float) -> int:
+        """Forget sides decided before `before_ts` whose last event is older too, in decision order;
+        O(1) per side (what a running connector does every step). Returns how many went."""
+        decided, transfers = self.decided, self.transfers
+        dropped = 0
+        while decided and decided[0][0] < before_ts:
+            _, key = decided.popleft()
+            t = transfers.get(key)
+            if t is None or not t.closed:
+                continue  # already compacted away
+            if t.last_ts >= before_ts:
+                decided.append((t.last_ts, key))  # a late event came: keep it visible a little longer
+                continue
+            self._forget(key, t)
+            dropped += 1
+        self._trim_tombstones()
+        return dropped
+
+    def _forget(self, key: Key, t: TransferState) -> None:
+        del self.transfers[key]
+        self.anomalous.pop(key, None)
+        self.double_owned.pop(key, None)
+        self.orphans_expired.pop(key, None)
+        self.expired_producers.pop(key, None)
+        self.tombstones[key] = t.decision.cause if t.decision else "expired"
+        self.compacted_by_phase[t.phase] = self.compacted_by_phase.get(t.phase, 0) + 1
+        mode = t.mode or "unmapped"
+        self.compacted_by_mode[mode] = self.compacted_by_mode.get(mode, 0) + 1
+
+    def _trim_tombstones(self) -> None:
         while len(self.tombstones) > TOMBSTONES_MAX:
             self.tombstones.popitem(last=False)
-        return dropped
 
 
 def _ack_fits(role: Role, mode: Mode | None, what: str) -> bool:

@@ -99,7 +99,7 @@ class Ledger:
             return 0
         self._next_maintenance = now + MAINTENANCE_INTERVAL_S
         with self._lock:
-            dropped = self.state.compact(decided_before_ts=now - retain_s)
+            dropped = self.state.forget_decided(now - retain_s)
             excess = len(self.log) - LOG_EVENTS_RETAINED_MAX
             if excess > 0:
                 self.log.retain_from(self.log.first_seq + excess)

@@ -9,20 +9,20 @@ then refolds from the start) rather than silently dropping a field.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 import msgspec
 
 from ledger.decisions import Cause, Key
 from ledger.fold import LedgerState, TransferState
 
-FORMAT = 2
+FORMAT = 3
 """Bumped whenever the encoding below changes."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
     "orphans_expired", "expired_producers", "sources", "tombstones", "late_after_compaction",
-    "releases_by_cause", "blocks_held", "_handlers",
+    "releases_by_cause", "blocks_held", "_handlers", "decided",
 })  # fmt: skip
 _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode")
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
@@ -46,6 +46,7 @@ class _Document(msgspec.Struct, kw_only=True):
     late_after_compaction: int
     releases_by_cause: list[tuple[Cause, int]]
     blocks_held: int
+    decided: list[tuple[float, Key]] = []
     counters: dict[str, list[tuple[str, int]]] = {}
 
 
@@ -83,6 +84,7 @@ def encode(state: LedgerState) -> bytes:
         late_after_compaction=state.late_after_compaction,
         releases_by_cause=list(state.releases_by_cause.items()),
         blocks_held=state.blocks_held,
+        decided=list(state.decided),
         counters={name: list(getattr(state, name).items()) for name in counters},
     )
     return _encoder.encode(document)
@@ -117,6 +119,7 @@ def decode(body: bytes) -> LedgerState:
     state.late_after_compaction = doc.late_after_compaction
     state.releases_by_cause = dict(doc.releases_by_cause)
     state.blocks_held = doc.blocks_held
+    state.decided = deque((ts, (source, tid)) for ts, (source, tid) in doc.decided)
     for name in _COUNTER_FIELDS:
         if hasattr(state, name) != (name in doc.counters):
             raise SnapshotFormatError(f"LedgerState field {name} appeared or went since the snapshot")
