@@ -82,6 +82,31 @@ def failed(code: Code, message: str, *, transient: bool = False) -> TransferStat
     return TransferStatus(State.FAILED, code, message, transient)
 
 
+def check_ops(
+    local: str,
+    local_size: int | None,
+    remote: str,
+    descriptor: RegionDescriptor | None,
+    ops: Sequence[Op],
+    *,
+    ops_max: int,
+    op_bytes_max: int | None = None,
+) -> TransferStatus | None:
+    """The checks every transport makes before a batch (a bug, never retried): the failure, or None."""
+    if local_size is None:
+        return failed(Code.BAD_REQUEST, f"no local region {local!r}")
+    if descriptor is None:
+        return failed(Code.BAD_REQUEST, f"peer has no region {remote!r}")
+    if len(ops) > ops_max:
+        return failed(Code.BAD_REQUEST, f"{len(ops)} ops > {ops_max}")
+    for lo, ro, size in ops:
+        if op_bytes_max is not None and size > op_bytes_max:
+            return failed(Code.BAD_REQUEST, f"op of {size} bytes > {op_bytes_max}")
+        if lo < 0 or ro < 0 or size < 0 or lo + size > local_size or ro + size > descriptor.size:
+            return failed(Code.BAD_REQUEST, f"op ({lo}, {ro}, {size}) outside {local!r}/{remote!r}")
+    return None
+
+
 class TransferHandle:
     """The status of one batch, set once by the transport's thread; safe to poll from any thread."""
 

@@ -42,6 +42,7 @@ from connector.transports.base import (
     TransferHandle,
     TransferStatus,
     TransportEndpoint,
+    check_ops,
     failed,
 )
 from connector.transports.regions import TensorRegion
@@ -320,16 +321,13 @@ class MoriTransport:
     def _check(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> _LocalRegion | TransferStatus:
         """Refuse what RDMA would turn into a remote access error, with a message naming the op."""
         mine = self._regions.get(local)
-        if mine is None:
-            return failed(Code.BAD_REQUEST, f"no local region {local!r}")
-        descriptor = session.regions.get(remote)
-        if descriptor is None:
-            return failed(Code.BAD_REQUEST, f"peer has no region {remote!r}")
-        if len(ops) > MORI_OPS_PER_BATCH_MAX:
-            return failed(Code.BAD_REQUEST, f"{len(ops)} ops > {MORI_OPS_PER_BATCH_MAX}")
-        for lo, ro, size in ops:
-            if lo < 0 or ro < 0 or size < 0 or lo + size > mine.region.size or ro + size > descriptor.size:
-                return failed(Code.BAD_REQUEST, f"op ({lo}, {ro}, {size}) outside {local!r}/{remote!r}")
+        problem = check_ops(
+            local, mine.region.size if mine else None, remote, session.regions.get(remote), ops,
+            ops_max=MORI_OPS_PER_BATCH_MAX,
+        )  # fmt: skip
+        if problem is not None:
+            return problem
+        assert mine is not None
         return mine
 
     def _link(self, session: MoriSession, mine: _LocalRegion, remote: str) -> Any:

@@ -39,6 +39,7 @@ from connector.transports.base import (
     TransferHandle,
     TransferStatus,
     TransportEndpoint,
+    check_ops,
     failed,
 )
 from connector.transports.regions import RegionError, TensorRegion
@@ -189,18 +190,13 @@ class TcpTransport:
 
     def _check(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TensorRegion | TransferStatus:
         region = self._regions.get(local)
-        if region is None:
-            return failed(Code.BAD_REQUEST, f"no local region {local!r}")
-        descriptor = session.regions.get(remote)
-        if descriptor is None:
-            return failed(Code.BAD_REQUEST, f"peer has no region {remote!r}")
-        if len(ops) > TRANSPORT_OPS_PER_REQUEST_MAX:
-            return failed(Code.BAD_REQUEST, f"{len(ops)} ops > {TRANSPORT_OPS_PER_REQUEST_MAX}")
-        for lo, ro, size in ops:
-            if size > TRANSPORT_FRAME_BYTES_MAX:
-                return failed(Code.BAD_REQUEST, f"op of {size} bytes > {TRANSPORT_FRAME_BYTES_MAX}")
-            if lo < 0 or lo + size > region.size or ro < 0 or ro + size > descriptor.size:
-                return failed(Code.BAD_REQUEST, f"op ({lo}, {ro}, {size}) outside {local!r}/{remote!r}")
+        problem = check_ops(
+            local, region.size if region else None, remote, session.regions.get(remote), ops,
+            ops_max=TRANSPORT_OPS_PER_REQUEST_MAX, op_bytes_max=TRANSPORT_FRAME_BYTES_MAX,
+        )  # fmt: skip
+        if problem is not None:
+            return problem
+        assert region is not None
         return region
 
     def _done_one(self) -> None:
