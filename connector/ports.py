@@ -9,6 +9,8 @@ agree only when `dp == 0` or `tp_size == 1`. Here both sides call `rank_port`.
 
 from __future__ import annotations
 
+import socket
+
 from connector.limits import PORT_MAX
 
 
@@ -69,3 +71,23 @@ def consumer_ranks_of(producer_tp_rank: int, producer_tp_size: int, consumer_tp_
     return [
         c for c in range(consumer_tp_size) if producer_tp_rank in holder_ranks(c, consumer_tp_size, producer_tp_size)
     ]
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """Distinct free ports on 127.0.0.1, chosen by the kernel (bound, then released for the caller to bind).
+
+    For tests and the simulator: another program may take one in between, so callers that bind
+    them retry on a clash.
+    """
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    return ports

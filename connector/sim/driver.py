@@ -15,7 +15,6 @@ takes in real time.
 from __future__ import annotations
 
 import random
-import socket
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ import zmq
 
 from connector.config import ConnectorConfig, PeerEngine
 from connector.params import parse_params
+from connector.ports import free_loopback_ports
 from connector.sim.config import StormConfig
 from connector.sim.engine import SimEngine, StepReport
 from connector.sim.errors import SimulationError
@@ -43,21 +43,6 @@ from connector.sim.requests import SideRecord, SimRequest
 from ledger.events import ReqId, Role, TransferId
 
 HOST = "127.0.0.1"
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports, chosen by the kernel (bound, then released for the engines to bind)."""
-    sockets, ports = [], []
-    try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind((HOST, 0))
-            sockets.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in sockets:
-            s.close()
-    return ports
 
 
 def engine_config(storm: StormConfig, role: Role, mine: list[int], theirs: list[int]) -> ConnectorConfig:
@@ -117,7 +102,7 @@ class Storm:
         so a bind that fails is retried on fresh ports (a bounded number of times)."""
         config = self.config
         for attempt in range(PORT_ATTEMPTS_MAX):
-            ports = free_ports(2 * PORTS_PER_ENGINE)
+            ports = free_loopback_ports(2 * PORTS_PER_ENGINE)
             mine, theirs = ports[:PORTS_PER_ENGINE], ports[PORTS_PER_ENGINE:]
             try:
                 producer = SimEngine(engine_config(config, "producer", mine, theirs), config, self.network)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import httpx
 import pytest
 import yaml
 
+from connector.ports import free_loopback_ports
 from tests.api.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,16 +51,9 @@ def test_compose_runs_postgres_with_a_healthcheck_and_a_volume() -> None:
     assert command.index("kvledger db upgrade --db") < command.index("kvledger serve --host 0.0.0.0")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_the_compose_start_command_migrates_and_serves(tmp_path: Path) -> None:
     """The container's command, verbatim but for loopback and a free port, over a new SQLite file."""
-    port = _free_port()
+    (port,) = free_loopback_ports(1)
     # Compose turns `$$` into `$` before the shell sees the command; do the same.
     command = _start_command().replace("$$", "$")
     command = command.replace("--host 0.0.0.0", "--host 127.0.0.1").replace("--port 8000", f"--port {port}")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
+from connector.ports import free_loopback_ports
 from tests.cli.test_replay_cli import KVLEDGER
 
 SMALL = ["--requests", "200", "--concurrency", "32", "--seed", "3"]
@@ -35,15 +35,8 @@ def test_demo_leaves_nothing_held_where_naive_bookkeeping_strands_blocks(tmp_pat
     assert json.loads(replay.stdout)["events"] == figures["events"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def test_demo_then_serves_the_ledger_it_wrote(tmp_path: Path) -> None:
-    port = _free_port()
+    (port,) = free_loopback_ports(1)
     process = subprocess.Popen(
         [KVLEDGER, "demo", *SMALL, "--dir", str(tmp_path / "demo"), "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -4,7 +4,6 @@ vLLM steps them (metadata -> bind -> start_load -> forward (save per layer) -> w
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -20,19 +19,6 @@ from ledger.events import Mode, ReqId, Role
 
 STEP_PAUSE_S = 0.002
 """Between steps, so that threads move bytes; not a timeout."""
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (bound then released; good enough for a test run)."""
-    sockets, ports = [], []
-    for _ in range(count):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        sockets.append(s)
-        ports.append(s.getsockname()[1])
-    for s in sockets:
-        s.close()
-    return ports
 
 
 @dataclass(frozen=True)

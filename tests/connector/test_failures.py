@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from connector.params import parse_params
+from connector.ports import free_loopback_ports
 from connector.transports.base import Code, Op, TransferHandle, failed
 from ledger.events import ReqId, TransferId
-from tests.connector.pd import EnginePorts, Side, free_ports, make_config, run_until
+from tests.connector.pd import EnginePorts, Side, make_config, run_until
 
 
 class Flaky:
@@ -34,7 +35,7 @@ class Flaky:
 
 @pytest.fixture
 def read_pair() -> Iterator[tuple[Side, Side]]:
-    p = free_ports(6)
+    p = free_loopback_ports(6)
     prod, cons = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
     producer = Side.build(make_config("producer", "read", prod, cons), fill=True, seed=1)
     consumer = Side.build(make_config("consumer", "read", cons, prod, transfer_timeout_s=5.0), fill=False, seed=2)
@@ -97,7 +98,7 @@ def test_transient_failures_past_transfer_timeout_become_terminal(read_pair: tup
 
 
 def test_write_whose_remote_never_became_ready_expires_and_releases() -> None:
-    p = free_ports(6)
+    p = free_loopback_ports(6)
     prod, cons = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
     producer = Side.build(make_config("producer", "write", prod, cons, defer_timeout_s=2.0), fill=True, seed=1)
     try:
@@ -127,7 +128,7 @@ def test_write_whose_remote_never_became_ready_expires_and_releases() -> None:
 def test_release_before_the_producer_maps_is_kept_and_applied() -> None:
     from ledger.events import Ack, Map
 
-    p = free_ports(6)
+    p = free_loopback_ports(6)
     prod, cons = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
     producer = Side.build(make_config("producer", "read", prod, cons), fill=True, seed=1)
     try:

@@ -5,16 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from connector.config import ConnectorConfig
+from connector.ports import free_loopback_ports
 from connector.store import open_ledger, spill_dir
 from ledger.decisions import Release
 from ledger.events import Event, Map, ReqId, TransferId
 from ledger.ledger import Ledger
 from ledger.store.connect import open_store
-from tests.connector.pd import EnginePorts, free_ports, make_config
+from tests.connector.pd import EnginePorts, make_config
 
 
 def _config(url: str) -> ConnectorConfig:
-    p = free_ports(6)
+    p = free_loopback_ports(6)
     return make_config("producer", "read", EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5]), ledger_url=url)
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from connector.params import parse_params
+from connector.ports import free_loopback_ports
 from ledger import jsonl
 from ledger.decisions import Release
 from ledger.events import ReqId, TransferId
 from ledger.fold import fold_all
 from ledger.ledger import Ledger
-from tests.connector.pd import NUM_BLOCKS, EnginePorts, Side, block_bytes, free_ports, make_config, run_until
+from tests.connector.pd import NUM_BLOCKS, EnginePorts, Side, block_bytes, make_config, run_until
 
 TRANSFERS = 6
 PROMPT_TOKENS = 14  # 4 blocks of 4 tokens
@@ -23,7 +24,7 @@ PROMPT_TOKENS = 14  # 4 blocks of 4 tokens
 
 @pytest.fixture
 def ports() -> tuple[EnginePorts, EnginePorts]:
-    p = free_ports(6)
+    p = free_loopback_ports(6)
     return EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
 
 

@@ -14,9 +14,8 @@ from connector.config import ConfigError, from_extra_config
 from connector.layout import LayoutError, block_ops, block_plan, geometry_of
 from connector.limits import MESSAGE_BYTES_MAX
 from connector.messages import ReleaseBlocks
-from connector.ports import engine_ports, holder_ranks, rank_port, releases_expected
+from connector.ports import engine_ports, free_loopback_ports, holder_ranks, rank_port, releases_expected
 from ledger.events import TransferId
-from tests.connector.pd import free_ports
 
 # -- config -----------------------------------------------------------------
 
@@ -172,7 +171,7 @@ def _wait_for(predicate: object, rounds: int = 500) -> bool:
 
 
 def test_channel_drops_bad_messages_and_keeps_listening() -> None:
-    hs, notify = free_ports(2)
+    hs, notify = free_loopback_ports(2)
     listener = Channel("127.0.0.1", hs, notify, lambda host, port: True)
     sender = Channel("127.0.0.1", 0, 0, lambda host, port: (host, port) == ("127.0.0.1", notify))
     context: zmq.Context[object] = zmq.Context()
@@ -200,7 +199,7 @@ def test_channel_drops_bad_messages_and_keeps_listening() -> None:
 
 
 def test_handshake_times_out_without_metadata() -> None:
-    hs, notify = free_ports(2)
+    hs, notify = free_loopback_ports(2)
     listener = Channel("127.0.0.1", hs, notify, lambda host, port: True)
     dialer = Channel("127.0.0.1", 0, 0, lambda host, port: True)
     try:

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.connector.pd import NUM_BLOCKS, EnginePorts, block_bytes, free_ports, make_caches
+from connector.ports import free_loopback_ports
+from tests.connector.pd import NUM_BLOCKS, EnginePorts, block_bytes, make_caches
 
 PROMPT = list(range(1, 15))  # 14 tokens: 4 blocks of 4
 
@@ -114,7 +115,7 @@ def _blocks(ids: list[int]) -> Any:
 
 @pytest.fixture(params=["read", "write"])
 def engines(request: pytest.FixtureRequest, patched_rank: None) -> Iterator[tuple[Engine, Engine, str]]:
-    p = free_ports(6)
+    p = free_loopback_ports(6)
     prod, cons = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
     producer = Engine("kv_producer", request.param, prod, cons, fill=True)
     try:

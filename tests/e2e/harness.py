@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.connector.pd import EnginePorts, free_ports
+from connector.ports import free_loopback_ports
+from tests.connector.pd import EnginePorts
 from tests.e2e.engine_main import ANSWER_MARKER
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +131,7 @@ def engine(name: str, spec: dict[str, Any]) -> Iterator[EngineProcess]:
 
 
 def allocate_ports() -> tuple[EnginePorts, EnginePorts]:
-    p = free_ports(6)
+    p = free_loopback_ports(6)
     return EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.connector.pd import free_ports
+from connector.ports import free_loopback_ports
 from tests.e2e.harness import allocate_ports, ledger_extra, ledger_transfer_config, prompts
 from tests.e2e.ledger_check import assert_clean, fold_logs
 from tests.e2e.servers import proxy_command, servers, vllm_serve_command
@@ -47,7 +47,7 @@ def _streamed(url: str, body: dict[str, Any]) -> list[int]:
 @pytest.mark.parametrize("mode", ["read", "write"])
 def test_proxy_serves_1p1d_token_equal(mode: str, tiny_model: str, tmp_path: Path) -> None:
     pp, cp = allocate_ports()
-    prefill_port, decode_port, proxy_port = free_ports(3)
+    prefill_port, decode_port, proxy_port = free_loopback_ports(3)
     logs = tmp_path / "logs"
     prefill = vllm_serve_command(
         tiny_model, prefill_port, ledger_transfer_config("kv_producer", "prefill-0", ledger_extra(mode, pp, cp, logs))
