@@ -11,7 +11,7 @@ from ledger.audit import AuditConfig, audit, counts_by_code
 from ledger.inputs import Inputs
 from ledger.jsonl import LogFormatError
 from ledger.merge import OverlapError
-from ledger.replay import ReplayResult, replay
+from ledger.replay import ReplayResult, replay_chunks
 from ledger.store.base import StoreError
 from ledger.summary import summarize
 
@@ -20,7 +20,7 @@ def _replay(path: Path, until_seq: int | None, until_ts: float | None) -> Replay
     """`kvledger replay` on the file; format errors become `InvalidBody` naming the line or the file."""
     try:
         with Inputs([path]) as inputs:
-            return replay(inputs.events(), until_seq=until_seq, until_ts=until_ts)
+            return replay_chunks(inputs.chunks(), until_seq=until_seq, until_ts=until_ts)
     except LogFormatError as error:
         raise InvalidBody(("body", f"line {error.line}"), error.message) from None
     except (StoreError, OverlapError) as error:

@@ -21,8 +21,8 @@ from pathlib import Path
 import msgspec
 
 from ledger.events import Event
-from ledger.jsonl import header_line, read_events
-from ledger.replay import replay
+from ledger.jsonl import header_line, read_chunks, read_events
+from ledger.replay import replay_chunks
 from ledger.synth import SynthConfig, generate
 
 EVENTS_PER_TRANSFER = 13
@@ -59,7 +59,7 @@ def decode_only(path: Path) -> tuple[int, float]:
 def fold(path: Path) -> dict[str, float]:
     """Replay in this process; report throughput, live sides at the end and peak RSS."""
     start = time.perf_counter()
-    result = replay(read_events(path), keep_releases=False)
+    result = replay_chunks(read_chunks(path), keep_releases=False)
     elapsed = time.perf_counter() - start
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {

@@ -18,6 +18,8 @@ from ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 BUCKET_RATIO = 1.02
 """Each histogram bucket is 2% wider than the last: percentiles are within 2%."""
 BUCKET_MIN_S = 1e-6
+_LOG_RATIO = math.log(BUCKET_RATIO)
+"""`math.log(x, BUCKET_RATIO)` is `math.log(x) / math.log(BUCKET_RATIO)`: the divisor, computed once."""
 
 
 class LatencyHistogram:
@@ -32,17 +34,22 @@ class LatencyHistogram:
     def _bucket(value_s: float) -> int:
         if value_s <= BUCKET_MIN_S:
             return 0
-        return 1 + int(math.log(value_s / BUCKET_MIN_S, BUCKET_RATIO))
+        return 1 + int(math.log(value_s / BUCKET_MIN_S) / _LOG_RATIO)
 
     @staticmethod
     def _upper(bucket: int) -> float:
         return BUCKET_MIN_S * BUCKET_RATIO**bucket
 
     def add(self, value_s: float) -> None:
-        bucket = self._bucket(value_s)
-        self.counts[bucket] = self.counts.get(bucket, 0) + 1
+        self.add_in(self._bucket(value_s), value_s)
+
+    def add_in(self, bucket: int, value_s: float) -> None:
+        """`add`, with the bucket already computed (one release lands in several histograms)."""
+        counts = self.counts
+        counts[bucket] = counts.get(bucket, 0) + 1
         self.count += 1
-        self.max_s = max(self.max_s, value_s)
+        if value_s > self.max_s:
+            self.max_s = value_s
 
     def percentile(self, q: float) -> float | None:
         """The upper edge of the bucket holding the q-th percentile (never above the max)."""
@@ -75,15 +82,18 @@ class LatencyRecorder:
 
     def observe(self, release: Release, side: TransferState) -> float:
         """Record one release; returns how long its side held the blocks (seconds)."""
-        held_s = max(0.0, release.ts - side.first_ts)
-        self.all_causes.add(held_s)
+        held_s = release.ts - side.first_ts
+        if held_s < 0.0:
+            held_s = 0.0
+        bucket = LatencyHistogram._bucket(held_s)
+        self.all_causes.add_in(bucket, held_s)
         if release.cause == "completed":
-            self.completed.add(held_s)
+            self.completed.add_in(bucket, held_s)
             kind = f"{release.role}/{release.mode}"
             histogram = self.by_kind.get(kind)
             if histogram is None:
                 histogram = self.by_kind[kind] = LatencyHistogram()
-            histogram.add(held_s)
+            histogram.add_in(bucket, held_s)
         elif release.cause == "expired":
             self.expired_releases += 1
             self.expired_block_seconds += held_s * len(release.block_ids)

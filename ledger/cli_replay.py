@@ -21,7 +21,7 @@ from ledger.inputs import Inputs
 from ledger.jsonl import LogFormatError
 from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 from ledger.merge import OverlapError
-from ledger.replay import ReplayResult, replay
+from ledger.replay import ReplayResult, replay_chunks
 from ledger.summary import summarize
 from ledger.timeline import build
 
@@ -85,10 +85,10 @@ def load(
 ) -> tuple[ReplayResult, list[tuple[str, int, str]]]:
     def run() -> tuple[ReplayResult, list[tuple[str, int, str]]]:
         with Inputs(list(logs), skip_bad_lines=skip_bad) as inputs:
-            events = inputs.events()
+            chunks = inputs.chunks()
             with _progress(inputs) as on_progress:
-                result = replay(
-                    events, until_seq=until_seq, until_ts=until_ts, on_progress=on_progress,
+                result = replay_chunks(
+                    chunks, until_seq=until_seq, until_ts=until_ts, on_progress=on_progress,
                     keep_releases=keep_releases,
                 )  # fmt: skip
             return result, inputs.skipped

@@ -23,7 +23,7 @@ never raises.
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Final, Literal, TypeAlias
 
@@ -31,7 +31,14 @@ import msgspec
 
 from ledger.decisions import Cause, Key, Release
 from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
-from ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX, TOMBSTONES_MAX
+from ledger.limits import (
+    DEADLINE_HEAP_SLACK,
+    EVIDENCE_SEQS_MAX,
+    LAYER_MASKS_CACHED_MAX,
+    LAYERS_MAX,
+    RANKS_MAX,
+    TOMBSTONES_MAX,
+)
 
 PhaseName: TypeAlias = Literal["unmapped", "held", "active", "sealed", "completed", "failed", "expired"]
 
@@ -89,6 +96,19 @@ NEXT_PHASE: dict[str, dict[PhaseName, PhaseName]] = {}
 for (_phase, _kind), _next in TRANSITIONS.items():
     NEXT_PHASE.setdefault(_kind, {})[_phase] = _next
 """TRANSITIONS by kind, then phase: the same table, looked up without building a tuple per event."""
+_AFTER_SCHEDULE: Final = NEXT_PHASE["schedule"]
+_AFTER_SEAL: Final = NEXT_PHASE["seal"]
+
+ACKS_A_SIDE_RECEIVES: frozenset[tuple[Role, Mode, str]] = frozenset({
+    ("producer", "read", "release"),
+    ("producer", "write", "write"),
+    ("producer", "write", "release"),
+    ("consumer", "read", "read"),
+    ("consumer", "read", "recv"),
+    ("consumer", "write", "recv"),
+    ("consumer", "write", "write"),
+})  # fmt: skip
+"""(role, mode, ack kind) that fit: producers see writes and releases, consumers reads and recv."""
 
 CAUSE_PHASE: dict[Cause, PhaseName] = {
     "completed": Phase.COMPLETED,
@@ -108,44 +128,49 @@ class TransferState(msgspec.Struct, gc=False):
     live transfer on every young-generation pass.
     """
 
-    source: str
-    transfer_id: TransferId
-    first_seq: int
-    first_ts: float
-    last_seq: int
-    last_ts: float
-    phase: PhaseName = Phase.UNMAPPED
+    # Field order is memory order: what most events read or write comes first, so one event
+    # touches two cache lines of its side rather than five. `_first_map` builds it positionally.
+    last: Event | None = None
+    """This side's newest event (one reference, not its seq and ts copied: a store per event less)."""
+    events: int = 0
+    closed: bool = False
+    """A decision was taken, or a never-mapped side expired: later events are late."""
     role: Role | None = None
+    phase: PhaseName = Phase.UNMAPPED
     mode: Mode | None = None
+    scheduled_mask: int = 0
+    """Bit i set: layer i was scheduled. Layers and ranks are small ints, and an int is
+    not tracked by the garbage collector the way a set per side is."""
+    acked_mask: int = 0
+    expected: int | None = None
+    early_mask: int = 0
+    """Layer acks that arrived before their schedule: counted once it comes."""
+    ranks_mask: int = 0
+    """Bit r set: consumer rank r sent its release ack."""
+    acks_expected: int = 1
+    recv: bool = False
+    whole_acked: bool = False
+    whole_scheduled: bool = False
+    decision: Release | None = None
+    source: str = ""
+    transfer_id: TransferId = TransferId("")
     request_id: ReqId | None = None
     block_ids: tuple[int, ...] = ()
-    remote_block_ids: tuple[int, ...] | None = None
-    peer: str | None = None
-    acks_expected: int = 1
     deadline: float | None = None
     map_seq: int = 0
-    scheduled: set[int] | None = None
-    whole_scheduled: bool = False
-    acked: set[int] | None = None
-    early_acks: set[int] | None = None
-    """Layer acks that arrived before their schedule: counted once it comes."""
-    whole_acked: bool = False
-    expected: int | None = None
-    release_ranks: set[int] | None = None
-    recv: bool = False
+    first_seq: int = 0
+    first_ts: float = 0.0
+    remote_block_ids: tuple[int, ...] | None = None
+    peer: str | None = None
     pending_fail_seq: int = 0
     """A terminal fail seen before the map: applied when the map arrives."""
     fail_reason: str = ""
     transient_failures: int = 0
     retries: int = 0
     deferrals: int = 0
-    closed: bool = False
-    """A decision was taken, or a never-mapped side expired: later events are late."""
-    decision: Release | None = None
     arrived_ts: float | None = None
     """When all KV had arrived (consumer side): the read that premature_release compares."""
     arrived_seq: int = 0
-    events: int = 0
     late_seqs: list[int] | None = None
     duplicate_seqs: list[int] | None = None
     over_ack_seqs: list[int] | None = None
@@ -154,6 +179,16 @@ class TransferState(msgspec.Struct, gc=False):
     @property
     def key(self) -> Key:
         return (self.source, self.transfer_id)
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of this side's newest event."""
+        return self.last.seq if self.last is not None else 0
+
+    @property
+    def last_ts(self) -> float:
+        """The ts of this side's newest event."""
+        return self.last.ts if self.last is not None else 0.0
 
     @property
     def mapped(self) -> bool:
@@ -168,17 +203,71 @@ class TransferState(msgspec.Struct, gc=False):
     def has_anomaly(self) -> bool:
         return bool(self.late_seqs or self.duplicate_seqs or self.over_ack_seqs or self.reuse_seqs)
 
+    @property
+    def scheduled(self) -> set[int]:
+        """Layers scheduled so far."""
+        return bits(self.scheduled_mask)
+
+    @property
+    def acked(self) -> set[int]:
+        """Scheduled layers acked so far."""
+        return bits(self.acked_mask)
+
+    @property
+    def early_acks(self) -> set[int]:
+        """Layers acked before their schedule, not counted yet."""
+        return bits(self.early_mask)
+
+    @property
+    def release_ranks(self) -> set[int]:
+        """Consumer ranks whose release ack arrived."""
+        return bits(self.ranks_mask)
+
     def snapshot(self) -> dict[str, object]:
-        """A plain-data view (sets sorted) for snapshots, equality checks and the API."""
+        """A plain-data view (masks as sorted lists) for equality checks and the API."""
         out: dict[str, object] = {}
         for name in self.__struct_fields__:
             value = getattr(self, name)
-            if isinstance(value, set):
-                value = sorted(value)
+            if name == "last":
+                out["last_seq"], out["last_ts"] = self.last_seq, self.last_ts
+                continue
+            if name in _MASK_VIEWS:
+                name = _MASK_VIEWS[name]
+                value = sorted(bits(value))
             elif isinstance(value, Release):
                 value = {f: getattr(value, f) for f in value.__struct_fields__}
             out[name] = value
         return out
+
+
+_MASK_VIEWS: Final[dict[str, str]] = {
+    "scheduled_mask": "scheduled",
+    "acked_mask": "acked",
+    "early_mask": "early_acks",
+    "ranks_mask": "release_ranks",
+}
+"""Bitmask fields and the names their sorted lists go by in snapshots and the API."""
+
+
+def bits(mask: int) -> set[int]:
+    """The positions of the set bits of `mask` (layer or rank numbers)."""
+    out: set[int] = set()
+    while mask:
+        low = mask & -mask
+        out.add(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+def layers_mask(layers: tuple[int, ...]) -> int:
+    """The bitmask of `layers`; -1 when one is outside [0, LAYERS_MAX) (the event is then
+    evidence of a bad appender and changes no count)."""
+    mask = 0
+    for layer in layers:
+        if not 0 <= layer < LAYERS_MAX:
+            return -1
+        mask |= 1 << layer
+    return mask
 
 
 def _note(seqs: list[int] | None, seq: int) -> list[int]:
@@ -214,15 +303,21 @@ class LedgerState:
         self.expired_producers: dict[Key, None] = {}
         """Producer sides released by expire: candidates for premature_release."""
         self.sources: dict[str, None] = {}
-        self.tombstones: OrderedDict[Key, Cause] = OrderedDict()
-        self.decided: deque[tuple[float, Key]] = deque()
-        """(decision ts, side) in decision order: what `forget_decided` pops from, O(1) per side."""
+        self.tombstones: dict[Key, PhaseName] = {}
+        """Keys of compacted sides -> the phase they ended in, newest generation. When it holds
+        TOMBSTONES_MAX / 2 it becomes `tombstones_old` and the older one goes: bounded, no per-key pop."""
+        self.tombstones_old: dict[Key, PhaseName] = {}
+        self.decided: deque[tuple[float, Key, TransferState]] = deque()
+        """(decision ts, key, side) in decision order: what `forget_decided` pops from, O(1) per side.
+        Holds only sides still in `transfers` (`compact` filters it)."""
         self.late_after_compaction = 0
         """Events for sides already compacted away (absorbed; they can change nothing)."""
         self.compacted_by_phase: dict[str, int] = {}
         self.compacted_by_mode: dict[str, int] = {}
         self.releases_by_cause: dict[Cause, int] = {"completed": 0, "failed": 0, "expired": 0}
         self.blocks_held = 0
+        self.layer_masks: dict[tuple[int, ...], int] = {}
+        """A cache of `layers_mask` (not state: a refold rebuilds it)."""
         self._handlers: dict[type, Callable[[TransferState, Event], Release | None]] = {
             Map: self._on_map,  # type: ignore[dict-item]
             Schedule: self._on_schedule,  # type: ignore[dict-item]
@@ -238,34 +333,58 @@ class LedgerState:
         """Fold one event; return the release it caused, if any."""
         key = (event.source, event.transfer_id)
         t = self.transfers.get(key)
+        kind = type(event)
         if t is None:
-            if type(event) is Map and key not in self.tombstones:
+            if type(event) is Map and key not in self.tombstones and key not in self.tombstones_old:
                 return self._first_map(key, event)
             t = self._first_sight(event)
             if t is None:
                 return None
-        t.last_ts = event.ts
-        t.last_seq = event.seq
+        t.last = event
         t.events += 1
         if t.closed:
-            if not (t.role is None and type(event) is Expire):
+            if not (t.role is None and kind is Expire):
                 t.late_seqs = _note(t.late_seqs, event.seq)
                 self.anomalous[key] = None
             if t.role is None and type(event) is Map:
                 return self._on_map(t, event)  # given up before its map: map, then release at once
             return None
-        if type(event) is Ack:
-            return self._on_ack(t, event)
-        return self._handlers[type(event)](t, event)
+        # The commonest events (WRITE mode's layer schedules and acks, three in five) are folded
+        # here when they decide nothing and need no evidence; the handlers take every other case.
+        if kind is Ack:
+            layers = event.layers  # type: ignore[union-attr]
+            if layers is not None and event.what == "write" and t.role == "producer":  # type: ignore[union-attr]
+                mask = self.layer_masks.get(layers)
+                if mask is not None:
+                    acked = t.acked_mask
+                    if not acked & mask and t.scheduled_mask & mask == mask:
+                        acked |= mask
+                        if t.expected is None or acked.bit_count() < t.expected:
+                            t.acked_mask = acked
+                            return None
+            return self._on_ack(t, event)  # type: ignore[arg-type]
+        if kind is Schedule:
+            layers = event.layers  # type: ignore[union-attr]
+            if layers is not None and t.role is not None and not (t.early_mask or event.deferred or event.attempt):  # type: ignore[union-attr]
+                mask = self.layer_masks.get(layers)
+                if mask is not None and mask >= 0 and not t.scheduled_mask & mask:
+                    t.scheduled_mask |= mask
+                    t.phase = _AFTER_SCHEDULE[t.phase]
+                    return None
+            return self._on_schedule(t, event)  # type: ignore[arg-type]
+        return self._handlers[kind](t, event)
 
     def _first_sight(self, event: Event) -> TransferState | None:
         key: Key = (event.source, event.transfer_id)
-        if key in self.tombstones:
+        if key in self.tombstones or key in self.tombstones_old:
             self.late_after_compaction += 1
             return None  # a late event for a side compacted away: nothing can change
         if event.source not in self.sources:
             self.sources[event.source] = None
-        t = TransferState(event.source, event.transfer_id, event.seq, event.ts, event.seq, event.ts)
+        t = TransferState(
+            last=event, source=event.source, transfer_id=event.transfer_id,
+            first_seq=event.seq, first_ts=event.ts,
+        )  # fmt: skip
         self.transfers[key] = t
         self.unmapped[key] = t
         return t
@@ -275,13 +394,14 @@ class LedgerState:
         if e.source not in self.sources:
             self.sources[e.source] = None
         seq, ts = e.seq, e.ts
-        # Positional on purpose: msgspec parses 17 keywords ~8x slower, and this runs once per side.
+        # Positional on purpose (msgspec parses keywords ~8x slower, and this runs once per side),
+        # in field order: last, events, closed, role, phase, mode, the five masks and counts,
+        # acks_expected, recv, whole_acked, whole_scheduled, decision, then the map's ids.
         t = TransferState(
-            e.source, e.transfer_id, seq, ts, seq, ts,  # source, transfer_id, first/last seq and ts
-            Phase.HELD, e.role, e.mode, e.request_id, e.block_ids, e.remote_block_ids, e.peer,
-            e.acks_expected, e.deadline, seq,  # ... map_seq
+            e, 1, False, e.role, Phase.HELD, e.mode, 0, 0, None, 0, 0, e.acks_expected, False, False, False,
+            None, e.source, e.transfer_id, e.request_id, e.block_ids, e.deadline, seq, seq, ts,
+            e.remote_block_ids, e.peer,
         )  # fmt: skip
-        t.events = 1
         self.transfers[key] = t
         self.live[key] = t
         held = self.held.get(e.source)
@@ -310,6 +430,10 @@ class LedgerState:
             self.anomalous[key] = None
             return None
         expired_unmapped = t.closed
+        if expired_unmapped:
+            # Reopened: drop its orphan-expiry entry (O(decided), only on this fault path); the
+            # decision below adds the one `forget_decided` will honour.
+            self.decided = deque(item for item in self.decided if item[2] is not t)
         t.closed = False
         self.unmapped.pop(key, None)
         t.role = e.role
@@ -324,7 +448,7 @@ class LedgerState:
         t.phase = TRANSITIONS[(Phase.UNMAPPED, "map")]
         if t.expected is not None:
             t.phase = Phase.SEALED
-        elif t.scheduled or t.whole_scheduled:
+        elif t.scheduled_mask or t.whole_scheduled:
             t.phase = Phase.ACTIVE
         self.live[key] = t
         self._claim_blocks(t, key)
@@ -337,46 +461,51 @@ class LedgerState:
             return self._decide(t, "failed", e.seq, e.ts, t.fail_reason)
         if expired_unmapped:
             return self._decide(t, "expired", e.seq, e.ts, "expired before its map arrived")
-        if t.early_acks and t.scheduled:
+        if t.early_mask & t.scheduled_mask:
             self._adopt_early_acks(t)
         return self._check_complete(t, e.seq, e.ts)
 
     def _on_schedule(self, t: TransferState, e: Schedule) -> Release | None:
-        if e.deferred:
-            t.deferrals += 1
-        if e.attempt > 0:
-            t.retries += 1
-        if e.layers is None:
-            if t.whole_scheduled and e.attempt == 0 and not e.deferred:
+        first_try = not (e.deferred or e.attempt)  # only a repeat of a first, undeferred issue is a duplicate
+        if not first_try:
+            if e.deferred:
+                t.deferrals += 1
+            if e.attempt > 0:
+                t.retries += 1
+        layers = e.layers
+        if layers is None:
+            if t.whole_scheduled and first_try:
                 self._duplicate(t, e.seq)
             t.whole_scheduled = True
         else:
-            scheduled = t.scheduled
-            if scheduled is None:
-                scheduled = t.scheduled = set()
-                if t.acked is None:
-                    t.acked = set()
-            if scheduled and e.attempt == 0 and not e.deferred and not scheduled.isdisjoint(e.layers):
+            mask = self.layer_masks.get(layers)
+            if mask is None:
+                mask = self._mask_of(layers)
+            if mask < 0:
+                self._over_ack(t, e.seq)  # a layer number no model has: evidence, not state
+                return None
+            scheduled = t.scheduled_mask
+            if scheduled & mask and first_try:
                 self._duplicate(t, e.seq)
-            scheduled.update(e.layers)
-            if t.early_acks:
+            t.scheduled_mask = scheduled | mask
+            if t.early_mask:
                 self._adopt_early_acks(t)
                 if t.role is not None:
-                    t.phase = NEXT_PHASE["schedule"][t.phase]
+                    t.phase = _AFTER_SCHEDULE[t.phase]
                     return self._check_complete(t, e.seq, e.ts)  # adopted acks may complete it
         if t.role is not None:
-            t.phase = NEXT_PHASE["schedule"][t.phase]
+            t.phase = _AFTER_SCHEDULE[t.phase]
         return None
 
     def _on_seal(self, t: TransferState, e: Seal) -> Release | None:
         if t.expected is not None and t.expected != e.expected:
             self._duplicate(t, e.seq)
         t.expected = e.expected
-        if t.acked is not None and len(t.acked) > e.expected:
+        if t.acked_mask.bit_count() > e.expected:
             self._over_ack(t, e.seq)
         if t.role is None:
             return None
-        t.phase = NEXT_PHASE["seal"][t.phase]
+        t.phase = _AFTER_SEAL[t.phase]
         return self._check_complete(t, e.seq, e.ts)
 
     def _on_ack(self, t: TransferState, e: Ack) -> Release | None:
@@ -384,27 +513,30 @@ class LedgerState:
         layers = e.layers
         if what == "write" and layers is not None and t.role == "producer":
             # The hot path (write acks of a mapped producer): same rules, fewer steps.
-            acked, scheduled = t.acked, t.scheduled
-            if (
-                acked is not None
-                and scheduled is not None
-                and acked.isdisjoint(layers)
-                and scheduled.issuperset(layers)
-            ):
-                acked.update(layers)
+            mask = self.layer_masks.get(layers)
+            if mask is None:
+                mask = self._mask_of(layers)
+            acked = t.acked_mask
+            if mask >= 0 and not acked & mask and t.scheduled_mask & mask == mask:
+                acked |= mask
+                t.acked_mask = acked
                 expected = t.expected
-                if expected is not None and len(acked) >= expected:
-                    if len(acked) > expected:
-                        self._over_ack(t, e.seq)
-                    return self._decide(t, "completed", e.seq, e.ts, "")
+                if expected is not None:
+                    count = acked.bit_count()
+                    if count >= expected:
+                        if count > expected:
+                            self._over_ack(t, e.seq)
+                        return self._decide(t, "completed", e.seq, e.ts, "")
                 return None
         if what == "release":
-            ranks = t.release_ranks
-            if ranks is None:
-                ranks = t.release_ranks = set()
-            if e.rank in ranks:
+            rank = e.rank
+            if not 0 <= rank < RANKS_MAX:
+                self._over_ack(t, e.seq)  # no such rank: evidence, not state
+                return None
+            bit = 1 << rank
+            if t.ranks_mask & bit:
                 self._duplicate(t, e.seq)
-            ranks.add(e.rank)
+            t.ranks_mask |= bit
         elif what == "recv":
             if t.recv:
                 self._duplicate(t, e.seq)
@@ -421,7 +553,7 @@ class LedgerState:
             self._ack_layers(t, e)
         if t.role is None:
             return None
-        if not _ack_fits(t.role, t.mode, what):
+        if (t.role, t.mode, what) not in ACKS_A_SIDE_RECEIVES:
             self._over_ack(t, e.seq)
         return self._check_complete(t, e.seq, e.ts)
 
@@ -442,7 +574,7 @@ class LedgerState:
             t.phase = Phase.EXPIRED
             t.closed = True
             del self.unmapped[key]
-            self.decided.append((e.ts, key))
+            self.decided.append((e.ts, key, t))
             self.orphans_expired[key] = None
             return None
         return self._decide(t, "expired", e.seq, e.ts, f"{e.deadline} deadline passed")
@@ -452,52 +584,54 @@ class LedgerState:
     def _ack_layers(self, t: TransferState, e: Ack) -> None:
         layers = e.layers
         assert layers is not None
-        acked = t.acked
-        if acked is None:
-            acked = t.acked = set()
-        scheduled = t.scheduled
-        if scheduled is not None and acked.isdisjoint(layers) and scheduled.issuperset(layers):
-            acked.update(layers)  # the common case, at C speed
-            layers = ()
-        for layer in layers:
-            if layer in acked:
+        mask = self.layer_masks.get(layers)
+        if mask is None:
+            mask = self._mask_of(layers)
+        if mask < 0:
+            self._over_ack(t, e.seq)  # a layer number no model has: evidence, not state
+            return
+        acked, scheduled = t.acked_mask, t.scheduled_mask
+        if acked & mask:
+            self._duplicate(t, e.seq)
+        fresh = mask & ~acked
+        acked |= fresh & scheduled
+        t.acked_mask = acked
+        early = fresh & ~scheduled
+        if early:
+            if t.early_mask & early:
                 self._duplicate(t, e.seq)
-            elif scheduled is not None and layer in scheduled:
-                acked.add(layer)
-            else:
-                early = t.early_acks
-                if early is None:
-                    early = t.early_acks = set()
-                if layer in early:
-                    self._duplicate(t, e.seq)
-                early.add(layer)
-                if t.role is not None:
-                    self._over_ack(t, e.seq)
-        if t.expected is not None and len(acked) > t.expected:
+            t.early_mask |= early
+            if t.role is not None:
+                self._over_ack(t, e.seq)
+        if t.expected is not None and acked.bit_count() > t.expected:
             self._over_ack(t, e.seq)
 
+    def _mask_of(self, layers: tuple[int, ...]) -> int:
+        """`layers_mask(layers)`, remembered: a model's steps name the same few layer tuples."""
+        masks = self.layer_masks
+        if len(masks) >= LAYER_MASKS_CACHED_MAX:
+            masks.clear()
+        mask = masks[layers] = layers_mask(layers)
+        return mask
+
     def _adopt_early_acks(self, t: TransferState) -> None:
-        early, scheduled = t.early_acks, t.scheduled
-        assert early is not None and scheduled is not None
-        landed = early & scheduled
+        landed = t.early_mask & t.scheduled_mask
         if landed:
-            if t.acked is None:
-                t.acked = set()
-            t.acked |= landed
-            early -= landed
+            t.acked_mask |= landed
+            t.early_mask &= ~landed
 
     def _check_complete(self, t: TransferState, seq: int, ts: float) -> Release | None:
         if t.role == "producer":
             if t.mode == "read":
-                done = t.release_ranks is not None and len(t.release_ranks) >= t.acks_expected
+                done = t.ranks_mask.bit_count() >= t.acks_expected
             else:
-                done = (t.expected is not None and len(t.acked or ()) >= t.expected) or (
-                    t.release_ranks is not None and len(t.release_ranks) >= t.acks_expected
+                done = (t.expected is not None and t.acked_mask.bit_count() >= t.expected) or (
+                    t.ranks_mask.bit_count() >= t.acks_expected
                 )
         elif t.mode == "write":
             done = t.recv
         else:
-            done = t.recv or t.whole_acked or (t.expected is not None and len(t.acked or ()) >= t.expected)
+            done = t.recv or t.whole_acked or (t.expected is not None and t.acked_mask.bit_count() >= t.expected)
         if done:
             return self._decide(t, "completed", seq, ts, "")
         return None
@@ -520,7 +654,7 @@ class LedgerState:
             self.blocks_held -= len(t.block_ids)
             self.held[t.source].difference_update(t.block_ids)
         self.releases_by_cause[cause] += 1
-        self.decided.append((ts, key))
+        self.decided.append((ts, key, t))
         if cause == "expired" and t.role == "producer":
             self.expired_producers[key] = None
         return release
@@ -650,60 +784,66 @@ class LedgerState:
                 continue
             if decided_before_ts is not None and t.last_ts >= decided_before_ts:
                 continue
-            if clean_only and (
-                key in self.anomalous
-                or key in self.double_owned
-                or key in self.expired_producers
-                or key in self.orphans_expired
-            ):
+            if clean_only and self.has_evidence(key):
                 continue
             self._forget(key, t)
             dropped += 1
         if dropped:
             transfers = self.transfers
             self.decided = deque(item for item in self.decided if item[1] in transfers)
-        self._trim_tombstones()
         return dropped
 
-    def forget_decided(self, before_ts: float) -> int:
+    def forget_decided(self, before_ts: float, *, keep_evidence: bool = False) -> int:
         """Forget sides decided before `before_ts` whose last event is older too, in decision order;
-        O(1) per side (what a running connector does every step). Returns how many went."""
-        decided, transfers = self.decided, self.transfers
+        O(1) per side (what a running connector does every step, and a replay between chunks).
+        With `keep_evidence`, sides an audit would report (see `has_evidence`) stay for good
+        instead. Returns how many went."""
+        decided = self.decided
         dropped = 0
         while decided and decided[0][0] < before_ts:
-            _, key = decided.popleft()
-            t = transfers.get(key)
-            if t is None or not t.closed:
-                continue  # already compacted away
-            if t.last_ts >= before_ts:
-                decided.append((t.last_ts, key))  # a late event came: keep it visible a little longer
+            _, key, t = decided.popleft()
+            if not t.closed:
+                continue  # an orphan expired, then mapped after all: its decision will come again
+            last = t.last
+            if last is not None and last.ts >= before_ts:
+                decided.append((last.ts, key, t))  # a late event came: keep it visible a little longer
+                continue
+            if keep_evidence and self.has_evidence(key):
                 continue
             self._forget(key, t)
             dropped += 1
-        self._trim_tombstones()
         return dropped
+
+    def has_evidence(self, key: Key) -> bool:
+        """Whether the side carries audit evidence: late, duplicate, over-ack or reuse events, a
+        double-owned block, an expired producer a merged consumer may prove premature, an expired orphan."""
+        return (
+            key in self.anomalous
+            or key in self.double_owned
+            or key in self.expired_producers
+            or key in self.orphans_expired
+        )
 
     def _forget(self, key: Key, t: TransferState) -> None:
         del self.transfers[key]
-        self.anomalous.pop(key, None)
-        self.double_owned.pop(key, None)
-        self.orphans_expired.pop(key, None)
-        self.expired_producers.pop(key, None)
-        self.tombstones[key] = t.decision.cause if t.decision else "expired"
-        self.compacted_by_phase[t.phase] = self.compacted_by_phase.get(t.phase, 0) + 1
+        # The evidence indexes are usually empty: skip hashing the key into them.
+        if self.anomalous:
+            self.anomalous.pop(key, None)
+        if self.double_owned:
+            self.double_owned.pop(key, None)
+        if self.orphans_expired:
+            self.orphans_expired.pop(key, None)
+        if self.expired_producers:
+            self.expired_producers.pop(key, None)
+        phase = t.phase
+        tombstones = self.tombstones
+        tombstones[key] = phase
+        if len(tombstones) >= TOMBSTONES_MAX // 2:
+            self.tombstones_old, self.tombstones = tombstones, {}
+        by_phase, by_mode = self.compacted_by_phase, self.compacted_by_mode
+        by_phase[phase] = by_phase.get(phase, 0) + 1
         mode = t.mode or "unmapped"
-        self.compacted_by_mode[mode] = self.compacted_by_mode.get(mode, 0) + 1
-
-    def _trim_tombstones(self) -> None:
-        while len(self.tombstones) > TOMBSTONES_MAX:
-            self.tombstones.popitem(last=False)
-
-
-def _ack_fits(role: Role, mode: Mode | None, what: str) -> bool:
-    """Which acks a side can receive: producers see writes and releases, consumers reads and recv."""
-    if role == "producer":
-        return what == "release" if mode == "read" else what in ("write", "release")
-    return what in ("read", "recv") if mode == "read" else what in ("recv", "write")
+        by_mode[mode] = by_mode.get(mode, 0) + 1
 
 
 def fold(state: LedgerState, event: Event) -> LedgerState:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator
+from operator import attrgetter
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,6 +41,7 @@ class LogFormatError(ValueError):
 
 _header_decoder = msgspec.json.Decoder(Header)
 _event_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
+_seq_of = attrgetter("seq")
 _encoder = msgspec.json.Encoder()
 
 
@@ -92,6 +94,12 @@ class LogReader:
         return header
 
     def __iter__(self) -> Iterator[Event]:
+        for chunk in self.chunks():
+            yield from chunk
+
+    def chunks(self) -> Iterator[list[Event]]:
+        """The events in lists of up to `JSONL_CHUNK_BYTES` of lines: a replay folds each list
+        without a generator step per event."""
         # Fast path: decode a chunk of whole lines at once; only a chunk that fails is
         # decoded again line by line, to name the exact line and field.
         decode_lines = _event_decoder.decode_lines
@@ -105,16 +113,16 @@ class LogReader:
             try:
                 events = decode_lines(chunk)
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-                yield from self._line_by_line(chunk)
+                yield list(self._line_by_line(chunk))
                 continue
-            if len(chunk) > JSONL_LINE_BYTES_MAX and max(map(len, chunk.split(b"\n"))) > JSONL_LINE_BYTES_MAX:
-                yield from self._line_by_line(chunk)
-                continue
-            if events and min(e.seq for e in events) < 1:
-                yield from self._line_by_line(chunk)
+            if (
+                (len(chunk) > JSONL_LINE_BYTES_MAX and max(map(len, chunk.split(b"\n"))) > JSONL_LINE_BYTES_MAX)
+                or (events and min(map(_seq_of, events)) < 1)
+            ):  # fmt: skip
+                yield list(self._line_by_line(chunk))
                 continue
             self.line += chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1)
-            yield from events
+            yield events
 
     def _line_by_line(self, chunk: bytes) -> Iterator[Event]:
         decode = _event_decoder.decode
@@ -152,9 +160,15 @@ def open_log(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> L
 
 def read_events(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> Iterator[Event]:
     """Stream a log's events, closing the file when done."""
+    for chunk in read_chunks(path, skip_bad_lines=skip_bad_lines):
+        yield from chunk
+
+
+def read_chunks(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> Iterator[list[Event]]:
+    """`read_events`, in the reader's decoded lists (see `LogReader.chunks`)."""
     reader = open_log(path, skip_bad_lines=skip_bad_lines)
     try:
-        yield from reader
+        yield from reader.chunks()
     finally:
         reader._stream.close()
 

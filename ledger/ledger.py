@@ -63,13 +63,9 @@ class Ledger:
 
     def extend(self, events: Iterable[Event]) -> list[Release]:
         """Append and fold a batch under one lock; returns the releases it caused."""
-        out: list[Release] = []
         with self._lock:
-            apply = self.state.apply
-            for stored in self.log.extend(events):
-                release = apply(stored)
-                if release is not None:
-                    out.append(release)
+            # filter(None, ...) keeps the releases: a Release is always truthy, None is not.
+            out: list[Release] = list(filter(None, map(self.state.apply, self.log.extend(events))))
             self._outbox.extend(out)
         return out
 

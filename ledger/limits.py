@@ -23,14 +23,18 @@ DEFAULT_CLOCK_SKEW_S = 0.5
 JSONL_LINE_BYTES_MAX = 1 << 20
 """An incident-log line longer than this is rejected (one event is a few hundred bytes)."""
 
-JSONL_CHUNK_BYTES = 1 << 20
-"""Bytes of whole lines an incident-log reader decodes at once."""
+JSONL_CHUNK_BYTES = 1 << 17
+"""Bytes of whole lines an incident-log reader decodes at once (a few hundred events: what they
+allocate stays in the CPU's cache until the fold is done with them; 1 MiB decoded 25% slower)."""
 
 FINDINGS_WORST_MAX = 10
 """How many findings a summary lists in full."""
 
 REPLAY_COMPACT_EVERY = 16_384
 """Events between compactions of cleanly released sides during an offline replay."""
+
+REPLAY_BATCH_EVENTS = 4_096
+"""Events a replay folds at once when handed a plain stream (a JSONL log comes in its own chunks)."""
 
 EXPORT_BATCH_EVENTS = 5_000
 """Events per transaction when `kvledger export` loads a log into a store."""
@@ -43,3 +47,12 @@ LOG_EVENTS_RETAINED_MAX = 1_000_000
 
 REPLAY_RETAIN_S = 60.0
 """Log seconds a replay keeps a cleanly released side before compacting it (late events still land on it)."""
+
+LAYERS_MAX = 1 << 16
+"""Layer numbers are below this (a layer set is a bitmask: this bounds it at 8 KiB)."""
+
+RANKS_MAX = 1 << 12
+"""Consumer ranks are below this (release acks are a bitmask of ranks too)."""
+
+LAYER_MASKS_CACHED_MAX = 4096
+"""Distinct layer tuples whose bitmask the fold remembers (a few per model: one per step's slice)."""

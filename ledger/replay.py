@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import islice
+from operator import attrgetter
 
 from ledger.advice import LatencyRecorder
 from ledger.decisions import Release
 from ledger.events import Event
 from ledger.fold import LedgerState
-from ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
+from ledger.limits import REPLAY_BATCH_EVENTS, REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
+
+_ts_of = attrgetter("ts")
 
 
 @dataclass
@@ -34,49 +38,71 @@ def replay(
     compact_every: int | None = REPLAY_COMPACT_EVERY,
     keep_releases: bool = True,
 ) -> ReplayResult:
-    """Fold `events` into a fresh state, leaving out events after `until_ts` or past `until_seq` (per source).
+    """`replay_chunks` over a plain event stream (taken in lists of `REPLAY_BATCH_EVENTS`)."""
+    it = iter(events)
+    chunks = iter(lambda: list(islice(it, REPLAY_BATCH_EVENTS)), [])
+    return replay_chunks(
+        chunks, until_seq=until_seq, until_ts=until_ts, on_progress=on_progress,
+        compact_every=compact_every, keep_releases=keep_releases,
+    )  # fmt: skip
+
+
+def replay_chunks(
+    chunks: Iterable[list[Event]],
+    *,
+    until_seq: int | None = None,
+    until_ts: float | None = None,
+    on_progress: Callable[[int], None] | None = None,
+    compact_every: int | None = REPLAY_COMPACT_EVERY,
+    keep_releases: bool = True,
+) -> ReplayResult:
+    """Fold lists of events into a fresh state, leaving out events after `until_ts` or past
+    `until_seq` (per source).
 
     The state is fresh and private: an error while reading leaves nothing half-applied
-    anywhere else. Every `compact_every` events (rounded down to a power of two), cleanly released sides are compacted
-    away once their last event is `REPLAY_RETAIN_S` older than the newest (their counts
-    kept), so memory follows live transfers, not log length; sides with audit evidence
-    are kept.
+    anywhere else. Once at least `compact_every` events have been folded since the last time,
+    sides decided more than `REPLAY_RETAIN_S` (log time) before the newest event are forgotten
+    (their counts kept; O(1) each), so memory follows live transfers, not log length; sides
+    with audit evidence are kept. Each list is folded by `map` over the fold's `apply`: no
+    Python step per event besides the fold itself.
     """
     result = ReplayResult(LedgerState())
     state = result.state
-    apply = state.apply
+    apply, forget = state.apply, state.forget_decided
+    transfers = state.transfers
     observe = result.latencies.observe
     releases = result.releases
     release_count = 0
     n = 0
+    next_compaction = compact_every or 0
     first_ts: float | None = None
     last_ts = float("-inf")
-    compact_mask = (1 << max(0, (compact_every or 1).bit_length() - 1)) - 1
-    for event in events:
-        if until_ts is not None and event.ts > until_ts:
-            result.stopped_early = True
-            continue  # not break: one source's clock may step back past the cut
-        if until_seq is not None and event.seq > until_seq:
-            result.stopped_early = True
+    for chunk in chunks:
+        if until_ts is not None or until_seq is not None:
+            kept = [
+                e for e in chunk
+                if (until_ts is None or e.ts <= until_ts) and (until_seq is None or e.seq <= until_seq)
+            ]  # fmt: skip
+            if len(kept) < len(chunk):
+                result.stopped_early = True  # not a stop: one source's clock may step back past the cut
+            chunk = kept
+        if not chunk:
             continue
-        release = apply(event)
-        if release is not None:
-            release_count += 1
-            observe(release, state.transfers[(release.source, release.transfer_id)])
-            if keep_releases:
-                releases.append(release)
-        n += 1
-        if event.ts > last_ts:
-            last_ts = event.ts
-        if not n & compact_mask:
-            if first_ts is None:
-                first_ts = event.ts
-            if compact_every is not None:
-                state.compact(clean_only=True, decided_before_ts=last_ts - REPLAY_RETAIN_S)
-            if on_progress is not None:
-                on_progress(n)
-        elif n == 1:
-            first_ts = event.ts
+        decided = list(filter(None, map(apply, chunk)))
+        for release in decided:
+            observe(release, transfers[(release.source, release.transfer_id)])
+        release_count += len(decided)
+        if keep_releases:
+            releases.extend(decided)
+        if first_ts is None:
+            first_ts = chunk[0].ts
+        last_ts = max(last_ts, max(map(_ts_of, chunk)))
+        n += len(chunk)
+        if compact_every is not None and n >= next_compaction:
+            forget(last_ts - REPLAY_RETAIN_S, keep_evidence=True)
+            next_compaction = n + compact_every
+        if on_progress is not None:
+            on_progress(n)
     result.events, result.first_ts, result.last_ts = n, first_ts, (last_ts if n else None)
     result.release_count = release_count
     return result

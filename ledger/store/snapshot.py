@@ -9,29 +9,58 @@ then refolds from the start) rather than silently dropping a field.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
+from typing import Any
 
 import msgspec
 
 from ledger.decisions import Cause, Key
-from ledger.fold import LedgerState, TransferState
+from ledger.fold import LedgerState, PhaseName, TransferState
 
-FORMAT = 3
+FORMAT = 4
 """Bumped whenever the encoding below changes."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
-    "orphans_expired", "expired_producers", "sources", "tombstones", "late_after_compaction",
-    "releases_by_cause", "blocks_held", "_handlers", "decided",
+    "orphans_expired", "expired_producers", "sources", "tombstones", "tombstones_old", "late_after_compaction",
+    "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks",
 })  # fmt: skip
+"""Every LedgerState field this encoding knows; `_handlers` and `layer_masks` are rebuilt, not written."""
 _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode")
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
+
+
+_MASK_FIELDS = frozenset(name for name in TransferState.__struct_fields__ if name.endswith("_mask"))
+"""Layer and rank bitmasks: ints past 64 bits (a 126-layer model), which msgpack cannot hold."""
+
+_StoredSide = msgspec.defstruct(
+    "_StoredSide",
+    [(f.name, bytes if f.name in _MASK_FIELDS else f.type, f.default) for f in msgspec.structs.fields(TransferState)],
+    array_like=True,
+)
+"""TransferState as written: its fields in order, bitmasks as little-endian bytes."""
+
+
+def _stored(t: TransferState) -> Any:
+    values: list[Any] = list(msgspec.structs.astuple(t))
+    for i, name in enumerate(TransferState.__struct_fields__):
+        if name in _MASK_FIELDS:
+            values[i] = values[i].to_bytes((values[i].bit_length() + 7) // 8, "little")
+    return _StoredSide(*values)
+
+
+def _restored(stored: Any) -> TransferState:
+    values: list[Any] = list(msgspec.structs.astuple(stored))
+    for i, name in enumerate(TransferState.__struct_fields__):
+        if name in _MASK_FIELDS:
+            values[i] = int.from_bytes(values[i], "little")
+    return TransferState(*values)
 
 
 class _Document(msgspec.Struct, kw_only=True):
     format: int
     transfer_fields: list[str]
-    transfers: list[TransferState]
+    transfers: list[_StoredSide]  # type: ignore[valid-type]
     live: list[Key]
     unmapped: list[Key]
     deadlines: list[tuple[float, int, str, str]]
@@ -42,7 +71,8 @@ class _Document(msgspec.Struct, kw_only=True):
     orphans_expired: list[Key]
     expired_producers: list[Key]
     sources: list[str]
-    tombstones: list[tuple[Key, Cause]]
+    tombstones: list[tuple[Key, PhaseName]]
+    tombstones_old: list[tuple[Key, PhaseName]]
     late_after_compaction: int
     releases_by_cause: list[tuple[Cause, int]]
     blocks_held: int
@@ -69,7 +99,7 @@ def encode(state: LedgerState) -> bytes:
     document = _Document(
         format=FORMAT,
         transfer_fields=list(TransferState.__struct_fields__),
-        transfers=list(state.transfers.values()),
+        transfers=[_stored(t) for t in state.transfers.values()],
         live=list(state.live),
         unmapped=list(state.unmapped),
         deadlines=state.deadlines,
@@ -81,10 +111,11 @@ def encode(state: LedgerState) -> bytes:
         expired_producers=list(state.expired_producers),
         sources=list(state.sources),
         tombstones=list(state.tombstones.items()),
+        tombstones_old=list(state.tombstones_old.items()),
         late_after_compaction=state.late_after_compaction,
         releases_by_cause=list(state.releases_by_cause.items()),
         blocks_held=state.blocks_held,
-        decided=list(state.decided),
+        decided=[(ts, key) for ts, key, _ in state.decided],
         counters={name: list(getattr(state, name).items()) for name in counters},
     )
     return _encoder.encode(document)
@@ -104,7 +135,8 @@ def decode(body: bytes) -> LedgerState:
     if doc.transfer_fields != list(TransferState.__struct_fields__):
         raise SnapshotFormatError("TransferState fields changed since the snapshot was written")
     state = LedgerState()
-    transfers = state.transfers = {t.key: t for t in doc.transfers}
+    sides = [_restored(stored) for stored in doc.transfers]
+    transfers = state.transfers = {t.key: t for t in sides}
     state.live = {key: transfers[key] for key in doc.live}
     state.unmapped = {key: transfers[key] for key in doc.unmapped}
     state.deadlines = doc.deadlines
@@ -115,11 +147,12 @@ def decode(body: bytes) -> LedgerState:
     state.orphans_expired = dict.fromkeys(doc.orphans_expired)
     state.expired_producers = dict.fromkeys(doc.expired_producers)
     state.sources = dict.fromkeys(doc.sources)
-    state.tombstones = OrderedDict(doc.tombstones)
+    state.tombstones = dict(doc.tombstones)
+    state.tombstones_old = dict(doc.tombstones_old)
     state.late_after_compaction = doc.late_after_compaction
     state.releases_by_cause = dict(doc.releases_by_cause)
     state.blocks_held = doc.blocks_held
-    state.decided = deque((ts, (source, tid)) for ts, (source, tid) in doc.decided)
+    state.decided = deque((ts, (source, tid), transfers[(source, tid)]) for ts, (source, tid) in doc.decided)
     for name in _COUNTER_FIELDS:
         if hasattr(state, name) != (name in doc.counters):
             raise SnapshotFormatError(f"LedgerState field {name} appeared or went since the snapshot")

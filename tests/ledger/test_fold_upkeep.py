@@ -1,0 +1,139 @@
+"""The fold's compact representation and upkeep: layer and rank bitmasks, bounded tombstones,
+forgetting decided sides in O(1), and a snapshot of all of it."""
+
+from __future__ import annotations
+
+import pytest
+
+import ledger.fold as fold_module
+from ledger.audit import audit, counts_by_code
+from ledger.fold import LedgerState, bits, fold_all, layers_mask
+from ledger.limits import LAYERS_MAX, RANKS_MAX
+from ledger.store import snapshot
+from tests.ledger.builders import Side
+
+T = "tx-1"
+
+
+def test_bits_and_layers_mask_round_trip() -> None:
+    layers = (0, 3, 63, 64, 200)
+    assert bits(layers_mask(layers)) == set(layers)
+    assert layers_mask(()) == 0 and bits(0) == set()
+    assert layers_mask((1, -1)) == -1
+    assert layers_mask((LAYERS_MAX,)) == -1
+
+
+def test_layer_and_rank_numbers_out_of_range_are_evidence_not_state() -> None:
+    p = Side("prefill-0/tp0")
+    state = LedgerState()
+    events = [
+        p.map(T, "p-1", "producer", "write", acks=2),
+        p.schedule(T, (0, 1), op="write"),
+        p.schedule(T, (LAYERS_MAX,), op="write"),  # no model has this layer
+        p.ack(T, "write", (-3,)),
+        p.ack(T, "release", rank=RANKS_MAX),  # no such rank
+        p.ack(T, "release", rank=-1),
+    ]
+    assert [state.apply(e) for e in events] == [None] * len(events)
+    t = state.transfers[(p.source, T)]
+    assert t.scheduled == {0, 1} and t.acked == set() and t.release_ranks == set()
+    assert t.over_ack_seqs == [3, 4, 5, 6]
+    assert counts_by_code(audit(state, now=p.ts))["over_ack"] == 1
+    # The side still completes on its real evidence.
+    assert state.apply(p.ack(T, "write", (0, 1))) is None
+    release = state.apply(p.seal(T, 2))
+    assert release is not None and release.cause == "completed"
+
+
+def test_the_inline_write_path_and_the_handlers_agree() -> None:
+    """Acks that complete, duplicate or run ahead of their schedule leave the fast path for the
+    handler: the outcome is the same as one event at a time through the general rules."""
+    p = Side("prefill-0/tp0")
+    state, releases = fold_all(
+        [
+            p.map(T, "p-1", "producer", "write"),
+            p.schedule(T, (0, 1), op="write"),
+            p.ack(T, "write", (0, 1)),
+            p.ack(T, "write", (1,)),  # duplicate
+            p.ack(T, "write", (2,)),  # before its schedule
+            p.schedule(T, (2, 3), op="write"),  # adopts the early ack of layer 2
+            p.seal(T, 4),
+            p.ack(T, "write", (3,)),  # completes
+        ]
+    )
+    t = state.transfers[(p.source, T)]
+    assert [(r.cause, r.seq) for r in releases] == [("completed", 8)]
+    assert t.acked == {0, 1, 2, 3} and t.early_acks == set()
+    assert t.duplicate_seqs == [4] and t.over_ack_seqs == [5]
+
+
+def test_tombstones_are_bounded_in_two_generations(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fold_module, "TOMBSTONES_MAX", 8)
+    p = Side("prefill-0/tp0")
+    events = []
+    for i in range(10):
+        events += [p.map(f"tx-{i}", f"p-{i}", blocks=(i,)), p.ack(f"tx-{i}", "release")]
+    state, releases = fold_all(events)
+    assert len(releases) == 10
+    assert state.forget_decided(before_ts=p.ts + 1) == 10
+    assert not state.transfers
+    assert len(state.tombstones) + len(state.tombstones_old) <= 8
+    assert (p.source, "tx-9") in state.tombstones
+    # tx-5 is remembered (older generation): its late ack is absorbed as late, not an orphan.
+    assert state.apply(p.ack("tx-5", "release", rank=1)) is None
+    assert state.late_after_compaction == 1 and not state.unmapped
+    # tx-0 is past the bound: its late ack is an orphan again, as with any bounded memory.
+    state.apply(p.ack("tx-0", "release", rank=1))
+    assert (p.source, "tx-0") in state.unmapped
+
+
+def test_forget_decided_keeps_evidence_when_asked_and_late_events_delay_it() -> None:
+    p = Side("prefill-0/tp0", start_ts=0.0, step_s=1.0)
+    state, _ = fold_all(
+        [
+            p.map("clean", "p-1"),
+            p.ack("clean", "release"),  # decided at ts 2
+            p.map("dup", "p-2", blocks=(7,)),
+            p.ack("dup", "release"),  # decided at ts 4
+            p.ack("dup", "release"),  # late at ts 5: evidence
+            p.map("slow", "p-3", blocks=(8,)),
+            p.ack("slow", "release"),  # decided at ts 7
+        ]
+    )
+    state.apply(p.ack("slow", "release", rank=1, ts=20.0))  # late: the side stays visible longer
+    assert state.forget_decided(before_ts=10.0, keep_evidence=True) == 1
+    assert set(k[1] for k in state.transfers) == {"dup", "slow"}
+    assert state.forget_decided(before_ts=10.0, keep_evidence=True) == 0
+    assert state.forget_decided(before_ts=30.0, keep_evidence=True) == 0  # "slow" has a late event now
+    assert set(k[1] for k in state.transfers) == {"dup", "slow"}
+    assert state.compacted_by_phase == {"completed": 1}
+
+
+def test_an_orphan_expired_then_mapped_is_forgotten_once() -> None:
+    p = Side("prefill-0/tp0")
+    state, releases = fold_all([p.ack(T, "release"), p.expire(T, "transfer"), p.map(T, "p-1")])
+    assert [r.cause for r in releases] == ["expired"]
+    assert len(state.decided) == 1  # the orphan-expiry entry gave way to the decision's
+    assert state.forget_decided(before_ts=p.ts + 1) == 1
+    assert state.forget_decided(before_ts=p.ts + 1) == 0 and not state.transfers
+
+
+def test_snapshot_round_trips_masks_and_both_tombstone_generations(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fold_module, "TOMBSTONES_MAX", 4)
+    p = Side("prefill-0/tp0")
+    events = [p.map("w", "p-w", "producer", "write", blocks=(50,)), p.schedule("w", (0, 2, 70), op="write")]
+    events.append(p.ack("w", "write", (2,)))
+    for i in range(5):
+        events += [p.map(f"tx-{i}", f"p-{i}", blocks=(i,), acks=2), p.ack(f"tx-{i}", "release", rank=1)]
+        events.append(p.ack(f"tx-{i}", "release", rank=0))
+    state, _ = fold_all(events)
+    state.forget_decided(before_ts=p.ts + 1)
+    assert state.tombstones and state.tombstones_old
+    restored = snapshot.decode(snapshot.encode(state))
+    assert snapshot.encode(restored) == snapshot.encode(state)
+    w = restored.transfers[(p.source, "w")]
+    assert w.scheduled == {0, 2, 70} and w.acked == {2}
+    assert restored.tombstones == state.tombstones and restored.tombstones_old == state.tombstones_old
+    # The restored state folds on exactly as the original does.
+    more = [p.ack("w", "write", (0, 70)), p.seal("w", 3), p.ack("tx-1", "release", rank=0)]
+    assert [restored.apply(e) for e in more] == [state.apply(e) for e in more]
