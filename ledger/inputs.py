@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
-from itertools import islice
 from pathlib import Path
 
 from ledger.events import Event
 from ledger.jsonl import LogReader, open_log
-from ledger.limits import REPLAY_BATCH_EVENTS
-from ledger.merge import merge
+from ledger.merge import batched, merge_chunks
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -50,30 +48,30 @@ class Inputs:
         return sum(p.stat().st_size for p in self.paths)
 
     def chunks(self) -> Iterator[list[Event]]:
-        """The merged stream in lists, for `replay_chunks`: a single JSONL log comes in its
-        reader's decoded chunks, without a generator step per event."""
-        if len(self.paths) == 1 and self.paths[0].exists() and not is_sqlite_file(self.paths[0]):
-            reader = self._open_jsonl(self.paths[0])
-            return reader.chunks()
-        events = self.events()
-        return iter(lambda: list(islice(events, REPLAY_BATCH_EVENTS)), [])
+        """The merged stream in lists, for `replay_chunks`: JSONL logs come in their readers'
+        decoded chunks and are merged chunk by chunk, without a generator step per event."""
+        streams, names = self._streams()
+        if len(streams) == 1:
+            return iter(streams[0])
+        return merge_chunks(streams, names=names)
 
     def events(self) -> Iterator[Event]:
-        streams: list[Iterator[Event]] = []
+        return (event for chunk in self.chunks() for event in chunk)
+
+    def _streams(self) -> tuple[list[Iterable[list[Event]]], list[str]]:
+        streams: list[Iterable[list[Event]]] = []
         names: list[str] = []
         for path in self.paths:
             if not path.exists():
                 raise FileNotFoundError(f"{path}: no such file")
             if is_sqlite_file(path):
                 for source, stream in self._store_streams(path):
-                    streams.append(stream)
+                    streams.append(batched(stream))
                     names.append(f"{path} ({source})")
             else:
-                streams.append(iter(self._open_jsonl(path)))
+                streams.append(self._open_jsonl(path).chunks())
                 names.append(str(path))
-        if len(streams) == 1:
-            return streams[0]
-        return merge(streams, names=names)
+        return streams, names
 
     def _open_jsonl(self, path: Path) -> LogReader:
         reader = open_log(path, skip_bad_lines=self.skip_bad_lines)

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import islice
 from operator import attrgetter
 
 from ledger.advice import LatencyRecorder
 from ledger.decisions import Release
 from ledger.events import Event
 from ledger.fold import LedgerState
-from ledger.limits import REPLAY_BATCH_EVENTS, REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
+from ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
 
 _ts_of = attrgetter("ts")
 
@@ -27,24 +26,6 @@ class ReplayResult:
     first_ts: float | None = None
     last_ts: float | None = None
     stopped_early: bool = False
-
-
-def replay(
-    events: Iterable[Event],
-    *,
-    until_seq: int | None = None,
-    until_ts: float | None = None,
-    on_progress: Callable[[int], None] | None = None,
-    compact_every: int | None = REPLAY_COMPACT_EVERY,
-    keep_releases: bool = True,
-) -> ReplayResult:
-    """`replay_chunks` over a plain event stream (taken in lists of `REPLAY_BATCH_EVENTS`)."""
-    it = iter(events)
-    chunks = iter(lambda: list(islice(it, REPLAY_BATCH_EVENTS)), [])
-    return replay_chunks(
-        chunks, until_seq=until_seq, until_ts=until_ts, on_progress=on_progress,
-        compact_every=compact_every, keep_releases=keep_releases,
-    )  # fmt: skip
 
 
 def replay_chunks(

@@ -9,9 +9,9 @@ from pathlib import Path
 from ledger.audit import Finding, audit
 from ledger.decisions import Key, Release
 from ledger.fold import LedgerState
-from ledger.jsonl import read_events
-from ledger.merge import merge
-from ledger.replay import replay
+from ledger.jsonl import read_chunks
+from ledger.merge import merge_chunks
+from ledger.replay import replay_chunks
 
 
 @dataclass
@@ -34,7 +34,7 @@ def fold_logs(folder: Path, *, only: str = "") -> FoldedLogs:
     """Merge and fold the logs whose file name starts with `only` (all by default); audit at the last event."""
     paths = sorted(p for p in folder.glob(f"{only}*.jsonl"))
     assert paths, f"no incident logs in {folder}"
-    result = replay(merge([read_events(p) for p in paths], [str(p) for p in paths]), compact_every=None)
+    result = replay_chunks(merge_chunks([read_chunks(p) for p in paths], [str(p) for p in paths]), compact_every=None)
     now = result.last_ts or 0.0
     return FoldedLogs(result.state, result.releases, audit(result.state, now))
 

@@ -1,4 +1,4 @@
-"""Replay folds a log in decoded chunks: the outcome never depends on where the chunks fall."""
+"""Replay folds a log in decoded chunks: its decisions never depend on where the chunks fall."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import ledger.jsonl as jsonl_module
 from ledger.audit import audit
 from ledger.jsonl import LogFormatError, read_chunks, read_events, write_log
-from ledger.replay import ReplayResult, replay, replay_chunks
+from ledger.merge import batched
+from ledger.replay import ReplayResult, replay_chunks
 from ledger.summary import summarize
 from ledger.synth import SynthConfig, generate
 
@@ -41,7 +42,7 @@ def test_chunked_replay_equals_replay_one_event_at_a_time(
             # With compaction (64: many times over), which sides are forgotten when follows the
             # chunks; decisions never do. Without it, the whole state is the same.
             by_chunks = replay_chunks(read_chunks(path), compact_every=compact_every, **kwargs)  # type: ignore[arg-type]
-            one_by_one = replay(iter(events), compact_every=compact_every, **kwargs)  # type: ignore[arg-type]
+            one_by_one = replay_chunks(batched(events, 1), compact_every=compact_every, **kwargs)  # type: ignore[arg-type]
             whole = compact_every is None
             assert _outcome(by_chunks, whole_state=whole) == _outcome(one_by_one, whole_state=whole)
     assert replay_chunks(read_chunks(path), until_ts=until_ts).stopped_early

@@ -12,8 +12,8 @@ from connector.sim.config import StormConfig
 from connector.sim.driver import Storm
 from ledger.cli import app
 from ledger.decisions import Release
-from ledger.jsonl import read_events
-from ledger.replay import replay
+from ledger.jsonl import read_chunks
+from ledger.replay import replay_chunks
 from ledger.store.connect import open_store
 
 CONFIG = StormConfig(seed=9, requests=400, concurrency=96, fault_rate=0.05)
@@ -29,7 +29,7 @@ def test_incident_log_replays_to_the_live_decisions(tmp_path: Path) -> None:
         assert sum(len(v) for v in live.values()) > CONFIG.requests  # both sides, both processes decided
         # ledger.replay, the CLI's engine (it compacts as it goes): the same releases per source, in order.
         offline: dict[str, list[Release]] = {s: [] for s in live}
-        for release in replay(read_events(path)).releases:
+        for release in replay_chunks(read_chunks(path)).releases:
             offline[release.source].append(release)
         assert offline == live
         cli = CliRunner().invoke(app, ["replay", str(path), "--json"])
