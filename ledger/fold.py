@@ -154,14 +154,11 @@ class TransferState(msgspec.Struct, gc=False):
     decision: Release | None = None
     source: str = ""
     transfer_id: TransferId = TransferId("")
-    request_id: ReqId | None = None
-    block_ids: tuple[int, ...] = ()
-    deadline: float | None = None
-    map_seq: int = 0
-    first_seq: int = 0
-    first_ts: float = 0.0
-    remote_block_ids: tuple[int, ...] | None = None
-    peer: str | None = None
+    map_event: Map | None = None
+    """The side's map: its request id, blocks, peer and deadline are read from it (one reference
+    instead of eight copies, fewer objects to let go of when the side is forgotten)."""
+    first: Event | None = None
+    """The first event seen for this side (its map, in the common case)."""
     pending_fail_seq: int = 0
     """A terminal fail seen before the map: applied when the map arrives."""
     fail_reason: str = ""
@@ -179,6 +176,38 @@ class TransferState(msgspec.Struct, gc=False):
     @property
     def key(self) -> Key:
         return (self.source, self.transfer_id)
+
+    @property
+    def request_id(self) -> ReqId | None:
+        return self.map_event.request_id if self.map_event is not None else None
+
+    @property
+    def block_ids(self) -> tuple[int, ...]:
+        return self.map_event.block_ids if self.map_event is not None else ()
+
+    @property
+    def remote_block_ids(self) -> tuple[int, ...] | None:
+        return self.map_event.remote_block_ids if self.map_event is not None else None
+
+    @property
+    def peer(self) -> str | None:
+        return self.map_event.peer if self.map_event is not None else None
+
+    @property
+    def deadline(self) -> float | None:
+        return self.map_event.deadline if self.map_event is not None else None
+
+    @property
+    def map_seq(self) -> int:
+        return self.map_event.seq if self.map_event is not None else 0
+
+    @property
+    def first_seq(self) -> int:
+        return self.first.seq if self.first is not None else 0
+
+    @property
+    def first_ts(self) -> float:
+        return self.first.ts if self.first is not None else 0.0
 
     @property
     def last_seq(self) -> int:
@@ -228,8 +257,9 @@ class TransferState(msgspec.Struct, gc=False):
         out: dict[str, object] = {}
         for name in self.__struct_fields__:
             value = getattr(self, name)
-            if name == "last":
-                out["last_seq"], out["last_ts"] = self.last_seq, self.last_ts
+            if name in _EVENT_VIEWS:
+                for derived in _EVENT_VIEWS[name]:
+                    out[derived] = getattr(self, derived)
                 continue
             if name in _MASK_VIEWS:
                 name = _MASK_VIEWS[name]
@@ -239,6 +269,13 @@ class TransferState(msgspec.Struct, gc=False):
             out[name] = value
         return out
 
+
+_EVENT_VIEWS: Final[dict[str, tuple[str, ...]]] = {
+    "last": ("last_seq", "last_ts"),
+    "first": ("first_seq", "first_ts"),
+    "map_event": ("request_id", "block_ids", "remote_block_ids", "peer", "deadline", "map_seq"),
+}
+"""Event references and the plain fields read from them that snapshots and the API show."""
 
 _MASK_VIEWS: Final[dict[str, str]] = {
     "scheduled_mask": "scheduled",
@@ -382,8 +419,7 @@ class LedgerState:
         if event.source not in self.sources:
             self.sources[event.source] = None
         t = TransferState(
-            last=event, source=event.source, transfer_id=event.transfer_id,
-            first_seq=event.seq, first_ts=event.ts,
+            last=event, source=event.source, transfer_id=event.transfer_id, first=event,
         )  # fmt: skip
         self.transfers[key] = t
         self.unmapped[key] = t
@@ -393,14 +429,13 @@ class LedgerState:
         """The common case, a map before any other event of its side, in one step."""
         if e.source not in self.sources:
             self.sources[e.source] = None
-        seq, ts = e.seq, e.ts
+        seq = e.seq
         # Positional on purpose (msgspec parses keywords ~8x slower, and this runs once per side),
         # in field order: last, events, closed, role, phase, mode, the five masks and counts,
-        # acks_expected, recv, whole_acked, whole_scheduled, decision, then the map's ids.
+        # acks_expected, recv, whole_acked, whole_scheduled, decision, source, transfer_id, map, first.
         t = TransferState(
             e, 1, False, e.role, Phase.HELD, e.mode, 0, 0, None, 0, 0, e.acks_expected, False, False, False,
-            None, e.source, e.transfer_id, e.request_id, e.block_ids, e.deadline, seq, seq, ts,
-            e.remote_block_ids, e.peer,
+            None, e.source, e.transfer_id, e, e,
         )  # fmt: skip
         self.transfers[key] = t
         self.live[key] = t
@@ -438,13 +473,8 @@ class LedgerState:
         self.unmapped.pop(key, None)
         t.role = e.role
         t.mode = e.mode
-        t.request_id = e.request_id
-        t.block_ids = e.block_ids
-        t.remote_block_ids = e.remote_block_ids
-        t.peer = e.peer
+        t.map_event = e
         t.acks_expected = e.acks_expected
-        t.deadline = e.deadline
-        t.map_seq = e.seq
         t.phase = TRANSITIONS[(Phase.UNMAPPED, "map")]
         if t.expected is not None:
             t.phase = Phase.SEALED
@@ -638,9 +668,10 @@ class LedgerState:
 
     def _decide(self, t: TransferState, cause: Cause, seq: int, ts: float, reason: str) -> Release:
         assert t.decision is None, f"second decision for {t.key}"
-        assert t.role is not None and t.mode is not None and t.request_id is not None
+        m = t.map_event
+        assert m is not None and t.role is not None and t.mode is not None
         # Positional: see _first_map.
-        release = Release(t.source, t.transfer_id, t.request_id, t.role, t.mode, t.block_ids, cause, seq, ts, reason)
+        release = Release(t.source, t.transfer_id, m.request_id, t.role, t.mode, m.block_ids, cause, seq, ts, reason)
         t.decision = release
         t.closed = True
         if cause == "completed" and t.role == "consumer" and t.arrived_ts is None:
@@ -651,8 +682,8 @@ class LedgerState:
         if self.contested:
             self._free_blocks(t, key)
         else:  # the common case inline: no block has two claimants
-            self.blocks_held -= len(t.block_ids)
-            self.held[t.source].difference_update(t.block_ids)
+            self.blocks_held -= len(m.block_ids)
+            self.held[t.source].difference_update(m.block_ids)
         self.releases_by_cause[cause] += 1
         self.decided.append((ts, key, t))
         if cause == "expired" and t.role == "producer":
