@@ -9,7 +9,8 @@ DEADLINE_HEAP_SLACK = 4
 """The deadline heap is swept of decided sides when it holds this many times the live ones."""
 
 TOMBSTONES_MAX = 50_000
-"""Compacted transfer keys remembered, so a late event after compaction is late, not orphan."""
+"""Compacted transfer keys remembered (the newest half to all of this many, in two generations),
+so a late event after compaction is late, not orphan."""
 
 DEFAULT_TRANSFER_TIMEOUT_S = 30.0
 """MoRIIO's `transfer_timeout`: how long a transfer may sit without progress."""
