@@ -383,14 +383,14 @@ class WorkerCore:
     def _retry(self, now: float) -> None:
         """Re-issue operations that failed transiently, after a backoff, until transfer_timeout."""
         failures: list[Event] = []
-        for t in list(self.state.live.values()):
-            if not t.transient_failures or t.transfer_id in self.inflight:
+        for t in list(self.state.retrying.values()):  # the fold's index, not a scan of every live side
+            if t.transfer_id in self.inflight:
                 continue
             tid = TransferId(t.transfer_id)
             if t.mode == "read" and t.role == "consumer":
                 pending = not t.whole_acked
             elif t.mode == "write" and t.role == "producer":
-                pending = t.expected is not None and len(t.acked or ()) < t.expected and tid in self.remote
+                pending = t.expected is not None and t.acked_mask.bit_count() < t.expected and tid in self.remote
             else:
                 continue
             if not pending:
@@ -552,12 +552,9 @@ class WorkerCore:
         """Write every expected layer not yet issued (deferred) or not yet landed (retry)."""
         tid = TransferId(t.transfer_id)
         expected = t.expected if t.expected is not None else len(self.layer_names)
-        acked = t.acked or set()
         flying = {layer for layer, _ in self.inflight[tid].handles} if tid in self.inflight else set()
-        if attempt == 0:
-            todo = [layer for layer in range(expected) if layer not in (t.scheduled or set()) and layer not in flying]
-        else:
-            todo = [layer for layer in range(expected) if layer not in acked and layer not in flying]
+        done = t.scheduled_mask if attempt == 0 else t.acked_mask  # bit i: layer i issued / landed
+        todo = [layer for layer in range(expected) if not done >> layer & 1 and layer not in flying]
         issued = [layer for layer in todo if self._write_layer(tid, layer)]
         if issued:
             self.ledger.append(

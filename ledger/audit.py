@@ -149,7 +149,7 @@ def _anomalies(t: TransferState) -> list[Finding]:
                 "over_ack",
                 t,
                 tuple(t.over_ack_seqs),
-                f"acks beyond what was scheduled or sealed (expected {t.expected}, acked {len(t.acked or ())})",
+                f"acks beyond what was scheduled or sealed (expected {t.expected}, acked {t.acked_mask.bit_count()})",
             )
         )
     if t.reuse_seqs:

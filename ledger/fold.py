@@ -339,6 +339,8 @@ class LedgerState:
         """Never-mapped sides whose early events were expired."""
         self.expired_producers: dict[Key, None] = {}
         """Producer sides released by expire: candidates for premature_release."""
+        self.retrying: dict[Key, TransferState] = {}
+        """Undecided sides with a transient failure: what a worker re-issues, without scanning every live side."""
         self.sources: dict[str, None] = {}
         self.tombstones: dict[Key, PhaseName] = {}
         """Keys of compacted sides -> the phase they ended in, newest generation. When it holds
@@ -590,6 +592,7 @@ class LedgerState:
     def _on_fail(self, t: TransferState, e: Fail) -> Release | None:
         if e.retryable:
             t.transient_failures += 1
+            self.retrying[(t.source, t.transfer_id)] = t
             return None
         if t.role is None:
             if not t.pending_fail_seq:
@@ -606,6 +609,8 @@ class LedgerState:
             del self.unmapped[key]
             self.decided.append((e.ts, key, t))
             self.orphans_expired[key] = None
+            if self.retrying:
+                self.retrying.pop(key, None)
             return None
         return self._decide(t, "expired", e.seq, e.ts, f"{e.deadline} deadline passed")
 
@@ -686,6 +691,8 @@ class LedgerState:
             self.held[t.source].difference_update(m.block_ids)
         self.releases_by_cause[cause] += 1
         self.decided.append((ts, key, t))
+        if self.retrying:
+            self.retrying.pop(key, None)
         if cause == "expired" and t.role == "producer":
             self.expired_producers[key] = None
         return release

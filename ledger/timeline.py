@@ -84,10 +84,10 @@ def why(release: Release, side: TransferState) -> str:
     if release.cause == "expired":
         return f"expired: {release.reason}" + (" (its blocks are load errors)" if release.load_error else "")
     if side.role == "producer" and side.mode == "read":
-        ranks = ",".join(map(str, sorted(side.release_ranks or ())))
+        ranks = ",".join(map(str, sorted(side.release_ranks)))
         return f"completed: {side.acks_expected} release ack(s) arrived (ranks {ranks})"
     if side.role == "producer":
-        if side.expected is not None and len(side.acked or ()) >= side.expected:
+        if side.expected is not None and side.acked_mask.bit_count() >= side.expected:
             return f"completed: sealed at {side.expected} writes, all acked"
         return "completed: the consumer released the transfer"
     if side.recv:

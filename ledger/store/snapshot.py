@@ -22,8 +22,8 @@ FORMAT = 4
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
-    "orphans_expired", "expired_producers", "sources", "tombstones", "tombstones_old", "late_after_compaction",
-    "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks",
+    "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
+    "late_after_compaction", "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks",
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `_handlers` and `layer_masks` are rebuilt, not written."""
 _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode")
@@ -70,6 +70,7 @@ class _Document(msgspec.Struct, kw_only=True):
     anomalous: list[Key]
     orphans_expired: list[Key]
     expired_producers: list[Key]
+    retrying: list[Key]
     sources: list[str]
     tombstones: list[tuple[Key, PhaseName]]
     tombstones_old: list[tuple[Key, PhaseName]]
@@ -109,6 +110,7 @@ def encode(state: LedgerState) -> bytes:
         anomalous=list(state.anomalous),
         orphans_expired=list(state.orphans_expired),
         expired_producers=list(state.expired_producers),
+        retrying=list(state.retrying),
         sources=list(state.sources),
         tombstones=list(state.tombstones.items()),
         tombstones_old=list(state.tombstones_old.items()),
@@ -146,6 +148,7 @@ def decode(body: bytes) -> LedgerState:
     state.anomalous = dict.fromkeys(doc.anomalous)
     state.orphans_expired = dict.fromkeys(doc.orphans_expired)
     state.expired_producers = dict.fromkeys(doc.expired_producers)
+    state.retrying = {key: transfers[key] for key in doc.retrying}
     state.sources = dict.fromkeys(doc.sources)
     state.tombstones = dict(doc.tombstones)
     state.tombstones_old = dict(doc.tombstones_old)

@@ -137,3 +137,17 @@ def test_snapshot_round_trips_masks_and_both_tombstone_generations(monkeypatch: 
     # The restored state folds on exactly as the original does.
     more = [p.ack("w", "write", (0, 70)), p.seal("w", 3), p.ack("tx-1", "release", rank=0)]
     assert [restored.apply(e) for e in more] == [state.apply(e) for e in more]
+
+
+def test_sides_with_transient_failures_are_indexed_until_decided() -> None:
+    p = Side("decode-0/tp0")
+    state = LedgerState()
+    state.apply(p.fail("orphan", retryable=True))
+    for event in (p.map(T, "c-1", "consumer", "read", remote=(1, 2, 3)), p.fail(T, "queue full", retryable=True)):
+        state.apply(event)
+    assert list(state.retrying) == [(p.source, "orphan"), (p.source, T)]
+    restored = snapshot.decode(snapshot.encode(state))
+    assert restored.retrying == {k: restored.transfers[k] for k in state.retrying}
+    assert state.apply(p.ack(T, "read")) is not None
+    state.apply(p.expire("orphan", "transfer"))
+    assert state.retrying == {}
