@@ -22,6 +22,13 @@ DEFAULT_TRANSPORT_PORT = 62005
 
 PORT_MAX = 65535
 
+FREE_PORT_MIN = 20_000
+"""Tests and the simulator take loopback ports from here up to the ephemeral range (clear of
+well-known services such as PostgreSQL on 5432)."""
+
+EPHEMERAL_PORT_LOW_DEFAULT = 32_768
+"""Linux's default start of the ephemeral range, where `ip_local_port_range` cannot be read."""
+
 MESSAGE_VERSION = 1
 """Wire version of every notification message; a message with another version is dropped."""
 

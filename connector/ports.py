@@ -9,9 +9,10 @@ agree only when `dp == 0` or `tp_size == 1`. Here both sides call `rank_port`.
 
 from __future__ import annotations
 
+import random
 import socket
 
-from connector.limits import PORT_MAX
+from connector.limits import EPHEMERAL_PORT_LOW_DEFAULT, FREE_PORT_MIN, PORT_MAX
 
 
 def port_offset(dp_rank: int, tp_rank: int, tp_size: int) -> int:
@@ -74,20 +75,35 @@ def consumer_ranks_of(producer_tp_rank: int, producer_tp_size: int, consumer_tp_
 
 
 def free_loopback_ports(count: int) -> list[int]:
-    """Distinct free ports on 127.0.0.1, chosen by the kernel (bound, then released for the caller to bind).
+    """Distinct free ports on 127.0.0.1, for tests and the simulator.
 
-    For tests and the simulator: another program may take one in between, so callers that bind
-    them retry on a clash.
+    Drawn at random below the kernel's ephemeral range (`ip_local_port_range`), from
+    `FREE_PORT_MIN` up: the kernel never hands those out for `bind(0)` or an outgoing
+    connection, so the many sockets a vLLM engine opens while it starts cannot take one
+    between our choosing and the engine binding it. Another program choosing the same
+    way still could, so callers that bind them retry on a clash.
     """
-    sockets: list[socket.socket] = []
+    ephemeral_low = _ephemeral_low()
+    candidates = list(range(FREE_PORT_MIN, ephemeral_low))
+    random.SystemRandom().shuffle(candidates)
     ports: list[int] = []
+    for port in candidates:
+        if len(ports) == count:
+            return ports
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+    if len(ports) == count:
+        return ports
+    raise OSError(f"no {count} free ports on 127.0.0.1 between {FREE_PORT_MIN} and {ephemeral_low}")
+
+
+def _ephemeral_low() -> int:
     try:
-        for _ in range(count):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in sockets:
-            s.close()
-    return ports
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_PORT_LOW_DEFAULT

@@ -211,3 +211,17 @@ def test_handshake_times_out_without_metadata() -> None:
     finally:
         dialer.close()
         listener.close()
+
+
+def test_free_loopback_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
+    import socket
+
+    from connector.limits import FREE_PORT_MIN
+    from connector.ports import _ephemeral_low
+
+    ports = free_loopback_ports(8)
+    assert len(set(ports)) == 8
+    assert all(FREE_PORT_MIN <= port < _ephemeral_low() for port in ports)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
