@@ -33,6 +33,10 @@ class TransferParams(msgspec.Struct, frozen=True, kw_only=True):
     remote_tp_size: int = 1
     remote_dp_rank: int = 0
 
+    def taken(self) -> TransferParams:
+        """These params once the request's one remote load was claimed (see `remote_prefill_taken`)."""
+        return msgspec.structs.replace(self, do_remote_prefill=False)
+
     def peer(self) -> PeerRef | None:
         """The remote engine these params name, or None if they name none."""
         if self.remote_host is None or self.remote_handshake_port is None or self.remote_notify_port is None:
@@ -60,6 +64,13 @@ def parse_params(raw: Mapping[str, Any] | None) -> TransferParams | None:
     if params.remote_tp_size < 1:
         raise ParamsError(f"kv_transfer_params.remote_tp_size: must be >= 1, got {params.remote_tp_size}")
     return params
+
+
+def remote_prefill_taken(raw: dict[str, Any]) -> None:
+    """Say in a request's own `kv_transfer_params` that its remote KV was claimed, as vLLM's NIXL and
+    MoRIIO connectors do after the first allocation ("only trigger 1 KV transfer per request"): when
+    vLLM asks again (preemption, recompute after a failed load), the request computes locally."""
+    raw["do_remote_prefill"] = False
 
 
 def consumer_params(

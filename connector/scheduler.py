@@ -21,7 +21,7 @@ from connector.index import RequestIndex
 from connector.metadata import AbortItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
 from connector.params import TransferParams, consumer_params
 from ledger.decisions import Release
-from ledger.events import Ack, Event, Fail, Map, ReqId, TransferId
+from ledger.events import Ack, Event, Fail, Map, ReqId, Role, TransferId
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -59,9 +59,28 @@ class SchedulerCore:
     def _allowed_peer(self, peer: PeerRef | None) -> bool:
         return peer is not None and self.config.find_peer(peer.host, peer.handshake_port, peer.notify_port) is not None
 
-    def _mapped(self, transfer_id: TransferId) -> bool:
-        t = self.state.transfers.get((self.source, transfer_id))
-        return t is not None and t.mapped
+    def _refused(self, transfer_id: TransferId) -> bool:
+        """A transfer id is single-use per side: this side mapped it before (live, decided or forgotten)."""
+        return self.state.was_mapped((self.source, transfer_id))
+
+    def _record_refused(self, request_id: ReqId, params: TransferParams, role: Role, now: float) -> None:
+        """A second request naming a used transfer id: its map is recorded so that the fold refuses it
+        (an id_reuse finding naming this request) and holds nothing for it."""
+        self.counters["transfer_id_reused"] += 1
+        peer = params.peer()
+        self._record(
+            Map(
+                ts=now,
+                source=self.source,
+                transfer_id=params.transfer_id,
+                request_id=request_id,
+                role=role,
+                mode=self.config.mode,
+                block_ids=(),
+                deadline=now,
+                peer=peer.label if peer else None,
+            )
+        )
 
     # -- hooks ----------------------------------------------------------------
 
@@ -69,13 +88,18 @@ class SchedulerCore:
         self, params: TransferParams | None, num_prompt_tokens: int, num_computed_tokens: int
     ) -> tuple[int, bool]:
         """get_num_new_matched_tokens: side-effect free. Loads are asynchronous in both modes (the
-        request waits in WAITING_FOR_REMOTE_KVS), and the last prompt token is recomputed locally."""
+        request waits in WAITING_FOR_REMOTE_KVS), and the last prompt token is recomputed locally.
+
+        A re-ask (vLLM preempted the request, or recomputes it after a failed load) is answered from
+        the request's own params: `on_alloc` had them say the remote KV was taken, as vLLM's NIXL and
+        MoRIIO connectors do, so the request computes locally. A transfer id this side used before is
+        never loaded again, whoever asks."""
         if self.config.role != "consumer" or params is None or not params.do_remote_prefill:
             return 0, False
         if self.config.mode == "read" and params.remote_block_ids is None:
             return 0, False
-        if self._mapped(params.transfer_id):
-            return 0, False  # asked again after the load: nothing more to fetch
+        if self._refused(params.transfer_id):
+            return 0, False
         count = num_prompt_tokens - num_computed_tokens - 1
         return (count, True) if count > 0 else (0, False)
 
@@ -86,12 +110,24 @@ class SchedulerCore:
         block_ids: Iterable[int],
         num_external_tokens: int,
         now: float,
-    ) -> None:
-        """update_state_after_alloc: the consumer maps the transfer onto its freshly allocated blocks."""
+    ) -> bool:
+        """update_state_after_alloc: the consumer maps the transfer onto its freshly allocated blocks.
+
+        Returns True when the request's params must from now on say that its remote KV was taken
+        (`do_remote_prefill` false; see `params.remote_prefill_taken`): only one transfer per request."""
         if self.config.role != "consumer" or params is None or not params.do_remote_prefill:
-            return
-        if num_external_tokens <= 0 or self._mapped(params.transfer_id):
-            return  # the second call for an async load, or nothing to load
+            return False
+        tid = params.transfer_id
+        if self.index.get(request_id) == tid:
+            return True  # the second call for an async load, from a caller that kept the params as they were
+        if self._refused(tid):
+            self._record_refused(request_id, params, "consumer", now)
+            return True
+        if num_external_tokens <= 0:
+            # Nothing to load (vLLM holds every token, or the prompt is one token long): the producer
+            # holds blocks for nobody, so it is told at once, as for a request aborted before allocation.
+            self._consumer_aborted(request_id, params, now)
+            return True
         peer = params.peer()
         blocks = tuple(block_ids)
         self._record(
@@ -118,7 +154,7 @@ class SchedulerCore:
                     reason=f"{REASON_PEER_NOT_ALLOWED}: {peer.label if peer else 'none named'}",
                 )
             )
-            return
+            return True
         self._step.recv.append(
             RecvItem(
                 transfer_id=params.transfer_id,
@@ -130,13 +166,14 @@ class SchedulerCore:
                 deadline=now + self.config.recv_abort_timeout_s,
             )
         )
+        return True
 
     def on_save(self, request_id: ReqId, params: TransferParams | None, block_ids: Iterable[int], now: float) -> None:
         """Producer, WRITE: the request's prompt completes in this step; its workers write every layer."""
         if self.config.role != "producer" or self.config.mode != "write":
             return
-        if params is None or not params.do_remote_decode:
-            return
+        if params is None or not params.do_remote_decode or self._refused(params.transfer_id):
+            return  # a used transfer id: request_finished refuses it, and nothing is written for it
         peer = params.peer()
         self._step.save.append(
             SaveItem(
@@ -156,15 +193,20 @@ class SchedulerCore:
             return False, None
         if self.config.role == "producer":
             return self._producer_finished(request_id, params, tuple(block_ids), now)
-        if params.do_remote_prefill and not self._mapped(params.transfer_id):
-            self._consumer_aborted(request_id, params, now)
+        if params.do_remote_prefill and not self._refused(params.transfer_id):
+            self._consumer_aborted(request_id, params, now)  # ended before its first allocation
         # A mapped consumer request: vLLM itself keeps its blocks until finished_recving.
         return False, None
 
     def _producer_finished(
         self, request_id: ReqId, params: TransferParams, blocks: tuple[int, ...], now: float
     ) -> tuple[bool, dict[str, Any] | None]:
-        if not params.do_remote_decode or not blocks or self._mapped(params.transfer_id):
+        if not params.do_remote_decode or not blocks:
+            return False, None
+        if self._refused(params.transfer_id):
+            # A used transfer id: vLLM frees the blocks now and the consumer gets no params (it prefills
+            # locally). Holding them would strand them: the fold keeps no side for a refused map.
+            self._record_refused(request_id, params, "producer", now)
             return False, None
         config = self.config
         peer = params.peer()

@@ -27,7 +27,7 @@ from connector.config import from_extra_config
 from connector.hooks_for_tests import corrupt_blocks
 from connector.incident_log import IncidentLog
 from connector.metadata import StepMetadata
-from connector.params import ParamsError, TransferParams, parse_params
+from connector.params import ParamsError, TransferParams, parse_params, remote_prefill_taken
 from connector.scheduler import SchedulerCore
 from connector.worker import WorkerCore
 from ledger.events import ReqId
@@ -146,7 +146,8 @@ class LedgerConnector(KVConnectorBase_V1):
         request_id = ReqId(request.request_id)
         if self.config.role == "consumer":
             block_ids = blocks.get_unhashed_block_ids() if num_external_tokens > 0 else []
-            core.on_alloc(request_id, params, block_ids, num_external_tokens, now)
+            if core.on_alloc(request_id, params, block_ids, num_external_tokens, now) and request.kv_transfer_params:
+                remote_prefill_taken(request.kv_transfer_params)
         elif self.config.mode == "write" and params is not None and params.do_remote_decode:
             # The whole prompt runs in this step (chunked prefill is not supported for WRITE producers yet).
             core.on_save(request_id, params, blocks.get_block_ids()[0], now)

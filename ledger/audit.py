@@ -153,12 +153,14 @@ def _anomalies(t: TransferState) -> list[Finding]:
             )
         )
     if t.reuse_seqs:
+        held = "holds it" if t.live else f"held it (released: {t.phase})"
+        by = ", ".join(t.reused_by or ())
         out.append(
             _finding(
                 "id_reuse",
                 t,
                 (t.map_seq, *t.reuse_seqs),
-                f"transfer id mapped to another request while {t.request_id} is live",
+                f"transfer id mapped again by request {by} while {t.request_id} {held}: refused",
             )
         )
     if t.duplicate_seqs:
@@ -174,11 +176,12 @@ def premature_releases(state: LedgerState, clock_skew_s: float) -> list[Finding]
     """
     out: list[Finding] = []
     for key in state.expired_producers:
-        producer = state.transfers[key]
-        assert producer.decision is not None
+        producer = state.side(key)  # whole, or rebuilt from its tombstone: compaction changes nothing here
+        if producer is None or producer.decision is None:
+            continue  # evicted past the tombstone bound (counted in tombstones_evicted)
         released_ts = producer.decision.ts
         for source in state.sources:
-            consumer = state.transfers.get((source, producer.transfer_id))
+            consumer = state.side((source, producer.transfer_id))
             if consumer is None or consumer.role != "consumer" or consumer.arrived_ts is None:
                 continue
             if consumer.arrived_ts > released_ts + clock_skew_s:

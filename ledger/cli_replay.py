@@ -22,7 +22,7 @@ from ledger.jsonl import LogFormatError
 from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 from ledger.merge import OverlapError
 from ledger.replay import ReplayResult, replay_chunks
-from ledger.summary import summarize
+from ledger.summary import compaction_warning, summarize
 from ledger.timeline import build
 
 EXIT_FINDINGS = 1
@@ -114,6 +114,13 @@ def _report_skipped(skipped: list[tuple[str, int, str]]) -> None:
         sys.stderr.write(f"kvledger: skipped {name}:{line}: {why}\n")
 
 
+def _report_compaction(result: ReplayResult) -> None:
+    """Never silent: when the replay's bounded memory evicted tombstones, some answers are approximate."""
+    warning = compaction_warning(result.state)
+    if warning is not None:
+        sys.stderr.write(f"kvledger: warning: {warning}\n")
+
+
 def _findings_table(findings: list[Finding], title: str) -> Table:
     table = Table(title=title, title_justify="left")
     for column in ("severity", "code", "transfer", "source", "request", "blocks", "evidence seqs", "detail"):
@@ -153,6 +160,7 @@ def replay_command(
     config = guarded(lambda: AuditConfig(transfer_timeout_s=transfer_timeout, clock_skew_s=clock_skew))
     result, skipped = load(logs, until_seq=until_seq, until_ts=until_ts, skip_bad=skip_bad_lines, keep_releases=as_json)
     _report_skipped(skipped)
+    _report_compaction(result)
     clock = now if now is not None else (result.last_ts or 0.0)
     findings = audit(result.state, clock, config)
     summary = summarize(result.state, findings)
@@ -216,6 +224,7 @@ def audit_command(
     config = guarded(lambda: AuditConfig(transfer_timeout_s=transfer_timeout, clock_skew_s=clock_skew))
     result, skipped = load(logs, until_seq=None, until_ts=None, skip_bad=skip_bad_lines)
     _report_skipped(skipped)
+    _report_compaction(result)
     clock = now if now is not None else (result.last_ts or 0.0)
     findings = audit(result.state, clock, config)
     if as_json:

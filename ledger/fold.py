@@ -31,6 +31,7 @@ import msgspec
 
 from ledger.decisions import Cause, Key, Release
 from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
+from ledger.idmemory import IdMemory
 from ledger.limits import (
     DEADLINE_HEAP_SLACK,
     EVIDENCE_SEQS_MAX,
@@ -172,6 +173,8 @@ class TransferState(msgspec.Struct, gc=False):
     duplicate_seqs: list[int] | None = None
     over_ack_seqs: list[int] | None = None
     reuse_seqs: list[int] | None = None
+    reused_by: list[ReqId] | None = None
+    """The requests whose maps of this side's id were refused (id_reuse), in order."""
 
     @property
     def key(self) -> Key:
@@ -307,6 +310,25 @@ def layers_mask(layers: tuple[int, ...]) -> int:
     return mask
 
 
+class Compacted(msgspec.Struct, frozen=True, gc=False):
+    """What stays of a decided, mapped side once compacted: all that a later event or a merged audit
+    can still ask of it (its map, its decision, when its KV arrived, how many events it had).
+
+    A late event, a reused id or a consumer proving a premature release is judged from this exactly
+    as from the whole side (see `LedgerState.compact_rule`), at a third of a side's memory.
+    """
+
+    map_event: Map
+    decision: Release
+    arrived_ts: float | None
+    arrived_seq: int
+    events: int
+
+
+Tombstone: TypeAlias = Compacted | TransferState
+"""A compacted mapped side, or a never-mapped side that expired (kept whole: it is rare and small)."""
+
+
 def _note(seqs: list[int] | None, seq: int) -> list[int]:
     if seqs is None:
         return [seq]
@@ -342,15 +364,24 @@ class LedgerState:
         self.retrying: dict[Key, TransferState] = {}
         """Undecided sides with a transient failure: what a worker re-issues, without scanning every live side."""
         self.sources: dict[str, None] = {}
-        self.tombstones: dict[Key, PhaseName] = {}
-        """Keys of compacted sides -> the phase they ended in, newest generation. When it holds
-        TOMBSTONES_MAX / 2 it becomes `tombstones_old` and the older one goes: bounded, no per-key pop."""
-        self.tombstones_old: dict[Key, PhaseName] = {}
+        self.tombstones: dict[Key, Tombstone] = {}
+        """Compacted sides, newest generation. When it holds `tombstones_max / 2` it becomes
+        `tombstones_old` and the older one is evicted: bounded, no per-key pop."""
+        self.tombstones_old: dict[Key, Tombstone] = {}
+        self.tombstones_max = TOMBSTONES_MAX
+        self.tombstones_evicted = 0
+        """Tombstones evicted by the bound: from the first one on, answers about those sides are
+        approximate (the id memory) and a replay says so."""
+        self.id_memory: IdMemory | None = None
+        """Keys of mapped sides ever compacted (created at the first compaction), consulted only
+        once a tombstone was evicted, so that below the bound every answer is exact."""
         self.decided: deque[tuple[float, Key, TransferState]] = deque()
         """(decision ts, key, side) in decision order: what `forget_decided` pops from, O(1) per side.
         Holds only sides still in `transfers` (`compact` filters it)."""
-        self.late_after_compaction = 0
-        """Events for sides already compacted away (absorbed; they can change nothing)."""
+        self.late_after_eviction = 0
+        """Events other than maps for sides whose tombstone was evicted (counted, not judged)."""
+        self.reused_after_eviction = 0
+        """Maps refused because the id memory remembers their id after its tombstone was evicted."""
         self.compacted_by_phase: dict[str, int] = {}
         self.compacted_by_mode: dict[str, int] = {}
         self.releases_by_cause: dict[Cause, int] = {"completed": 0, "failed": 0, "expired": 0}
@@ -374,19 +405,25 @@ class LedgerState:
         t = self.transfers.get(key)
         kind = type(event)
         if t is None:
-            if type(event) is Map and key not in self.tombstones and key not in self.tombstones_old:
-                return self._first_map(key, event)
-            t = self._first_sight(event)
-            if t is None:
+            if (self.tombstones or self.tombstones_old) and (key in self.tombstones or key in self.tombstones_old):
+                t = self._recall(key, event.ts)
+            elif self.tombstones_evicted and self._remembered(key):
+                self._after_eviction(event)
                 return None
+            elif kind is Map:
+                return self._first_map(key, event)  # type: ignore[arg-type]
+            else:
+                t = self._first_sight(event)
         t.last = event
         t.events += 1
         if t.closed:
+            if t.role is not None and kind is Map:
+                return self._on_map(t, event)  # type: ignore[arg-type]  # a reused id or a duplicate, never late
             if not (t.role is None and kind is Expire):
                 t.late_seqs = _note(t.late_seqs, event.seq)
                 self.anomalous[key] = None
-            if t.role is None and type(event) is Map:
-                return self._on_map(t, event)  # given up before its map: map, then release at once
+            if t.role is None and kind is Map:
+                return self._on_map(t, event)  # type: ignore[arg-type]  # given up before its map: map, release
             return None
         # The commonest events (WRITE mode's layer schedules and acks, three in five) are folded
         # here when they decide nothing and need no evidence; the handlers take every other case.
@@ -413,11 +450,8 @@ class LedgerState:
             return self._on_schedule(t, event)  # type: ignore[arg-type]
         return self._handlers[kind](t, event)
 
-    def _first_sight(self, event: Event) -> TransferState | None:
+    def _first_sight(self, event: Event) -> TransferState:
         key: Key = (event.source, event.transfer_id)
-        if key in self.tombstones or key in self.tombstones_old:
-            self.late_after_compaction += 1
-            return None  # a late event for a side compacted away: nothing can change
         if event.source not in self.sources:
             self.sources[event.source] = None
         t = TransferState(
@@ -460,10 +494,15 @@ class LedgerState:
     def _on_map(self, t: TransferState, e: Map) -> Release | None:
         key: Key = (e.source, e.transfer_id)
         if t.role is not None:
+            # Refused, whatever the side's phase: a transfer id is single-use per side.
             if t.request_id == e.request_id:
                 t.duplicate_seqs = _note(t.duplicate_seqs, e.seq)
             else:
                 t.reuse_seqs = _note(t.reuse_seqs, e.seq)
+                if t.reused_by is None:
+                    t.reused_by = [e.request_id]
+                elif len(t.reused_by) < EVIDENCE_SEQS_MAX:
+                    t.reused_by.append(e.request_id)
             self.anomalous[key] = None
             return None
         expired_unmapped = t.closed
@@ -795,6 +834,17 @@ class LedgerState:
             out.append(t)
         return out
 
+    # -- memory upkeep -----------------------------------------------------
+    #
+    # The compaction rule: a side may be compacted only when no later event can change a decision
+    # or a finding about it, unless what the side becomes still answers that event the same way.
+    # A live or never-mapped, unexpired side is never compacted (later events decide it). A decided
+    # mapped side becomes a `Compacted` tombstone: a later event recalls it whole enough to judge
+    # (late, duplicate or reused id, with the same evidence and detail), and a merged audit reads
+    # its decision and arrival (premature_release) from it. A side with evidence (anomalous, double
+    # owner, expired orphan) stays whole when the caller keeps evidence (replay, the service).
+    # Only evicting a tombstone past `tombstones_max` loses anything, and it is counted.
+
     def compact(
         self,
         upto_seq_by_source: dict[str, int] | None = None,
@@ -802,17 +852,14 @@ class LedgerState:
         clean_only: bool = False,
         decided_before_ts: float | None = None,
     ) -> int:
-        """Forget decided sides, so memory follows live transfers rather than log length.
+        """Compact decided sides, so memory follows live transfers rather than log length.
 
-        With `upto_seq_by_source`, only sides whose last event is at or below that
-        seq (persisted) go. With `clean_only`, sides that carry audit evidence
-        (late, duplicate, over-ack, reuse, double owner, an expired producer that
-        a merged consumer may still prove premature, an expired orphan) stay, so
-        no finding is lost. With `decided_before_ts`, only sides whose last event
-        is older than that go (late events stay visible for that long). Their keys become tombstones (bounded by
-        `TOMBSTONES_MAX`): an event arriving later is absorbed as late rather than
-        mistaken for a new transfer. Phase and mode counts of dropped sides are
-        kept in `compacted_by_phase` / `compacted_by_mode`. Returns how many went.
+        With `upto_seq_by_source`, only sides whose last event is at or below that seq
+        (persisted) go. With `clean_only`, sides that carry audit evidence (see
+        `has_evidence`) stay whole. With `decided_before_ts`, only sides whose last event is
+        older than that go. Each becomes a tombstone (bounded by `tombstones_max`); phase and
+        mode counts of compacted sides are kept in `compacted_by_phase` / `compacted_by_mode`.
+        Returns how many went.
         """
         dropped = 0
         for key, t in list(self.transfers.items()):
@@ -832,9 +879,9 @@ class LedgerState:
         return dropped
 
     def forget_decided(self, before_ts: float, *, keep_evidence: bool = False) -> int:
-        """Forget sides decided before `before_ts` whose last event is older too, in decision order;
+        """Compact sides decided before `before_ts` whose last event is older too, in decision order;
         O(1) per side (what a running connector does every step, and a replay between chunks).
-        With `keep_evidence`, sides an audit would report (see `has_evidence`) stay for good
+        With `keep_evidence`, sides an audit would report (see `has_evidence`) stay whole for good
         instead. Returns how many went."""
         decided = self.decided
         dropped = 0
@@ -853,14 +900,9 @@ class LedgerState:
         return dropped
 
     def has_evidence(self, key: Key) -> bool:
-        """Whether the side carries audit evidence: late, duplicate, over-ack or reuse events, a
-        double-owned block, an expired producer a merged consumer may prove premature, an expired orphan."""
-        return (
-            key in self.anomalous
-            or key in self.double_owned
-            or key in self.expired_producers
-            or key in self.orphans_expired
-        )
+        """Whether the side carries audit evidence a tombstone does not keep: late, duplicate, over-ack
+        or reuse events, a double-owned block, an expired orphan."""
+        return key in self.anomalous or key in self.double_owned or key in self.orphans_expired
 
     def _forget(self, key: Key, t: TransferState) -> None:
         del self.transfers[key]
@@ -871,17 +913,117 @@ class LedgerState:
             self.double_owned.pop(key, None)
         if self.orphans_expired:
             self.orphans_expired.pop(key, None)
-        if self.expired_producers:
-            self.expired_producers.pop(key, None)
-        phase = t.phase
+        m, decision = t.map_event, t.decision
+        tomb: Tombstone
+        if m is not None and decision is not None:
+            tomb = Compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
+            memory = self.id_memory
+            if memory is None:
+                memory = self.id_memory = IdMemory()
+            memory.add(key[0], key[1])
+        else:
+            tomb = t  # a never-mapped side that expired: kept whole (its early events decide a late map)
         tombstones = self.tombstones
-        tombstones[key] = phase
-        if len(tombstones) >= TOMBSTONES_MAX // 2:
+        tombstones[key] = tomb
+        if len(tombstones) >= self.tombstones_max // 2:
+            self._evict(self.tombstones_old)
             self.tombstones_old, self.tombstones = tombstones, {}
+        phase = t.phase
         by_phase, by_mode = self.compacted_by_phase, self.compacted_by_mode
         by_phase[phase] = by_phase.get(phase, 0) + 1
         mode = t.mode or "unmapped"
         by_mode[mode] = by_mode.get(mode, 0) + 1
+
+    def _evict(self, generation: dict[Key, Tombstone]) -> None:
+        """The bound: the oldest tombstones go; from now on their keys are only in the id memory."""
+        if not generation:
+            return
+        self.tombstones_evicted += len(generation)
+        if self.expired_producers:
+            expired = self.expired_producers
+            for key in generation:
+                expired.pop(key, None)
+
+    def _tombstone(self, key: Key) -> Tombstone | None:
+        tomb = self.tombstones.get(key)
+        return tomb if tomb is not None else self.tombstones_old.get(key)
+
+    def _recall(self, key: Key, ts: float) -> TransferState:
+        """Bring a compacted side back into `transfers` because an event for it came."""
+        tomb = self.tombstones.pop(key, None)
+        if tomb is None:
+            tomb = self.tombstones_old.pop(key)
+        if isinstance(tomb, TransferState):
+            t = tomb
+            if t.role is None:
+                self.orphans_expired[key] = None
+        else:
+            t = _rebuilt(key, tomb)
+        self.transfers[key] = t
+        self.compacted_by_phase[t.phase] -= 1  # counted whole again (summaries add both)
+        self.compacted_by_mode[t.mode or "unmapped"] -= 1
+        self.decided.append((ts, key, t))
+        return t
+
+    def _remembered(self, key: Key) -> bool:
+        memory = self.id_memory
+        return memory is not None and memory.contains(key[0], key[1])
+
+    def _after_eviction(self, event: Event) -> None:
+        """An event for a side compacted and then evicted: a map is refused, anything else is late;
+        both are counted (a replay reports them), neither can be judged in full any more."""
+        if type(event) is Map:
+            self.reused_after_eviction += 1
+        else:
+            self.late_after_eviction += 1
+
+    # -- queries ------------------------------------------------------------
+
+    def was_mapped(self, key: Key) -> bool:
+        """Whether a map of `key` would be refused: the side was mapped, live, decided or compacted (and,
+        past the tombstone bound, the id memory says so; see ledger/idmemory.py for its error rates)."""
+        t = self.transfers.get(key)
+        if t is not None:
+            return t.role is not None
+        tomb = self._tombstone(key)
+        if tomb is not None:
+            return not isinstance(tomb, TransferState) or tomb.role is not None
+        return bool(self.tombstones_evicted) and self._remembered(key)
+
+    def side(self, key: Key) -> TransferState | None:
+        """The side of `key` as an audit sees it: held whole, or rebuilt (detached) from its tombstone."""
+        t = self.transfers.get(key)
+        if t is not None:
+            return t
+        tomb = self._tombstone(key)
+        if tomb is None or isinstance(tomb, TransferState):
+            return tomb
+        return _rebuilt(key, tomb)
+
+    @property
+    def tombstone_count(self) -> int:
+        return len(self.tombstones) + len(self.tombstones_old)
+
+
+def _rebuilt(key: Key, tomb: Compacted) -> TransferState:
+    """A decided side from its tombstone: what audits and later events read is as it was."""
+    m, decision = tomb.map_event, tomb.decision
+    return TransferState(
+        last=m,
+        events=tomb.events,
+        closed=True,
+        role=m.role,
+        phase=CAUSE_PHASE[decision.cause],
+        mode=m.mode,
+        acks_expected=m.acks_expected,
+        decision=decision,
+        source=key[0],
+        transfer_id=key[1],
+        map_event=m,
+        first=m,
+        arrived_ts=tomb.arrived_ts,
+        arrived_seq=tomb.arrived_seq,
+    )
 
 
 def fold(state: LedgerState, event: Event) -> LedgerState:

@@ -8,10 +8,6 @@ EVIDENCE_SEQS_MAX = 32
 DEADLINE_HEAP_SLACK = 4
 """The deadline heap is swept of decided sides when it holds this many times the live ones."""
 
-TOMBSTONES_MAX = 50_000
-"""Compacted transfer keys remembered (the newest half to all of this many, in two generations),
-so a late event after compaction is late, not orphan."""
-
 DEFAULT_TRANSFER_TIMEOUT_S = 30.0
 """MoRIIO's `transfer_timeout`: how long a transfer may sit without progress."""
 
@@ -57,3 +53,25 @@ RANKS_MAX = 1 << 12
 
 LAYER_MASKS_CACHED_MAX = 4096
 """Distinct layer tuples whose bitmask the fold remembers (a few per model: one per step's slice)."""
+
+TOMBSTONES_MAX = 200_000
+"""Compacted transfer sides remembered (the newest half to all of this many, in two generations).
+A tombstone keeps a decided side's map and decision: a late event, a reused id or a consumer
+that proves a premature release is judged exactly as if the side had never been compacted.
+Past this, a generation is evicted (counted in `tombstones_evicted`; a replay warns) and its
+keys live on only in the id memory below."""
+
+ID_MEMORY_GENERATION_IDS = 1 << 17
+"""Evicted keys per generation of the id memory (a Bloom filter; see ledger/idmemory.py)."""
+
+ID_MEMORY_GENERATIONS = 16
+"""Generations the id memory keeps: keys are remembered for this many times the above forgettings."""
+
+ID_MEMORY_BITS_PER_ID = 32
+"""Bloom bits per key (512 KiB a generation, 8 MiB in all at the sizes above)."""
+
+ID_MEMORY_HASHES = 16
+"""Bit positions per key: about 3.3e-7 false positives per full generation at 32 bits a key."""
+
+ID_MEMORY_FALSE_POSITIVE_MAX = 1e-5
+"""The documented bound on a fresh key mistaken for a forgotten one, all generations full."""

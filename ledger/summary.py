@@ -21,17 +21,38 @@ def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
     oldest = min((t.first_ts for t in state.live.values()), default=None)
     return {
         "transfers": sum(by_phase.values()),
-        "transfers_by_phase": dict(sorted(by_phase.items())),
-        "transfers_by_mode": dict(sorted(by_mode.items())),
+        "transfers_by_phase": {k: v for k, v in sorted(by_phase.items()) if v},
+        "transfers_by_mode": {k: v for k, v in sorted(by_mode.items()) if v},
         "releases_by_cause": {k: v for k, v in state.releases_by_cause.items() if v},
         "live_transfers": len(state.live),
         "blocks_held": state.blocks_held,
         "oldest_held_ts": oldest,
         "findings_by_code": {k: v for k, v in counts_by_code(findings).items() if v},
         "findings_by_severity": dict(Counter(f.severity for f in findings)),
-        "late_after_compaction": state.late_after_compaction,
+        "compaction": compaction_report(state),
         "worst": [msgspec.to_builtins(f) for f in findings[:FINDINGS_WORST_MAX]],
     }
+
+
+def compaction_report(state: LedgerState) -> dict[str, int]:
+    """How much the bounded memory held and whether its bound was hit (then some answers are approximate)."""
+    return {
+        "tombstones": state.tombstone_count,
+        "tombstones_evicted": state.tombstones_evicted,
+        "late_after_eviction": state.late_after_eviction,
+        "reused_after_eviction": state.reused_after_eviction,
+    }
+
+
+def compaction_warning(state: LedgerState) -> str | None:
+    """A sentence for people when the tombstone bound was hit, else None."""
+    if not state.tombstones_evicted:
+        return None
+    return (
+        f"memory bound hit: {state.tombstones_evicted} compacted transfer sides were evicted past "
+        f"{state.tombstones_max} tombstones; {state.late_after_eviction} later events for them were counted, "
+        f"not judged, and {state.reused_after_eviction} maps of their ids were refused on the id memory's word"
+    )
 
 
 def worst_severity(findings: list[Finding]) -> str | None:

@@ -287,7 +287,8 @@ class Storm:
             if blocks is None:
                 raise SimulationError("consumer KV pool exhausted: num_blocks is below what concurrency needs")
             side.blocks, side.admitted = blocks, True
-            engine.scheduler.on_alloc(side.request_id, params, blocks, count, now)
+            if engine.scheduler.on_alloc(side.request_id, params, blocks, count, now) and params is not None:
+                request.consumer_params = params.taken()  # as vLLM's request keeps its updated params
 
     # -- what vLLM's scheduler is told --------------------------------------------------
 

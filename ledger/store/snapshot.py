@@ -15,15 +15,17 @@ from typing import Any
 import msgspec
 
 from ledger.decisions import Cause, Key
-from ledger.fold import LedgerState, PhaseName, TransferState
+from ledger.fold import Compacted, LedgerState, Tombstone, TransferState
+from ledger.idmemory import IdMemory
 
-FORMAT = 4
+FORMAT = 5
 """Bumped whenever the encoding below changes."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
     "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
-    "late_after_compaction", "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks",
+    "tombstones_max", "tombstones_evicted", "id_memory", "late_after_eviction", "reused_after_eviction",
+    "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks",
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `_handlers` and `layer_masks` are rebuilt, not written."""
 _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode")
@@ -57,6 +59,27 @@ def _restored(stored: Any) -> TransferState:
     return TransferState(*values)
 
 
+_StoredTombstone = tuple[Key, Compacted | None, Any]
+"""(key, the compacted side, or None and the whole never-mapped side as a `_StoredSide`)."""
+
+
+def _stored_tombstones(generation: dict[Key, Tombstone]) -> list[_StoredTombstone]:
+    return [
+        (key, None, _stored(tomb)) if isinstance(tomb, TransferState) else (key, tomb, None)
+        for key, tomb in generation.items()
+    ]
+
+
+def _restored_tombstones(stored: list[_StoredTombstone]) -> dict[Key, Tombstone]:
+    out: dict[Key, Tombstone] = {}
+    for (source, tid), compacted, side in stored:
+        out[(source, tid)] = compacted if compacted is not None else _restored(side)
+    return out
+
+
+_IdMemoryPlain = tuple[int, int, int, int, int, list[bytes]]
+
+
 class _Document(msgspec.Struct, kw_only=True):
     format: int
     transfer_fields: list[str]
@@ -72,9 +95,13 @@ class _Document(msgspec.Struct, kw_only=True):
     expired_producers: list[Key]
     retrying: list[Key]
     sources: list[str]
-    tombstones: list[tuple[Key, PhaseName]]
-    tombstones_old: list[tuple[Key, PhaseName]]
-    late_after_compaction: int
+    tombstones: list[tuple[Key, Compacted | None, _StoredSide | None]]  # type: ignore[valid-type]
+    tombstones_old: list[tuple[Key, Compacted | None, _StoredSide | None]]  # type: ignore[valid-type]
+    tombstones_max: int
+    tombstones_evicted: int
+    id_memory: _IdMemoryPlain | None
+    late_after_eviction: int
+    reused_after_eviction: int
     releases_by_cause: list[tuple[Cause, int]]
     blocks_held: int
     decided: list[tuple[float, Key]] = []
@@ -112,9 +139,13 @@ def encode(state: LedgerState) -> bytes:
         expired_producers=list(state.expired_producers),
         retrying=list(state.retrying),
         sources=list(state.sources),
-        tombstones=list(state.tombstones.items()),
-        tombstones_old=list(state.tombstones_old.items()),
-        late_after_compaction=state.late_after_compaction,
+        tombstones=_stored_tombstones(state.tombstones),
+        tombstones_old=_stored_tombstones(state.tombstones_old),
+        tombstones_max=state.tombstones_max,
+        tombstones_evicted=state.tombstones_evicted,
+        id_memory=state.id_memory.to_plain() if state.id_memory is not None else None,
+        late_after_eviction=state.late_after_eviction,
+        reused_after_eviction=state.reused_after_eviction,
         releases_by_cause=list(state.releases_by_cause.items()),
         blocks_held=state.blocks_held,
         decided=[(ts, key) for ts, key, _ in state.decided],
@@ -150,9 +181,16 @@ def decode(body: bytes) -> LedgerState:
     state.expired_producers = dict.fromkeys(doc.expired_producers)
     state.retrying = {key: transfers[key] for key in doc.retrying}
     state.sources = dict.fromkeys(doc.sources)
-    state.tombstones = dict(doc.tombstones)
-    state.tombstones_old = dict(doc.tombstones_old)
-    state.late_after_compaction = doc.late_after_compaction
+    state.tombstones = _restored_tombstones(doc.tombstones)
+    state.tombstones_old = _restored_tombstones(doc.tombstones_old)
+    state.tombstones_max = doc.tombstones_max
+    state.tombstones_evicted = doc.tombstones_evicted
+    try:
+        state.id_memory = IdMemory.from_plain(doc.id_memory) if doc.id_memory is not None else None
+    except ValueError as error:
+        raise SnapshotFormatError(f"snapshot id memory: {error}") from None
+    state.late_after_eviction = doc.late_after_eviction
+    state.reused_after_eviction = doc.reused_after_eviction
     state.releases_by_cause = dict(doc.releases_by_cause)
     state.blocks_held = doc.blocks_held
     state.decided = deque((ts, (source, tid), transfers[(source, tid)]) for ts, (source, tid) in doc.decided)

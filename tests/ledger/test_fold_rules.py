@@ -261,14 +261,21 @@ def test_premature_release_over_a_merged_log() -> None:
     assert not [f for f in audit(state, 1004.0, AuditConfig(clock_skew_s=5.0)) if f.code == "premature_release"]
 
 
-def test_compaction_forgets_decided_sides_but_keeps_late_events_harmless() -> None:
+def test_compaction_forgets_decided_sides_but_a_late_event_is_judged_as_before() -> None:
     p = Side("prefill-0/tp0")
-    state, _ = fold_all([p.map(T, "p-1", acks=1), p.ack(T, "release"), p.map("tx-live", "p-2", blocks=(9,))])
+    events = [p.map(T, "p-1", acks=1), p.ack(T, "release"), p.map("tx-live", "p-2", blocks=(9,))]
+    late = p.ack(T, "release", rank=1)
+    whole, _ = fold_all([*events, late])
+    state, _ = fold_all(events)
     assert state.compact({"prefill-0/tp0": 3}) == 1
     assert (p.source, T) not in state.transfers and ("prefill-0/tp0", "tx-live") in state.transfers
-    assert state.apply(p.ack(T, "release", rank=1)) is None
-    assert (p.source, T) not in state.transfers  # not resurrected as an orphan
-    assert state.late_after_compaction == 1
+    assert state.apply(late) is None
+    # The late ack recalls the compacted side: the same late_event finding as if it had never gone.
+    t = state.transfers[(p.source, T)]
+    assert t.closed and t.decision is not None and t.late_seqs == [late.seq]
+    assert not state.unmapped and state.tombstone_count == 0
+    assert audit(state, now=p.ts) == audit(whole, now=p.ts)
+    assert [f.code for f in audit(state, now=p.ts)] == ["late_event"]
 
 
 def test_the_transition_table_covers_every_live_phase_and_kind() -> None:

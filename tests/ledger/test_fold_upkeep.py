@@ -67,24 +67,30 @@ def test_the_inline_write_path_and_the_handlers_agree() -> None:
     assert t.duplicate_seqs == [4] and t.over_ack_seqs == [5]
 
 
-def test_tombstones_are_bounded_in_two_generations(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fold_module, "TOMBSTONES_MAX", 8)
+def test_tombstones_are_bounded_in_two_generations_and_eviction_is_counted() -> None:
     p = Side("prefill-0/tp0")
     events = []
     for i in range(10):
         events += [p.map(f"tx-{i}", f"p-{i}", blocks=(i,)), p.ack(f"tx-{i}", "release")]
-    state, releases = fold_all(events)
+    state = LedgerState()
+    state.tombstones_max = 8
+    releases = [r for r in map(state.apply, events) if r is not None]
     assert len(releases) == 10
     assert state.forget_decided(before_ts=p.ts + 1) == 10
     assert not state.transfers
-    assert len(state.tombstones) + len(state.tombstones_old) <= 8
+    assert state.tombstone_count <= 8 and state.tombstones_evicted == 10 - state.tombstone_count
     assert (p.source, "tx-9") in state.tombstones
-    # tx-5 is remembered (older generation): its late ack is absorbed as late, not an orphan.
+    # tx-5 is remembered (older generation): its late ack is judged on the recalled side.
     assert state.apply(p.ack("tx-5", "release", rank=1)) is None
-    assert state.late_after_compaction == 1 and not state.unmapped
-    # tx-0 is past the bound: its late ack is an orphan again, as with any bounded memory.
+    assert state.transfers[(p.source, "tx-5")].late_seqs is not None and not state.unmapped
+    # tx-0 is past the bound: the id memory still knows it was mapped, so its late ack is
+    # counted (not an orphan) and a second map of its id is refused, both reported.
+    assert state.was_mapped((p.source, "tx-0"))
     state.apply(p.ack("tx-0", "release", rank=1))
-    assert (p.source, "tx-0") in state.unmapped
+    assert state.apply(p.map("tx-0", "p-again", blocks=(77,))) is None
+    assert (p.source, "tx-0") not in state.transfers and not state.unmapped and not state.live
+    assert (state.late_after_eviction, state.reused_after_eviction) == (1, 1)
+    assert not state.was_mapped((p.source, "tx-never"))
 
 
 def test_forget_decided_keeps_evidence_when_asked_and_late_events_delay_it() -> None:
@@ -119,7 +125,7 @@ def test_an_orphan_expired_then_mapped_is_forgotten_once() -> None:
 
 
 def test_snapshot_round_trips_masks_and_both_tombstone_generations(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fold_module, "TOMBSTONES_MAX", 4)
+    monkeypatch.setattr(fold_module, "TOMBSTONES_MAX", 4)  # read when the state is made
     p = Side("prefill-0/tp0")
     events = [p.map("w", "p-w", "producer", "write", blocks=(50,)), p.schedule("w", (0, 2, 70), op="write")]
     events.append(p.ack("w", "write", (2,)))

@@ -104,5 +104,6 @@ def test_maintain_forgets_old_decided_sides_and_trims_the_log(monkeypatch: pytes
     assert set(ledger.state.transfers) == {("prefill-0/tp0", "tx-live"), ("prefill-0/tp0", "tx-new")}
     assert [e.seq for e in ledger.log.since(0)] == [3, 4, 5]
     assert ledger.maintain(now=211.0, retain_s=0.0) == 0  # rate-limited
-    assert ledger.append(side.ack("tx-old", "release", rank=1)) is None  # absorbed, not an orphan
-    assert ("prefill-0/tp0", "tx-old") not in ledger.state.transfers
+    assert ledger.append(side.ack("tx-old", "release", rank=1)) is None  # late, not an orphan
+    recalled = ledger.state.transfers[("prefill-0/tp0", "tx-old")]
+    assert recalled.closed and recalled.late_seqs == [6] and not ledger.state.unmapped

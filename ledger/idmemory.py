@@ -1,0 +1,109 @@
+"""Transfer sides once mapped and since forgotten entirely, remembered approximately in bounded memory.
+
+The fold refuses a second `map` of a `(source, transfer_id)` that was ever mapped
+(DESIGN.md, "Long runs"). While a side or its tombstone is held, the answer is
+exact. Past the tombstone limit the key lives on only here: a generational Bloom
+filter, `ID_MEMORY_GENERATIONS` generations of `ID_MEMORY_GENERATION_IDS` keys each.
+
+- False positives: a key never mapped may be taken for one that was, with a
+  probability below `ID_MEMORY_FALSE_POSITIVE_MAX` per lookup (the bound is
+  checked in tests/ledger/test_id_memory.py). A refused fresh transfer is served
+  without a remote transfer: slower, never wrong.
+- False negatives: none while the key's generation is held; a key forgotten more
+  than `ID_MEMORY_GENERATIONS * ID_MEMORY_GENERATION_IDS` forgettings ago is
+  new again.
+
+Hashing is blake2b of the key's bytes, never Python's `hash` (salted per process): the
+live connector and an offline replay must take the same false positives.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from hashlib import blake2b
+
+from ledger.limits import ID_MEMORY_BITS_PER_ID, ID_MEMORY_GENERATION_IDS, ID_MEMORY_GENERATIONS, ID_MEMORY_HASHES
+
+
+class IdMemory:
+    """A set of `(source, transfer_id)` keys with no false negatives within its horizon (see the module)."""
+
+    def __init__(
+        self,
+        generation_ids: int = ID_MEMORY_GENERATION_IDS,
+        generations: int = ID_MEMORY_GENERATIONS,
+        *,
+        bits_per_id: int = ID_MEMORY_BITS_PER_ID,
+        hashes: int = ID_MEMORY_HASHES,
+    ) -> None:
+        if generation_ids < 1 or generations < 1 or bits_per_id < 1 or hashes < 1:
+            raise ValueError("IdMemory sizes must be >= 1")
+        bits = 1 << max(3, (generation_ids * bits_per_id - 1).bit_length())  # a power of two: positions by mask
+        self.generation_ids = generation_ids
+        self.generations = generations
+        self.hashes = hashes
+        self.mask = bits - 1
+        self.current = bytearray(bits >> 3)
+        self.count = 0
+        """Keys added to the current generation."""
+        self.older: deque[bytearray] = deque(maxlen=generations - 1)
+        """Full generations, newest first; the oldest falls off when a new one is sealed."""
+        self.added = 0
+        """Keys added in all (a counter for reports)."""
+
+    def _positions(self, source: str, transfer_id: str) -> list[int]:
+        digest = blake2b(f"{source}\x00{transfer_id}".encode(), digest_size=16).digest()
+        h1 = int.from_bytes(digest[:8], "little")
+        h2 = int.from_bytes(digest[8:], "little") | 1  # odd: the k positions never collapse onto one
+        mask = self.mask
+        return [(h1 + i * h2) & mask for i in range(self.hashes)]
+
+    def add(self, source: str, transfer_id: str) -> None:
+        bits = self.current
+        for position in self._positions(source, transfer_id):
+            bits[position >> 3] |= 1 << (position & 7)
+        self.count += 1
+        self.added += 1
+        if self.count >= self.generation_ids:
+            if self.generations > 1:
+                self.older.appendleft(self.current)
+                self.current = bytearray(len(self.current))
+            else:
+                self.current[:] = bytes(len(self.current))
+            self.count = 0
+
+    def contains(self, source: str, transfer_id: str) -> bool:
+        positions = self._positions(source, transfer_id)
+        if self.count and _all_set(self.current, positions):
+            return True
+        return any(_all_set(bits, positions) for bits in self.older)
+
+    def to_plain(self) -> tuple[int, int, int, int, int, list[bytes]]:
+        """Sizes, counters and the generations, newest first (for snapshots)."""
+        return (
+            self.generation_ids,
+            self.generations,
+            self.hashes,
+            self.count,
+            self.added,
+            [bytes(self.current), *map(bytes, self.older)],
+        )
+
+    @classmethod
+    def from_plain(cls, plain: tuple[int, int, int, int, int, list[bytes]]) -> IdMemory:
+        generation_ids, generations, hashes, count, added, blooms = plain
+        size = len(blooms[0]) if blooms else 0
+        if size < 1 or size & (size - 1) or any(len(bloom) != size for bloom in blooms):
+            raise ValueError("IdMemory generations must be equal powers of two in size")
+        if len(blooms) > generations:
+            raise ValueError(f"IdMemory holds {len(blooms)} generations, more than its {generations}")
+        memory = cls(generation_ids, generations, bits_per_id=1, hashes=hashes)
+        memory.mask = size * 8 - 1
+        memory.current = bytearray(blooms[0])
+        memory.older.extend(bytearray(bloom) for bloom in blooms[1:])
+        memory.count, memory.added = count, added
+        return memory
+
+
+def _all_set(bits: bytearray, positions: list[int]) -> bool:
+    return all(bits[position >> 3] & (1 << (position & 7)) for position in positions)
