@@ -9,9 +9,10 @@ filter, `ID_MEMORY_GENERATIONS` generations of `ID_MEMORY_GENERATION_IDS` keys e
   probability below `ID_MEMORY_FALSE_POSITIVE_MAX` per lookup (the bound is
   checked in tests/ledger/test_id_memory.py). A refused fresh transfer is served
   without a remote transfer: slower, never wrong.
-- False negatives: none while the key's generation is held; a key forgotten more
-  than `ID_MEMORY_GENERATIONS * ID_MEMORY_GENERATION_IDS` forgettings ago is
-  new again.
+- False negatives: none for the last `(ID_MEMORY_GENERATIONS - 1) *
+  ID_MEMORY_GENERATION_IDS` keys added (about 2 million sides compacted after the
+  one asked about), and none for any key while its generation is held (up to
+  `ID_MEMORY_GENERATIONS * ID_MEMORY_GENERATION_IDS`); older keys are new again.
 
 Hashing is blake2b of the key's bytes, never Python's `hash` (salted per process): the
 live connector and an offline replay must take the same false positives.
@@ -59,18 +60,19 @@ class IdMemory:
         return [(h1 + i * h2) & mask for i in range(self.hashes)]
 
     def add(self, source: str, transfer_id: str) -> None:
-        bits = self.current
-        for position in self._positions(source, transfer_id):
-            bits[position >> 3] |= 1 << (position & 7)
-        self.count += 1
-        self.added += 1
         if self.count >= self.generation_ids:
+            # Sealed only when the next key comes: a full generation is still searched until then.
             if self.generations > 1:
                 self.older.appendleft(self.current)
                 self.current = bytearray(len(self.current))
             else:
                 self.current[:] = bytes(len(self.current))
             self.count = 0
+        bits = self.current
+        for position in self._positions(source, transfer_id):
+            bits[position >> 3] |= 1 << (position & 7)
+        self.count += 1
+        self.added += 1
 
     def contains(self, source: str, transfer_id: str) -> bool:
         positions = self._positions(source, transfer_id)

@@ -221,3 +221,80 @@ def test_abort_consumer(model: str, clock: Clock, state: str) -> None:
     if state == "waiting":
         # Never allocated: the producer is told to release (an abort item for the workers).
         assert core.stats()["released"]["failed"] == 1
+
+
+# -- re-asks and reused transfer ids (long runs) ------------------------------------------------
+
+
+def _maps(core: Any, tid: str) -> list[Any]:
+    from ledger.events import Map
+
+    return [e for e in core.ledger.log.since(0) if isinstance(e, Map) and e.transfer_id == tid]
+
+
+def test_a_consumer_preempted_minutes_after_its_load_recomputes_locally(model: str, clock: Clock) -> None:
+    scheduler = consumer(model)
+    core = scheduler.connector.scheduler
+    request = make_request(PROMPT_TOKENS, remote_prefill_params("tx-preempt"), max_tokens=50)
+    scheduler.add_request(request)
+    step(scheduler)
+    step(scheduler, finished_recving={request.request_id})
+    out, _ = step(scheduler)
+    assert out.num_scheduled_tokens == {request.request_id: 1}  # loaded: only the last prompt token is computed
+    assert request.kv_transfer_params["do_remote_prefill"] is False  # the request's own params say so
+    for _ in range(3):  # minutes of decoding: the connector compacts the long-decided side
+        clock.now += 60
+        step(scheduler)
+    assert (core.source, "tx-preempt") not in core.state.transfers
+    # What Scheduler.schedule() does when a running request cannot get a block: pop it, preempt it.
+    scheduler.running.remove(request)
+    scheduler._preempt_request(request, clock.now)
+    assert request.num_computed_tokens == 0
+    expected = request.num_tokens
+    out, _ = step(scheduler)
+    # Re-asked and answered "nothing to load": every token is computed here, nothing waits for a load.
+    assert out.num_scheduled_tokens == {request.request_id: expected}
+    assert request.status == RequestStatus.RUNNING
+    assert len(_maps(core, "tx-preempt")) == 1 and not core.state.live
+    scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+    step(scheduler)
+    assert_empty(scheduler)
+
+
+def test_a_second_consumer_request_with_a_used_transfer_id_prefills_locally(model: str, clock: Clock) -> None:
+    from ledger.audit import audit
+
+    scheduler = consumer(model)
+    core = scheduler.connector.scheduler
+    first = make_request(PROMPT_TOKENS, remote_prefill_params("tx-used"), max_tokens=2)
+    scheduler.add_request(first)
+    step(scheduler)
+    step(scheduler, finished_recving={first.request_id})
+    while scheduler.requests:
+        step(scheduler)
+    clock.now += 600
+    second = make_request(PROMPT_TOKENS, remote_prefill_params("tx-used"), max_tokens=2)
+    scheduler.add_request(second)
+    out, _ = step(scheduler)
+    assert out.num_scheduled_tokens == {second.request_id: PROMPT_TOKENS}  # no remote KV: a local prefill
+    assert second.status == RequestStatus.RUNNING
+    while scheduler.requests:
+        step(scheduler)
+    assert_empty(scheduler)
+    (reuse,) = [f for f in audit(core.state, clock.now) if f.code == "id_reuse"]
+    assert reuse.request_id == first.request_id and second.request_id in reuse.detail
+
+
+def test_a_producer_request_with_a_used_transfer_id_is_freed_at_once(model: str, clock: Clock) -> None:
+    scheduler = producer(model)
+    first = finish_prefill(scheduler, "tx-twice")
+    step(scheduler, finished_sending={first.request_id})
+    assert_empty(scheduler)
+    clock.now += 600
+    second = make_request(PROMPT_TOKENS, remote_decode_params("tx-twice"), max_tokens=1)
+    scheduler.add_request(second)
+    _, outputs = step(scheduler)
+    (out,) = outputs[0].outputs
+    assert out.kv_transfer_params is None  # the consumer is handed nothing: it prefills locally
+    assert_empty(scheduler)  # vLLM freed the blocks itself: nothing held for a side the fold refused
+    assert not scheduler.connector.has_pending_block_frees()
