@@ -32,6 +32,7 @@ import msgspec
 from ledger.decisions import Cause, Key, Release
 from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
 from ledger.idmemory import IdMemory
+from ledger.tombstone import Compacted, compacted, map_of, release_of, unpack
 from ledger.limits import (
     DEADLINE_HEAP_SLACK,
     EVIDENCE_SEQS_MAX,
@@ -308,21 +309,6 @@ def layers_mask(layers: tuple[int, ...]) -> int:
             return -1
         mask |= 1 << layer
     return mask
-
-
-class Compacted(msgspec.Struct, frozen=True, gc=False):
-    """What stays of a decided, mapped side once compacted: all that a later event or a merged audit
-    can still ask of it (its map, its decision, when its KV arrived, how many events it had).
-
-    A late event, a reused id or a consumer proving a premature release is judged from this exactly
-    as from the whole side (see `LedgerState.compact_rule`), at a third of a side's memory.
-    """
-
-    map_event: Map
-    decision: Release
-    arrived_ts: float | None
-    arrived_seq: int
-    events: int
 
 
 Tombstone: TypeAlias = Compacted | TransferState
@@ -839,11 +825,12 @@ class LedgerState:
     # The compaction rule: a side may be compacted only when no later event can change a decision
     # or a finding about it, unless what the side becomes still answers that event the same way.
     # A live or never-mapped, unexpired side is never compacted (later events decide it). A decided
-    # mapped side becomes a `Compacted` tombstone: a later event recalls it whole enough to judge
-    # (late, duplicate or reused id, with the same evidence and detail), and a merged audit reads
-    # its decision and arrival (premature_release) from it. A side with evidence (anomalous, double
-    # owner, expired orphan) stays whole when the caller keeps evidence (replay, the service).
-    # Only evicting a tombstone past `tombstones_max` loses anything, and it is counted.
+    # mapped side becomes a `Compacted` tombstone (ledger/tombstone.py): a later event recalls it
+    # whole enough to judge (late, duplicate or reused id, with the same evidence and detail), and a
+    # merged audit reads its decision and arrival (premature_release) from it. A side with evidence
+    # (see `has_evidence`) stays whole when the caller keeps evidence (replay, the service). Only
+    # evicting a tombstone past `tombstones_max` loses anything: the events that then find no
+    # tombstone are counted (`late_after_eviction`, `reused_after_eviction`), never silently judged.
 
     def compact(
         self,
@@ -900,9 +887,19 @@ class LedgerState:
         return dropped
 
     def has_evidence(self, key: Key) -> bool:
-        """Whether the side carries audit evidence a tombstone does not keep: late, duplicate, over-ack
-        or reuse events, a double-owned block, an expired orphan."""
-        return key in self.anomalous or key in self.double_owned or key in self.orphans_expired
+        """Whether an audit reports the side, or may: late, duplicate, over-ack or reuse events, a
+        double-owned block, an expired orphan, a producer released by expire, or a consumer of a
+        transfer whose producer was (the pair a premature_release is made of). Kept whole, such a
+        side can never be lost to the tombstone bound."""
+        if key in self.anomalous or key in self.double_owned or key in self.orphans_expired:
+            return True
+        expired = self.expired_producers
+        if not expired:
+            return False
+        if key in expired:
+            return True
+        tid = key[1]
+        return any((source, tid) in expired for source in self.sources)
 
     def _forget(self, key: Key, t: TransferState) -> None:
         del self.transfers[key]
@@ -916,7 +913,7 @@ class LedgerState:
         m, decision = t.map_event, t.decision
         tomb: Tombstone
         if m is not None and decision is not None:
-            tomb = Compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
+            tomb = compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
             memory = self.id_memory
             if memory is None:
                 memory = self.id_memory = IdMemory()
@@ -1007,22 +1004,23 @@ class LedgerState:
 
 def _rebuilt(key: Key, tomb: Compacted) -> TransferState:
     """A decided side from its tombstone: what audits and later events read is as it was."""
-    m, decision = tomb.map_event, tomb.decision
+    numbers = unpack(tomb)
+    m = map_of(key[0], key[1], tomb, numbers)
     return TransferState(
         last=m,
-        events=tomb.events,
+        events=numbers.events,
         closed=True,
-        role=m.role,
-        phase=CAUSE_PHASE[decision.cause],
-        mode=m.mode,
-        acks_expected=m.acks_expected,
-        decision=decision,
+        role=tomb.role,
+        phase=CAUSE_PHASE[tomb.cause],
+        mode=tomb.mode,
+        acks_expected=numbers.acks_expected,
+        decision=release_of(key[0], key[1], tomb, numbers),
         source=key[0],
         transfer_id=key[1],
         map_event=m,
         first=m,
-        arrived_ts=tomb.arrived_ts,
-        arrived_seq=tomb.arrived_seq,
+        arrived_ts=numbers.arrived_ts,
+        arrived_seq=numbers.arrived_seq,
     )
 
 

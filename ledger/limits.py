@@ -54,8 +54,9 @@ RANKS_MAX = 1 << 12
 LAYER_MASKS_CACHED_MAX = 4096
 """Distinct layer tuples whose bitmask the fold remembers (a few per model: one per step's slice)."""
 
-TOMBSTONES_MAX = 200_000
-"""Compacted transfer sides remembered (the newest half to all of this many, in two generations).
+TOMBSTONES_MAX = 100_000
+"""Compacted transfer sides remembered (the newest half to all of this many, in two generations;
+about 0.5 KB each with 8 blocks a side, so 25-50 MB).
 A tombstone keeps a decided side's map and decision: a late event, a reused id or a consumer
 that proves a premature release is judged exactly as if the side had never been compacted.
 Past this, a generation is evicted (counted in `tombstones_evicted`; a replay warns) and its

@@ -45,13 +45,20 @@ def compaction_report(state: LedgerState) -> dict[str, int]:
 
 
 def compaction_warning(state: LedgerState) -> str | None:
-    """A sentence for people when the tombstone bound was hit, else None."""
+    """A sentence for people when the tombstone bound was hit (else None), saying whether it changed
+    an answer: only events that fell on an evicted side are approximate, and they are counted."""
     if not state.tombstones_evicted:
         return None
+    head = (
+        f"memory bound hit: {state.tombstones_evicted} compacted transfer sides evicted past "
+        f"{state.tombstones_max} tombstones"
+    )
+    touched = state.late_after_eviction + state.reused_after_eviction
+    if not touched:
+        return f"{head}; no later event fell on them, so every finding and decision is exact"
     return (
-        f"memory bound hit: {state.tombstones_evicted} compacted transfer sides were evicted past "
-        f"{state.tombstones_max} tombstones; {state.late_after_eviction} later events for them were counted, "
-        f"not judged, and {state.reused_after_eviction} maps of their ids were refused on the id memory's word"
+        f"{head}; {state.late_after_eviction} later events for them were counted, not judged, and "
+        f"{state.reused_after_eviction} maps of their ids were refused on the id memory's word"
     )
 
 

@@ -1,0 +1,94 @@
+"""What stays of a decided transfer side once compacted: all that a later event or a merged audit can
+still ask of it, packed small.
+
+A later event for the side (late, a duplicate or a reused id) is judged on the side rebuilt from
+this, with the same evidence, request, blocks and decision as the whole side had; a merged audit
+reads the decision and the consumer's arrival from it (premature_release). The map's peer and remote
+block ids are not kept: no decision or finding reads them once the side is decided.
+
+Numbers and block ids are packed into one bytes object: a float or a large int is an object of its
+own (24-28 bytes) and a freshly decoded block id one more, so a tombstone of Python fields cost
+about 650 bytes in a replay, packed about 450 (measured with 8 blocks a side).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+
+import msgspec
+
+from ledger.decisions import Cause, Release
+from ledger.events import Map, Mode, ReqId, Role, TransferId
+
+_NUMBERS = struct.Struct("<ddddqqqqq")
+"""deadline, map ts, decision ts, arrived ts (NaN: none), acks expected, map seq, decision seq,
+arrived seq, events; then the block ids as `array('q')`."""
+
+
+class Compacted(msgspec.Struct, frozen=True, gc=False, array_like=True):
+    request_id: ReqId
+    role: Role
+    mode: Mode
+    cause: Cause
+    reason: str
+    packed: bytes
+    """`_NUMBERS`, then the block ids as signed 64-bit ints."""
+    wide_blocks: tuple[int, ...] | None = None
+    """The block ids themselves when one does not fit a signed 64-bit int (then not in `packed`)."""
+
+
+def compacted(m: Map, decision: Release, arrived_ts: float | None, arrived_seq: int, events: int) -> Compacted:
+    numbers = _NUMBERS.pack(
+        m.deadline, m.ts, decision.ts, math.nan if arrived_ts is None else arrived_ts,
+        m.acks_expected, m.seq, decision.seq, arrived_seq, events,
+    )  # fmt: skip
+    try:
+        return Compacted(
+            m.request_id, m.role, m.mode, decision.cause, decision.reason, numbers + array("q", m.block_ids).tobytes()
+        )
+    except OverflowError:
+        return Compacted(m.request_id, m.role, m.mode, decision.cause, decision.reason, numbers, m.block_ids)
+
+
+class Unpacked(msgspec.Struct, frozen=True, gc=False):
+    """A tombstone's numbers, read back."""
+
+    deadline: float
+    map_ts: float
+    decision_ts: float
+    arrived_ts: float | None
+    acks_expected: int
+    map_seq: int
+    decision_seq: int
+    arrived_seq: int
+    events: int
+    block_ids: tuple[int, ...]
+
+
+def unpack(c: Compacted) -> Unpacked:
+    deadline, map_ts, decision_ts, arrived_ts, acks, map_seq, decision_seq, arrived_seq, events = (
+        _NUMBERS.unpack_from(c.packed)
+    )
+    if c.wide_blocks is not None:
+        blocks = c.wide_blocks
+    else:
+        blocks = tuple(array("q", c.packed[_NUMBERS.size :]))
+    arrived = None if math.isnan(arrived_ts) else arrived_ts
+    return Unpacked(deadline, map_ts, decision_ts, arrived, acks, map_seq, decision_seq, arrived_seq, events, blocks)
+
+
+def map_of(source: str, transfer_id: TransferId, c: Compacted, n: Unpacked) -> Map:
+    """The side's map as far as decisions and findings read it."""
+    return Map(
+        seq=n.map_seq, ts=n.map_ts, source=source, transfer_id=transfer_id, request_id=c.request_id,
+        role=c.role, mode=c.mode, block_ids=n.block_ids, deadline=n.deadline, acks_expected=n.acks_expected,
+    )  # fmt: skip
+
+
+def release_of(source: str, transfer_id: TransferId, c: Compacted, n: Unpacked) -> Release:
+    return Release(
+        source, transfer_id, c.request_id, c.role, c.mode, n.block_ids, c.cause, n.decision_seq, n.decision_ts,
+        c.reason,
+    )  # fmt: skip
