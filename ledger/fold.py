@@ -32,7 +32,6 @@ import msgspec
 from ledger.decisions import Cause, Key, Release
 from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
 from ledger.idmemory import IdMemory
-from ledger.tombstone import Compacted, compacted, map_of, release_of, unpack
 from ledger.limits import (
     DEADLINE_HEAP_SLACK,
     EVIDENCE_SEQS_MAX,
@@ -41,6 +40,7 @@ from ledger.limits import (
     RANKS_MAX,
     TOMBSTONES_MAX,
 )
+from ledger.tombstone import Compacted, compacted, map_of, release_of, unpack
 
 PhaseName: TypeAlias = Literal["unmapped", "held", "active", "sealed", "completed", "failed", "expired"]
 

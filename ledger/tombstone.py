@@ -68,13 +68,10 @@ class Unpacked(msgspec.Struct, frozen=True, gc=False):
 
 
 def unpack(c: Compacted) -> Unpacked:
-    deadline, map_ts, decision_ts, arrived_ts, acks, map_seq, decision_seq, arrived_seq, events = (
-        _NUMBERS.unpack_from(c.packed)
+    deadline, map_ts, decision_ts, arrived_ts, acks, map_seq, decision_seq, arrived_seq, events = _NUMBERS.unpack_from(
+        c.packed
     )
-    if c.wide_blocks is not None:
-        blocks = c.wide_blocks
-    else:
-        blocks = tuple(array("q", c.packed[_NUMBERS.size :]))
+    blocks = c.wide_blocks if c.wide_blocks is not None else tuple(array("q", c.packed[_NUMBERS.size :]))
     arrived = None if math.isnan(arrived_ts) else arrived_ts
     return Unpacked(deadline, map_ts, decision_ts, arrived, acks, map_seq, decision_seq, arrived_seq, events, blocks)
 
