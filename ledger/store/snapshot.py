@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 
 from ledger.decisions import Cause, Key
-from ledger.fold import Compacted, LedgerState, Tombstone, TransferState
+from ledger.fold import LedgerState, Tombstone, TransferState
+from ledger.tombstone import Compacted
 from ledger.idmemory import IdMemory
 
 FORMAT = 5
