@@ -16,8 +16,8 @@ import msgspec
 
 from ledger.decisions import Cause, Key
 from ledger.fold import LedgerState, Tombstone, TransferState
-from ledger.tombstone import Compacted
 from ledger.idmemory import IdMemory
+from ledger.tombstone import Compacted
 
 FORMAT = 5
 """Bumped whenever the encoding below changes."""
