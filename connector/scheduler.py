@@ -85,6 +85,8 @@ class SchedulerCore:
                 peer=peer.label if peer else None,
             )
         )
+        # No transfer starts, so no release will ever drop the index entry the map made.
+        self.index.forget(request_id, params.transfer_id)
 
     # -- hooks ----------------------------------------------------------------
 
