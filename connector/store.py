@@ -37,11 +37,24 @@ def spill_dir(config: ConnectorConfig, source: str) -> Path:
     return base / re.sub(r"[^A-Za-z0-9_.-]", "_", source)
 
 
-def open_ledger(config: ConnectorConfig, source: str, *, clock: Callable[[], float] = time.time) -> Ledger:
-    """This process's ledger for `source`, persisted to `config.ledger_url` when one is set."""
+def open_ledger(
+    config: ConnectorConfig,
+    source: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    tombstones_max: int | None = None,
+) -> Ledger:
+    """This process's ledger for `source`, persisted to `config.ledger_url` when one is set.
+
+    A reopened ledger holds what the running one held: its refold forgets decided sides as the cores'
+    maintenance does (`defer_timeout_s` after their decision), within the tombstone bound
+    (`tombstones_max`, default `TOMBSTONES_MAX`)."""
     url = config.ledger_url
     if url is None or url.startswith("memory"):
-        return Ledger(source, clock=clock)
+        ledger = Ledger(source, clock=clock)
+        if tombstones_max is not None:
+            ledger.state.tombstones_max = tombstones_max
+        return ledger
     from ledger.store.connect import open_store
     from ledger.store.recovery import open_ledger as reopen
     from ledger.store.writer import BackgroundWriter
@@ -49,7 +62,9 @@ def open_ledger(config: ConnectorConfig, source: str, *, clock: Callable[[], flo
     store = open_store(url, create=True)
     spill = spill_dir(config, source)
     try:
-        ledger = reopen(store, source, spill_dir=spill, clock=clock)
+        ledger = reopen(
+            store, source, spill_dir=spill, clock=clock, retain_s=config.defer_timeout_s, tombstones_max=tombstones_max
+        )
     except BaseException:
         store.close()
         raise

@@ -15,7 +15,7 @@ from connector.metadata import StepMetadata
 from connector.params import parse_params
 from connector.ports import free_loopback_ports
 from connector.scheduler import SchedulerCore
-from connector.store import REASON_ENGINE_RESTARTED
+from connector.store import REASON_ENGINE_RESTARTED, open_ledger
 from ledger.events import Fail, ReqId, TransferId
 from tests.connector.pd import EnginePorts, make_config
 
@@ -93,3 +93,27 @@ def _remote(producer: ConnectorConfig) -> dict[str, object]:
         "remote_notify_port": producer.notify_port,
         "remote_engine_id": producer.engine_id,
     }
+
+
+def test_a_restart_holds_no_more_sides_than_the_running_ledger_did(tmp_path: Path) -> None:
+    """Hours of history reopen into what a running ledger keeps: recent sides whole, older ones as tombstones
+    within the bound, the oldest in the id memory; every id used before is still refused."""
+    producer, _ = _configs(f"sqlite:///{tmp_path}/ledger.db")
+    tombstones_max, sides = 16, 400
+    first = build_scheduler(producer)
+    for i in range(sides):  # one transfer every 30 s: more than three hours of log
+        now = T0 + 30.0 * i
+        assert _producer_maps(first, f"p-{i}", TransferId(f"tx-{i}"), now)[0]
+        first.on_worker_output([ReqId(f"p-{i}")], [], [], now + 0.5)  # the consumer's release
+    whole_before = len(first.state.transfers)  # what maintenance left whole (the last few minutes)
+    assert whole_before < 10
+    first.ledger.close()
+
+    again = open_ledger(producer, producer.source(scheduler=True), tombstones_max=tombstones_max)
+    state = again.state
+    assert state.tombstones_max == tombstones_max
+    assert len(state.transfers) <= whole_before and state.tombstone_count < tombstones_max
+    assert state.tombstones_evicted >= sides - tombstones_max - 2
+    for i in (0, sides // 2, sides - 1):
+        assert state.was_mapped((again.source, TransferId(f"tx-{i}")))
+    again.close()
