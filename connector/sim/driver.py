@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import zmq
@@ -26,7 +27,7 @@ from connector.ports import free_loopback_ports
 from connector.sim.config import StormConfig
 from connector.sim.engine import SimEngine, StepReport
 from connector.sim.errors import SimulationError
-from connector.sim.faults import NO_FAULTS, DeathPlan, TransferFaults, draw_death, draw_faults, late_delay_rounds
+from connector.sim.faults import NO_FAULTS, DeathPlan, TransferFaults, draw_death, draw_faults, horizon_s
 from connector.sim.integrity import checksums, prefill
 from connector.sim.limits import (
     ARRIVALS_PER_ROUND_MAX,
@@ -84,6 +85,8 @@ class Tally:
 
 
 class Storm:
+    request_type: type[SimRequest] = SimRequest
+
     def __init__(self, config: StormConfig) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
@@ -92,6 +95,9 @@ class Storm:
         self.engines = (self.producer, self.consumer)
         self.retired: list[SimEngine] = []
         """Engines that died and were replaced by a restart (their pools still count double frees)."""
+        self._sent_before: Counter[tuple[str, int]] = Counter()
+        """Per listening address: messages sent to it before its current listener started (a restart's
+        listener counts what it receives from zero)."""
         self.death: DeathPlan | None = draw_death(self.rng, config)
         self.requests: list[SimRequest] = []
         self.unresolved: dict[int, SimRequest] = {}
@@ -147,14 +153,9 @@ class Storm:
             tally.wall_seconds = time.perf_counter() - started
         return tally
 
-    def horizon_s(self) -> float:
-        """Simulated seconds after which whatever is still unresolved is hung: every deadline has passed."""
-        cfg = self.config
-        return 2 * (cfg.recv_abort_timeout_s + cfg.transfer_timeout_s) + late_delay_rounds(cfg) * cfg.step_s
-
     def _loop(self) -> None:
         cfg, tally = self.config, self.tally
-        horizon_s = self.horizon_s()
+        horizon = horizon_s(cfg)
         tail = TAIL_ROUNDS
         for round_number in range(ROUNDS_MAX):
             now = cfg.start_ts + round_number * cfg.step_s
@@ -164,7 +165,7 @@ class Storm:
                 tail -= 1
                 if tail == 0:
                     break
-            elif now > self._last_issue_now + horizon_s:
+            elif now > self._last_issue_now + horizon:
                 tally.horizon_reached = True  # what is unresolved now is hung: every deadline has passed
                 break
 
@@ -178,6 +179,7 @@ class Storm:
         if consumer.alive:
             self._consumer_admissions(round_number, now)
             self._on_consumer_report(consumer.step(now, round_number), now)
+            self._consumer_finishes(now)
         self._maybe_die()
         self._settle(round_number + 1)
 
@@ -227,7 +229,7 @@ class Storm:
         producer.needed = self.producer.alive
         if not producer.needed and cfg.mode == "read":
             consumer.needed = False
-        request = SimRequest(number, tid, faults, producer, consumer, reuse_of=reuse_of)
+        request = self.request_type(number, tid, faults, producer, consumer, reuse_of=reuse_of)
         if cfg.mode == "write":
             p = self.producer.config
             request.consumer_params = parse_params({
@@ -357,6 +359,9 @@ class Storm:
                 tally.integrity_failures.append(tid)
             self._loaded(request, now)
 
+    def _consumer_finishes(self, now: float) -> None:
+        """Consumer requests that finish decoding in this step (the storm's end at their report)."""
+
     def _loaded(self, request: SimRequest, now: float) -> None:
         """The consumer's KV arrived (the storm's request then decodes at once and ends: its blocks go back)."""
         self._consumer_done(request)
@@ -405,7 +410,11 @@ class Storm:
         death = self.death
         if death is None or self.tally.dead is not None or self.tally.issued < death.after_requests:
             return
-        engine = self.producer if death.role == "producer" else self.consumer
+        self._kill(self.producer if death.role == "producer" else self.consumer)
+
+    def _kill(self, engine: SimEngine) -> None:
+        """The engine's process dies: its requests in flight are lost with it; those it had not taken yet
+        never reach it (and a READ consumer never gets a prefill that died)."""
         self.tally.dead = engine.name
         for request in list(self.unresolved.values()):
             self.tally.death_touched.add(request.transfer_id)
@@ -420,6 +429,10 @@ class Storm:
         engine.kill()
         self.network.kill(engine.endpoints())
 
+    def _sent_to(self, address: tuple[str, int]) -> int:
+        """Messages every engine, past incarnations included, handed to ZMQ for `address`."""
+        return sum(e.channel.sent_to[address] for e in (*self.engines, *self.retired))
+
     def _settle(self, next_round: int) -> None:
         """End the round: send what is due, wait until every real byte and message landed, then show them."""
         alive = [e for e in self.engines if e.alive]
@@ -431,7 +444,7 @@ class Storm:
             engine.transport.settle(deadline, time.monotonic)
         for engine in alive:
             channel = engine.channel
-            expected = sum(e.channel.sent_to[channel.address] for e in self.engines)
+            expected = self._sent_to(channel.address) - self._sent_before[channel.address]
             while channel.received() < expected:
                 if time.monotonic() > deadline:
                     raise SimulationError(f"{engine.name}: {channel.received()} of {expected} notifications arrived")

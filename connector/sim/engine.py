@@ -98,9 +98,7 @@ class SimEngine:
         self._notices: list[tuple[int, ReqId]] = []
         ledgers = []
         for scheduler in (True, False):
-            ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock)
-            if tombstones_max is not None:
-                ledger.state.tombstones_max = tombstones_max
+            ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock, tombstones_max=tombstones_max)
             ledgers.append(ledger)
             self.events.setdefault(ledger.source, [])
             self.releases.setdefault(ledger.source, [])
