@@ -317,7 +317,7 @@ class Soak(Storm):
 
         Not while the first transfer is in flight: nothing in a WRITE transfer binds a producer request to
         its consumer request but the transfer id, so a second consumer naming it would be taken for the
-        first one's (tests/sim/test_soak_faults.py shows it; the project's notes say what would fix it)."""
+        first one's (connector/sim/README.md, "Not simulated"; tests/sim/test_soak_faults.py pins it)."""
         waiting = []
         for number in self._follow_ups:
             request = self.requests[number]
