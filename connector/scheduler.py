@@ -20,6 +20,7 @@ from connector.config import ConnectorConfig
 from connector.index import RequestIndex
 from connector.metadata import AbortItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
 from connector.params import TransferParams, consumer_params
+from connector.store import abandon_inherited
 from ledger.decisions import Release
 from ledger.events import Ack, Event, Fail, Map, ReqId, Role, TransferId
 from ledger.ledger import Ledger
@@ -53,6 +54,9 @@ class SchedulerCore:
         self.index = RequestIndex(ledger.log)
         self.counters: Counter[str] = Counter()
         self._step = StepMetadata()
+        inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
+        if inherited:
+            self.counters["inherited_transfers_failed"] = inherited
 
     # -- the peer allow-list ------------------------------------------------
 
@@ -81,6 +85,8 @@ class SchedulerCore:
                 peer=peer.label if peer else None,
             )
         )
+        # No transfer starts, so no release will ever drop the index entry the map made.
+        self.index.forget(request_id, params.transfer_id)
 
     # -- hooks ----------------------------------------------------------------
 

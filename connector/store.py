@@ -18,9 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from connector.config import ConnectorConfig
+from ledger.events import Fail
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
+
+REASON_ENGINE_RESTARTED = "engine_restarted"
+"""Why a side the previous process left live was failed when this one started."""
 
 SPILL_DIR_DEFAULT = "kvledger-spill"
 """Where spill files go when the store is not a local SQLite file (relative to the working directory)."""
@@ -33,11 +37,24 @@ def spill_dir(config: ConnectorConfig, source: str) -> Path:
     return base / re.sub(r"[^A-Za-z0-9_.-]", "_", source)
 
 
-def open_ledger(config: ConnectorConfig, source: str, *, clock: Callable[[], float] = time.time) -> Ledger:
-    """This process's ledger for `source`, persisted to `config.ledger_url` when one is set."""
+def open_ledger(
+    config: ConnectorConfig,
+    source: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    tombstones_max: int | None = None,
+) -> Ledger:
+    """This process's ledger for `source`, persisted to `config.ledger_url` when one is set.
+
+    A reopened ledger holds what the running one held: its refold forgets decided sides as the cores'
+    maintenance does (`defer_timeout_s` after their decision), within the tombstone bound
+    (`tombstones_max`, default `TOMBSTONES_MAX`)."""
     url = config.ledger_url
     if url is None or url.startswith("memory"):
-        return Ledger(source, clock=clock)
+        ledger = Ledger(source, clock=clock)
+        if tombstones_max is not None:
+            ledger.state.tombstones_max = tombstones_max
+        return ledger
     from ledger.store.connect import open_store
     from ledger.store.recovery import open_ledger as reopen
     from ledger.store.writer import BackgroundWriter
@@ -45,7 +62,9 @@ def open_ledger(config: ConnectorConfig, source: str, *, clock: Callable[[], flo
     store = open_store(url, create=True)
     spill = spill_dir(config, source)
     try:
-        ledger = reopen(store, source, spill_dir=spill, clock=clock)
+        ledger = reopen(
+            store, source, spill_dir=spill, clock=clock, retain_s=config.defer_timeout_s, tombstones_max=tombstones_max
+        )
     except BaseException:
         store.close()
         raise
@@ -55,3 +74,23 @@ def open_ledger(config: ConnectorConfig, source: str, *, clock: Callable[[], flo
     ledger.on_close(writer.close)
     log.info("ledger %s persists to %s (next seq %d)", source, url.split("@")[-1], ledger.log.next_seq)
     return ledger
+
+
+def abandon_inherited(ledger: Ledger) -> int:
+    """A new process's first act on its ledger: fail every side the previous process left live.
+
+    A ledger reopened from the store holds the sides that were live when the previous process
+    stopped. Their requests and their blocks died with it: vLLM never had these requests (naming one
+    in finished_sending or finished_recving fails its `assert req_id in self.requests`), and their
+    block ids are free in the new process (holding them would collide with new requests' blocks).
+    Each is failed now (the log says why, and the transfer id stays used) and the releases are
+    dropped: there is no request to finish and, in this process, no peer known to tell. A peer that
+    still holds blocks for such a transfer frees them at its own deadline. Returns how many."""
+    inherited = [t.transfer_id for t in ledger.state.live.values()]
+    if not inherited:
+        return 0
+    now, source = ledger.clock(), ledger.source
+    ledger.extend(Fail(ts=now, source=source, transfer_id=tid, reason=REASON_ENGINE_RESTARTED) for tid in inherited)
+    ledger.take_releases()
+    log.warning("%s: %d transfers in flight when the previous process stopped were failed", source, len(inherited))
+    return len(inherited)

@@ -39,6 +39,7 @@ from connector.messages import (
 )
 from connector.metadata import PeerRef, StepMetadata
 from connector.ports import holder_ranks, rank_port, releases_expected
+from connector.store import abandon_inherited
 from connector.transports.base import Op, Session, TransferHandle, Transport
 from ledger.decisions import Release
 from ledger.events import Ack, Event, Fail, Map, ReqId, Schedule, Seal, TransferId
@@ -112,6 +113,9 @@ class WorkerCore:
         self._finished_recving: set[ReqId] = set()
         self._failed_recving: set[ReqId] = set()
         self._load_errors: set[int] = set()
+        inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
+        if inherited:
+            self.counters["inherited_transfers_failed"] = inherited
 
     # -- setup ----------------------------------------------------------------
 

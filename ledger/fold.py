@@ -118,6 +118,10 @@ CAUSE_PHASE: dict[Cause, PhaseName] = {
     "expired": Phase.EXPIRED,
 }
 
+ORPHAN_KEY_PREFIX = "\x00orphan\x00"
+"""The id memory remembers a compacted never-mapped side under this prefix (a transfer id never starts with a
+NUL), apart from the sides that were mapped (`was_mapped`)."""
+
 REASON_LOCAL_EXCEEDS_REMOTE = "local_blocks_exceed_remote"
 """A consumer holding more blocks than the producer sent cannot be filled."""
 
@@ -396,6 +400,8 @@ class LedgerState:
             elif self.tombstones_evicted and self._remembered(key):
                 self._after_eviction(event)
                 return None
+            elif kind is Map and self.tombstones_evicted and self._remembered_orphan(key):
+                return self._map_after_evicted_orphan(key, event)  # type: ignore[arg-type]
             elif kind is Map:
                 return self._first_map(key, event)  # type: ignore[arg-type]
             else:
@@ -912,14 +918,15 @@ class LedgerState:
             self.orphans_expired.pop(key, None)
         m, decision = t.map_event, t.decision
         tomb: Tombstone
+        memory = self.id_memory
+        if memory is None:
+            memory = self.id_memory = IdMemory()
         if m is not None and decision is not None:
             tomb = compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
-            memory = self.id_memory
-            if memory is None:
-                memory = self.id_memory = IdMemory()
             memory.add(key[0], key[1])
         else:
             tomb = t  # a never-mapped side that expired: kept whole (its early events decide a late map)
+            memory.add(key[0], ORPHAN_KEY_PREFIX + key[1])  # past eviction, a late map is still decided so
         tombstones = self.tombstones
         tombstones[key] = tomb
         if len(tombstones) >= self.tombstones_max // 2:
@@ -965,6 +972,20 @@ class LedgerState:
     def _remembered(self, key: Key) -> bool:
         memory = self.id_memory
         return memory is not None and memory.contains(key[0], key[1])
+
+    def _remembered_orphan(self, key: Key) -> bool:
+        memory = self.id_memory
+        return memory is not None and memory.contains(key[0], ORPHAN_KEY_PREFIX + key[1])
+
+    def _map_after_evicted_orphan(self, key: Key, e: Map) -> Release | None:
+        """A map for a side that expired before any map, then was compacted and evicted: decided as the
+        whole history decides it (`_on_map`: expired before its map arrived), so that the running ledger
+        and a replay of its log agree past the bound too. Only the orphan's own evidence is gone (an early
+        fail would have made it "failed": the id memory cannot tell)."""
+        release = self._first_map(key, e)
+        if release is not None:
+            return release
+        return self._decide(self.transfers[key], "expired", e.seq, e.ts, "expired before its map arrived")
 
     def _after_eviction(self, event: Event) -> None:
         """An event for a side compacted and then evicted: a map is refused, anything else is late;

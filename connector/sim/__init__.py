@@ -1,21 +1,32 @@
 """A seeded P/D simulator: a producer and a consumer connector under a fault storm, audited, beside naive bookkeeping.
 
-`run_storm(StormConfig(...)) -> StormResult` is the entry point. Names are resolved lazily so that importing
-the package (the CLI) loads torch and zmq only when a storm runs.
+`run_storm(StormConfig(...)) -> StormResult` and `run_soak(SoakConfig(...)) -> SoakResult` (hours of simulated
+time) are the entry points. Names are resolved lazily so that importing the package (the CLI) loads torch
+and zmq only when a storm runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["FAULT_KINDS", "SimulationError", "StormConfig", "StormResult", "run_storm"]
+__all__ = [
+    "FAULT_KINDS",
+    "SOAK_FAULT_KINDS",
+    "SimulationError",
+    "SoakConfig",
+    "SoakResult",
+    "StormConfig",
+    "StormResult",
+    "run_soak",
+    "run_storm",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "run_storm":
-        from connector.sim.storm import run_storm
+    if name in ("run_storm", "run_soak"):
+        from connector.sim import storm
 
-        return run_storm
+        return getattr(storm, name)
     if name == "SimulationError":
         from connector.sim.errors import SimulationError
 
@@ -24,4 +35,8 @@ def __getattr__(name: str) -> Any:
         from connector.sim import config
 
         return getattr(config, name)
+    if name in ("SoakConfig", "SoakResult", "SOAK_FAULT_KINDS"):
+        from connector.sim import soak_config
+
+        return getattr(soak_config, name)
     raise AttributeError(f"module 'connector.sim' has no attribute {name!r}")

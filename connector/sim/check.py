@@ -14,7 +14,6 @@ import msgspec
 
 from connector.sim.config import StormConfig, StormResult
 from connector.sim.driver import Storm, Tally
-from connector.sim.engine import SimEngine
 from connector.sim.faults import NO_FAULTS
 from connector.sim.naive import run_naive
 from ledger.audit import AuditConfig, Finding, audit, counts_by_code
@@ -62,16 +61,9 @@ def _names(tids: Iterable[str]) -> str:
 def evaluate(storm: Storm, tally: Tally) -> StormResult:
     cfg: StormConfig = storm.config
     r = StormResult(seed=cfg.seed, mode=cfg.mode, requests=cfg.requests, concurrency=cfg.concurrency)
-    r.rounds, r.wall_seconds = tally.rounds, tally.wall_seconds
     r.unserved_requests = cfg.requests - tally.issued
     r.sim_seconds = round(tally.rounds * cfg.step_s, 6)
-    engines: tuple[SimEngine, ...] = storm.engines
-    alive = [e for e in engines if e.alive]
-    dead_sources = {source for e in engines if not e.alive for source in e.events}
-    streams: dict[str, list[Event]] = {source: ev for e in engines for source, ev in e.events.items()}
-    live: dict[str, list[Release]] = {source: rel for e in engines for source, rel in e.releases.items()}
-    r.events = sum(len(v) for v in streams.values())
-    r.fingerprint = fingerprint(streams)
+    streams, live = recorded(storm, tally, r)
 
     # The merged incident log, replayed offline: the same releases per source, in the same order.
     merged: Iterable[Event] = list(merge(streams.values(), names=list(streams)))
@@ -80,84 +72,139 @@ def evaluate(storm: Storm, tally: Tally) -> StormResult:
         r.incident_log = str(cfg.incident_log)
         merged = read_events(cfg.incident_log)
     state, releases = fold_all(merged)
-    offline: dict[str, list[Release]] = {source: [] for source in streams}
-    for release in releases:
-        offline[release.source].append(release)
-    mismatched = [source for source in streams if offline[source] != live[source]]
+    mismatched = mismatched_sources(live, releases)
     r.replay_matches = not mismatched
 
-    findings = audit(state, tally.final_now, AuditConfig(transfer_timeout_s=cfg.transfer_timeout_s, clock_skew_s=0.0))
+    findings = audit(state, tally.final_now, audit_config(cfg))
+    faulted = {q.transfer_id for q in storm.requests if q.faults is not NO_FAULTS} | tally.death_touched
+    judge_findings(storm, findings, faulted, set(), r)
+    vllm_view(storm, tally, r)
+
+    engines = storm.engines
+    lost = {(e.worker.source, q.transfer_id) for q in storm.requests for e, s in
+            ((storm.producer, q.producer), (storm.consumer, q.consumer)) if s.lost}  # fmt: skip
+    naive = run_naive({e.worker.source: e.events[e.worker.source] for e in engines}, lost)
+    r.naive_leaked_blocks, r.naive_hung_requests = naive.leaked_blocks, naive.hung_requests
+    r.naive_dropped_acks = naive.dropped_acks
+    r.problems.extend(problems(storm, tally, r, mismatched))
+    return r
+
+
+def recorded(storm: Storm, tally: Tally, r: StormResult) -> tuple[dict[str, list[Event]], dict[str, list[Release]]]:
+    """Every source's events and the releases its core took live (a restarted engine's continue its
+    predecessor's); fills the run's size and fingerprint into `r`."""
+    r.rounds, r.wall_seconds = tally.rounds, tally.wall_seconds
+    streams: dict[str, list[Event]] = {source: ev for e in storm.engines for source, ev in e.events.items()}
+    live: dict[str, list[Release]] = {source: rel for e in storm.engines for source, rel in e.releases.items()}
+    r.events = sum(len(v) for v in streams.values())
+    r.fingerprint = fingerprint(streams)
+    return streams, live
+
+
+def mismatched_sources(live: dict[str, list[Release]], offline_releases: Iterable[Release]) -> list[str]:
+    """The sources whose offline releases differ from those their core took live (in order)."""
+    offline: dict[str, list[Release]] = {source: [] for source in live}
+    for release in offline_releases:
+        offline.setdefault(release.source, []).append(release)
+    return [source for source in offline if offline[source] != live.get(source, [])]
+
+
+def audit_config(cfg: StormConfig) -> AuditConfig:
+    """Both engines share the simulated clock: no skew allowance."""
+    return AuditConfig(transfer_timeout_s=cfg.transfer_timeout_s, clock_skew_s=0.0)
+
+
+def judge_findings(
+    storm: Storm,
+    findings: list[Finding],
+    faulted: set[TransferId],
+    expected_errors: set[tuple[str, TransferId]],
+    r: StormResult,
+) -> None:
+    """Findings by code, those on a dead engine, those no injected fault explains (a non-error finding on a
+    transfer in `faulted`, or an error `(code, transfer)` in `expected_errors`, is explained), and late
+    notifications without their late_event."""
+    dead_sources = {source for e in storm.engines if not e.alive for source in e.events}
     r.findings = {code: n for code, n in counts_by_code(findings).items() if n}
     r.findings_on_dead_engine = dict(Counter(f.code for f in findings if f.source in dead_sources))
     r.premature_releases = r.findings.get("premature_release", 0)
-    faulted = {q.transfer_id for q in storm.requests if q.faults is not NO_FAULTS} | tally.death_touched
-    r.unexplained_findings = [_describe(f) for f in findings if not _explained(f, faulted, dead_sources)]
+    r.unexplained_findings = [
+        _describe(f) for f in findings if not _explained(f, faulted, expected_errors, dead_sources)
+    ]
     late_sent: dict[TransferId, str] = {}
-    for e in engines:
+    for e in storm.engines:
         late_sent.update({tid: e.name for tid in e.channel.late_sent})
     late_tids = {f.transfer_id for f in findings if f.code == "late_event"}
     r.late_faults_unreported = sorted(
         tid for tid in late_sent if tid not in late_tids and _late_message(storm, tid) in LATE_CHECKED_MESSAGES
     )
 
-    # vLLM's view, from the driver's block pools and reports.
+
+def vllm_view(storm: Storm, tally: Tally, r: StormResult) -> None:
+    """vLLM's side of the run, from the driver's block pools and reports."""
+    engines = (*storm.engines, *storm.retired)
     sides = [(q, s) for q in storm.requests for s in (q.producer, q.consumer)]
     r.finished_sending = sum(1 for q in storm.requests if q.producer.reported)
     r.finished_recving = sum(1 for q in storm.requests if q.consumer.reported)
     r.failed_recving = sum(1 for q in storm.requests if q.consumer.failed)
-    r.leaked_blocks = sum(e.pool.held for e in alive)
+    r.leaked_blocks = sum(e.pool.held for e in storm.engines if e.alive)
     r.double_releases = tally.double_reports + sum(e.pool.double_frees for e in engines)
-    hung = [q.transfer_id for q, s in sides if s.needed and not s.lost and s.reported == 0]
-    r.hung_requests = len(hung)
+    r.hung_requests = sum(1 for _, s in sides if s.hung)
     r.lost_requests = sum(1 for _, s in sides if s.lost)
     r.integrity_checked = tally.integrity_checked
     r.integrity_failures = len(tally.integrity_failures)
     r.failed_reported_as_received = len(tally.failed_reported_as_received)
     r.faults_injected = _faults_injected(storm, tally)
 
-    lost = {(e.worker.source, q.transfer_id) for q in storm.requests for e, s in
-            ((storm.producer, q.producer), (storm.consumer, q.consumer)) if s.lost}  # fmt: skip
-    naive = run_naive({e.worker.source: e.events[e.worker.source] for e in engines}, lost)
-    r.naive_leaked_blocks, r.naive_hung_requests = naive.leaked_blocks, naive.hung_requests
-    r.naive_dropped_acks = naive.dropped_acks
 
-    problems = r.problems
+def problems(storm: Storm, tally: Tally, r: StormResult, mismatched: list[str]) -> list[str]:
+    """Each broken invariant of the run, in words."""
+    out: list[str] = []
     if r.leaked_blocks:
-        problems.append(f"{r.leaked_blocks} blocks still allocated at the end")
-    for e in alive:
+        out.append(f"{r.leaked_blocks} blocks still allocated at the end")
+    for e in storm.engines:
+        if not e.alive:
+            continue
         for ledger in e.ledgers:
             if ledger.state.live or ledger.state.blocks_held:
-                problems.append(
+                out.append(
                     f"{ledger.source}: {len(ledger.state.live)} live transfers, {ledger.state.blocks_held} blocks held"
                 )
     if r.double_releases:
-        problems.append(f"{r.double_releases} double releases")
+        out.append(f"{r.double_releases} double releases")
+    if tally.unknown_reports:
+        out.append(f"reports naming requests vLLM does not hold (it asserts): {_names(tally.unknown_reports)}")
     if r.premature_releases:
-        problems.append(f"{r.premature_releases} premature releases")
+        out.append(f"{r.premature_releases} premature releases")
+    hung = [q.transfer_id for q in storm.requests for s in (q.producer, q.consumer) if s.hung]
     if hung:
-        problems.append(f"{len(hung)} request sides never finished: {_names(hung)}")
+        out.append(f"{len(hung)} request sides never finished: {_names(hung)}")
     if tally.integrity_failures:
-        problems.append(f"received bytes differ from the producer's: {_names(tally.integrity_failures)}")
+        out.append(f"received bytes differ from the producer's: {_names(tally.integrity_failures)}")
     if tally.failed_reported_as_received:
-        problems.append(f"failed transfers reported as received: {_names(tally.failed_reported_as_received)}")
+        out.append(f"failed transfers reported as received: {_names(tally.failed_reported_as_received)}")
     if tally.load_errors_missing:
-        problems.append(f"failed receives without their load-error blocks: {_names(tally.load_errors_missing)}")
+        out.append(f"failed receives without their load-error blocks: {_names(tally.load_errors_missing)}")
     if mismatched:
-        problems.append(f"offline replay decided differently for {', '.join(mismatched)}")
+        out.append(f"offline replay decided differently for {', '.join(mismatched)}")
     if r.unexplained_findings:
-        problems.append(f"{len(r.unexplained_findings)} findings no injected fault explains")
+        out.append(f"{len(r.unexplained_findings)} findings no injected fault explains")
     if r.late_faults_unreported:
-        problems.append(f"late notifications without a late_event finding: {_names(r.late_faults_unreported)}")
+        out.append(f"late notifications without a late_event finding: {_names(r.late_faults_unreported)}")
     if tally.horizon_reached:
-        problems.append("the run hit its horizon with requests unresolved")
-    return r
+        out.append("the run hit its horizon with requests unresolved")
+    return out
 
 
-def _explained(f: Finding, faulted: set[TransferId], dead_sources: set[str]) -> bool:
+def _explained(
+    f: Finding, faulted: set[TransferId], expected_errors: set[tuple[str, TransferId]], dead_sources: set[str]
+) -> bool:
     if f.source in dead_sources:
         return True  # whatever a dead engine held died with it
     if f.severity == "error":
-        return False  # a leak, double owner, premature release or id reuse on a live engine: never expected
+        # A leak, double owner or premature release on a live engine: never expected; an id reuse only
+        # where the run injected it.
+        return (f.code, f.transfer_id) in expected_errors
     return f.transfer_id in faulted
 
 

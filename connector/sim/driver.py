@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import zmq
@@ -26,7 +27,7 @@ from connector.ports import free_loopback_ports
 from connector.sim.config import StormConfig
 from connector.sim.engine import SimEngine, StepReport
 from connector.sim.errors import SimulationError
-from connector.sim.faults import NO_FAULTS, DeathPlan, draw_death, draw_faults, late_delay_rounds
+from connector.sim.faults import NO_FAULTS, DeathPlan, TransferFaults, draw_death, draw_faults, horizon_s
 from connector.sim.integrity import checksums, prefill
 from connector.sim.limits import (
     ARRIVALS_PER_ROUND_MAX,
@@ -76,26 +77,42 @@ class Tally:
     integrity_failures: list[str] = field(default_factory=list)
     failed_reported_as_received: list[str] = field(default_factory=list)
     load_errors_missing: list[str] = field(default_factory=list)
+    unknown_reports: list[str] = field(default_factory=list)
+    """Reports naming a request the engine's vLLM does not hold (vLLM asserts `req_id in self.requests`)."""
     death_touched: set[TransferId] = field(default_factory=set)
     dead: str | None = None
     horizon_reached: bool = False
 
 
 class Storm:
+    request_type: type[SimRequest] = SimRequest
+
     def __init__(self, config: StormConfig) -> None:
         self.config = config
         self.rng = random.Random(config.seed)
         self.network = SimNetwork()
         self.producer, self.consumer = self._build_engines()
         self.engines = (self.producer, self.consumer)
+        self.retired: list[SimEngine] = []
+        """Engines that died and were replaced by a restart (their pools still count double frees)."""
+        self._sent_before: Counter[tuple[str, int]] = Counter()
+        """Per listening address: messages sent to it before its current listener started (a restart's
+        listener counts what it receives from zero)."""
         self.death: DeathPlan | None = draw_death(self.rng, config)
         self.requests: list[SimRequest] = []
         self.unresolved: dict[int, SimRequest] = {}
         self.by_request: dict[ReqId, SimRequest] = {}
-        self.tally = Tally()
+        self.tally = self._new_tally()
         self.prompt_tokens = config.blocks_per_request * config.block_size
         self._finishing: list[SimRequest] = []
         self._last_issue_now = config.start_ts
+
+    def _new_tally(self) -> Tally:
+        return Tally()
+
+    def _engine(self, config: ConnectorConfig, previous: SimEngine | None = None) -> SimEngine:
+        """One engine's process on `config` (a restart passes the engine it replaces)."""
+        return SimEngine(config, self.config, self.network, previous=previous)
 
     def _build_engines(self) -> tuple[SimEngine, SimEngine]:
         """Both engines on free ports; another program may take a port between our choosing and binding it,
@@ -105,13 +122,13 @@ class Storm:
             ports = free_loopback_ports(2 * PORTS_PER_ENGINE)
             mine, theirs = ports[:PORTS_PER_ENGINE], ports[PORTS_PER_ENGINE:]
             try:
-                producer = SimEngine(engine_config(config, "producer", mine, theirs), config, self.network)
+                producer = self._engine(engine_config(config, "producer", mine, theirs))
             except zmq.ZMQError:
                 if attempt + 1 == PORT_ATTEMPTS_MAX:
                     raise
                 continue
             try:
-                return producer, SimEngine(engine_config(config, "consumer", theirs, mine), config, self.network)
+                return producer, self._engine(engine_config(config, "consumer", theirs, mine))
             except BaseException as error:
                 producer.close()
                 if not isinstance(error, zmq.ZMQError) or attempt + 1 == PORT_ATTEMPTS_MAX:
@@ -121,22 +138,10 @@ class Storm:
     # -- the loop -----------------------------------------------------------------
 
     def run(self) -> Tally:
-        cfg, tally = self.config, self.tally
-        horizon_s = 2 * (cfg.recv_abort_timeout_s + cfg.transfer_timeout_s) + late_delay_rounds(cfg) * cfg.step_s
+        tally = self.tally
         started = time.perf_counter()
-        tail = TAIL_ROUNDS
         try:
-            for round_number in range(ROUNDS_MAX):
-                now = cfg.start_ts + round_number * cfg.step_s
-                tally.rounds, tally.final_now = round_number + 1, now
-                self._round(round_number, now)
-                if self._quiet():
-                    tail -= 1
-                    if tail == 0:
-                        break
-                elif now > self._last_issue_now + horizon_s:
-                    tally.horizon_reached = True  # what is unresolved now is hung: every deadline has passed
-                    break
+            self._loop()
             for engine in self.engines:
                 if engine.alive:
                     for ledger in engine.ledgers:
@@ -148,6 +153,22 @@ class Storm:
             tally.wall_seconds = time.perf_counter() - started
         return tally
 
+    def _loop(self) -> None:
+        cfg, tally = self.config, self.tally
+        horizon = horizon_s(cfg)
+        tail = TAIL_ROUNDS
+        for round_number in range(ROUNDS_MAX):
+            now = cfg.start_ts + round_number * cfg.step_s
+            tally.rounds, tally.final_now = round_number + 1, now
+            self._round(round_number, now)
+            if self._quiet():
+                tail -= 1
+                if tail == 0:
+                    break
+            elif now > self._last_issue_now + horizon:
+                tally.horizon_reached = True  # what is unresolved now is hung: every deadline has passed
+                break
+
     def _round(self, round_number: int, now: float) -> None:
         self._arrivals(round_number, now)
         producer, consumer = self.producer, self.consumer
@@ -157,22 +178,15 @@ class Storm:
             self._request_finished(round_number, now)
         if consumer.alive:
             self._consumer_admissions(round_number, now)
-            self._on_consumer_report(consumer.step(now, round_number))
+            self._on_consumer_report(consumer.step(now, round_number), now)
+            self._consumer_finishes(now)
         self._maybe_die()
         self._settle(round_number + 1)
 
     def _quiet(self) -> bool:
         if self.unresolved or self.tally.issued < self._issuable():
             return False
-        for engine in self.engines:
-            if not engine.alive:
-                continue
-            if engine.channel.held:
-                return False
-            for ledger in engine.ledgers:
-                if ledger.state.live or ledger.state.unmapped:
-                    return False
-        return True
+        return not any(engine.alive and engine.connector_busy() for engine in self.engines)
 
     def _issuable(self) -> int:
         """Requests the proxy can still route: none once a READ producer is dead (nobody can prefill)."""
@@ -195,10 +209,15 @@ class Storm:
             arrived += 1
             self._last_issue_now = now
 
-    def _issue(self, number: int, round_number: int) -> None:
+    def _issue(self, number: int, round_number: int) -> SimRequest:
+        tid = TransferId(f"tx-{self.config.seed}-{number:06d}")
+        return self._new_request(number, round_number, tid, draw_faults(self.rng, self.config))
+
+    def _new_request(
+        self, number: int, round_number: int, tid: TransferId, faults: TransferFaults, reuse_of: int | None = None
+    ) -> SimRequest:
+        """Request `number` arrives at the proxy carrying transfer id `tid`; each engine gets its side."""
         cfg = self.config
-        tid = TransferId(f"tx-{cfg.seed}-{number:06d}")
-        faults = draw_faults(self.rng, cfg)
         lead = self.rng.randint(0, PROXY_DELAY_ROUNDS_MAX)
         producer = SideRecord(ReqId(f"p-{number}"), admit_round=round_number)
         consumer = SideRecord(ReqId(f"c-{number}"), admit_round=round_number)
@@ -210,7 +229,15 @@ class Storm:
         producer.needed = self.producer.alive
         if not producer.needed and cfg.mode == "read":
             consumer.needed = False
-        request = SimRequest(number, tid, faults, producer, consumer)
+        request = self.request_type(number, tid, faults, producer, consumer, reuse_of=reuse_of)
+        if cfg.mode == "write":
+            p = self.producer.config
+            request.consumer_params = parse_params({
+                "transfer_id": tid, "do_remote_prefill": True, "remote_host": p.host,
+                "remote_handshake_port": p.handshake_port, "remote_notify_port": p.notify_port,
+                "remote_engine_id": p.engine_id,
+            })  # fmt: skip
+            request.handed_over = True  # the decode engine allocates first and tells the prefill where to write
         self.network.transfers.add(tid)
         if faults is not NO_FAULTS:
             self.network.plans[tid] = faults
@@ -221,6 +248,7 @@ class Storm:
         self.by_request[producer.request_id] = request
         self.by_request[consumer.request_id] = request
         self._check_resolved(request)
+        return request
 
     def _producer_admissions(self, round_number: int, now: float) -> None:
         cfg, engine = self.config, self.producer
@@ -228,10 +256,11 @@ class Storm:
             side = request.producer
             if side.admitted or not side.needed or side.admit_round != round_number:
                 continue
-            blocks = engine.pool.allocate(cfg.blocks_per_request, request.transfer_id)
+            blocks = engine.pool.allocate(cfg.blocks_per_request, request.owner)
             if blocks is None:
                 raise SimulationError("producer KV pool exhausted: num_blocks is below what concurrency needs")
             side.blocks, side.admitted = blocks, True
+            engine.known.add(side.request_id)
             request.checksums = prefill(engine.caches, blocks, cfg.seed, request.number)
             raw: dict[str, object] = {"transfer_id": request.transfer_id, "do_remote_decode": True}
             if cfg.mode == "write":
@@ -254,56 +283,65 @@ class Storm:
         for request in finishing:
             side = request.producer
             keep, kv = engine.scheduler.on_request_finished(side.request_id, request.producer_params, side.blocks, now)
-            if not keep:
-                raise SimulationError(f"request_finished did not keep the blocks of {request.transfer_id}")
             if self.config.mode == "read":
-                request.consumer_params = parse_params(kv)
+                request.consumer_params, request.handed_over = parse_params(kv), True
+            if not keep:
+                self._prefill_not_kept(request)
+                continue
             due = round_number + 1
             if request.faults.lag_rounds:
                 due = max(due, round_number + (1 if self.config.mode == "read" else 0) + request.faults.lag_rounds)
             engine.notify_finished(side.request_id, due)
 
+    def _prefill_not_kept(self, request: SimRequest) -> None:
+        """request_finished told vLLM to free the prefill's blocks now (the storm never expects it)."""
+        raise SimulationError(f"request_finished did not keep the blocks of {request.transfer_id}")
+
     def _consumer_admissions(self, round_number: int, now: float) -> None:
-        cfg, engine = self.config, self.consumer
         for request in list(self.unresolved.values()):
             side = request.consumer
-            if side.admitted or not side.needed or side.admit_round > round_number:
-                continue
-            if cfg.mode == "read":
-                params = request.consumer_params
-                if params is None:
-                    continue  # the prefill has not finished yet: the proxy has nothing to hand over
-            else:
-                p = self.producer.config
-                params = parse_params({
-                    "transfer_id": request.transfer_id, "do_remote_prefill": True, "remote_host": p.host,
-                    "remote_handshake_port": p.handshake_port, "remote_notify_port": p.notify_port,
-                    "remote_engine_id": p.engine_id,
-                })  # fmt: skip
-            count, is_async = engine.scheduler.matched_tokens(params, self.prompt_tokens, 0)
-            if not is_async or count <= 0:
-                raise SimulationError(f"consumer would not load {request.transfer_id}: ({count}, {is_async})")
-            blocks = engine.pool.allocate(cfg.blocks_per_request, request.transfer_id)
-            if blocks is None:
-                raise SimulationError("consumer KV pool exhausted: num_blocks is below what concurrency needs")
-            side.blocks, side.admitted = blocks, True
-            if engine.scheduler.on_alloc(side.request_id, params, blocks, count, now) and params is not None:
-                request.consumer_params = params.taken()  # as vLLM's request keeps its updated params
+            if side.admitted or not side.needed or side.admit_round > round_number or not request.handed_over:
+                continue  # READ: until the prefill finished, the proxy has nothing to hand over
+            if not self._schedule_consumer(request, now):
+                raise SimulationError(f"consumer would not load {request.transfer_id}")
+
+    def _schedule_consumer(self, request: SimRequest, now: float) -> bool:
+        """vLLM schedules the consumer request with nothing computed (its first time, or a re-ask after a
+        preemption or a failed load): get_num_new_matched_tokens with the request's current params, blocks
+        allocated, then update_state_after_alloc. True when it loads remote KV (asynchronously)."""
+        cfg, engine, side = self.config, self.consumer, request.consumer
+        params = request.consumer_params
+        count, is_async = engine.scheduler.matched_tokens(params, self.prompt_tokens, 0)
+        blocks = engine.pool.allocate(cfg.blocks_per_request, request.owner)
+        if blocks is None:
+            raise SimulationError("consumer KV pool exhausted: num_blocks is below what concurrency needs")
+        side.blocks, side.admitted = blocks, True
+        engine.known.add(side.request_id)
+        external = count if is_async else 0
+        claimed = engine.scheduler.on_alloc(side.request_id, params, blocks if external > 0 else (), external, now)
+        if claimed and params is not None:
+            request.consumer_params = params.taken()  # as vLLM's request keeps its updated params
+        return is_async and count > 0
 
     # -- what vLLM's scheduler is told --------------------------------------------------
 
     def _on_producer_report(self, report: StepReport) -> None:
+        engine = self.producer
         for request_id in sorted(report.outcome.finished_sending, key=_number):
-            request = self.by_request[request_id]
-            if self._report(request.producer):
-                self.producer.pool.free(request.producer.blocks, request.transfer_id)
-            self._check_resolved(request)
+            request = self._reported(engine, request_id)
+            if request is not None and self._report(request.producer):
+                engine.pool.free(request.producer.blocks, request.owner)
+                engine.known.discard(request_id)
+                request.producer.finished = True
+                self._check_resolved(request)
 
-    def _on_consumer_report(self, report: StepReport) -> None:
-        outcome, tally = report.outcome, self.tally
+    def _on_consumer_report(self, report: StepReport, now: float) -> None:
+        outcome, tally, engine = report.outcome, self.tally, self.consumer
         invalid = outcome.invalid_block_ids | report.load_errors
         for request_id in sorted(outcome.finished_recving, key=_number):
-            request = self.by_request[request_id]
+            request = self._reported(engine, request_id)
+            if request is None:
+                continue
             side = request.consumer
             if not self._report(side):
                 continue
@@ -312,14 +350,47 @@ class Storm:
                 side.failed = True
                 if not set(side.blocks) <= invalid:
                     tally.load_errors_missing.append(tid)
-            else:
-                if any(tid in e.transport.failed_terminally for e in self.engines):
-                    tally.failed_reported_as_received.append(tid)
-                tally.integrity_checked += 1
-                if checksums(self.consumer.caches, side.blocks) != request.checksums:
-                    tally.integrity_failures.append(tid)
-            self.consumer.pool.free(side.blocks, tid)
-            self._check_resolved(request)
+                self._load_failed(request, now)
+                continue
+            if any(tid in e.transport.failed_terminally for e in self.engines):
+                tally.failed_reported_as_received.append(tid)
+            tally.integrity_checked += 1
+            if checksums(engine.caches, side.blocks) != request.checksums:
+                tally.integrity_failures.append(tid)
+            self._loaded(request, now)
+
+    def _consumer_finishes(self, now: float) -> None:
+        """Consumer requests that finish decoding in this step (the storm's end at their report)."""
+
+    def _loaded(self, request: SimRequest, now: float) -> None:
+        """The consumer's KV arrived (the storm's request then decodes at once and ends: its blocks go back)."""
+        self._consumer_done(request)
+
+    def _load_failed(self, request: SimRequest, now: float) -> None:
+        """The consumer's load failed (kv_load_failure_policy "fail": the request ends with an error)."""
+        self._consumer_done(request)
+
+    def _consumer_done(self, request: SimRequest) -> None:
+        """vLLM is done with the consumer request: its blocks go back to the pool."""
+        side = request.consumer
+        self.consumer.pool.free(side.blocks, request.owner)
+        self.consumer.known.discard(side.request_id)
+        side.finished = True
+        self._check_resolved(request)
+
+    def _reported(self, engine: SimEngine, request_id: ReqId) -> SimRequest | None:
+        """The request a report names, if this engine's vLLM holds it. Else vLLM would fail its
+        `assert req_id in self.requests`: a second report of a request it already let go is a double
+        release, any other is recorded apart; either way the report goes no further."""
+        request = self.by_request.get(request_id)
+        if request_id in engine.known and request is not None:
+            return request
+        side = None if request is None else (request.producer if engine is self.producer else request.consumer)
+        if side is not None and side.reported:
+            self._report(side)
+        else:
+            self.tally.unknown_reports.append(f"{engine.name}:{request_id}")
+        return None
 
     def _report(self, side: SideRecord) -> bool:
         """Count a finished report; False (and counted) when it is the second for this request."""
@@ -339,12 +410,16 @@ class Storm:
         death = self.death
         if death is None or self.tally.dead is not None or self.tally.issued < death.after_requests:
             return
-        engine = self.producer if death.role == "producer" else self.consumer
+        self._kill(self.producer if death.role == "producer" else self.consumer)
+
+    def _kill(self, engine: SimEngine) -> None:
+        """The engine's process dies: its requests in flight are lost with it; those it had not taken yet
+        never reach it (and a READ consumer never gets a prefill that died)."""
         self.tally.dead = engine.name
         for request in list(self.unresolved.values()):
             self.tally.death_touched.add(request.transfer_id)
             side = request.producer if engine is self.producer else request.consumer
-            if side.admitted and side.reported == 0:
+            if side.admitted and not side.finished:
                 side.lost = True
             elif not side.admitted:
                 side.needed = False
@@ -353,6 +428,10 @@ class Storm:
             self._check_resolved(request)
         engine.kill()
         self.network.kill(engine.endpoints())
+
+    def _sent_to(self, address: tuple[str, int]) -> int:
+        """Messages every engine, past incarnations included, handed to ZMQ for `address`."""
+        return sum(e.channel.sent_to[address] for e in (*self.engines, *self.retired))
 
     def _settle(self, next_round: int) -> None:
         """End the round: send what is due, wait until every real byte and message landed, then show them."""
@@ -365,7 +444,7 @@ class Storm:
             engine.transport.settle(deadline, time.monotonic)
         for engine in alive:
             channel = engine.channel
-            expected = sum(e.channel.sent_to[channel.address] for e in self.engines)
+            expected = self._sent_to(channel.address) - self._sent_before[channel.address]
             while channel.received() < expected:
                 if time.monotonic() > deadline:
                     raise SimulationError(f"{engine.name}: {channel.received()} of {expected} notifications arrived")

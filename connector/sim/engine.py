@@ -10,6 +10,8 @@ it takes it, so the run can be replayed and compared afterwards.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from connector.config import ConnectorConfig
@@ -40,10 +42,17 @@ class StepReport:
 
 
 def _record(ledger: Ledger, events: list[Event], releases: list[Release]) -> None:
-    """Collect every event appended and every release a core takes (live compaction may forget both)."""
-    if ledger.log.next_seq != 1:
+    """Collect every event appended and every release a core takes (live compaction may forget both).
+
+    `events` holds what this source appended before (a restarted engine): the reopened store must continue
+    right after it, so a restart that lost or invented an event fails here."""
+    if ledger.log.next_seq != len(events) + 1:
+        if not events:
+            raise SimulationError(
+                f"the store already holds events of {ledger.source}: give the simulator a fresh ledger_url"
+            )
         raise SimulationError(
-            f"the store already holds events of {ledger.source}: give the simulator a fresh ledger_url"
+            f"{ledger.source} reopened at seq {ledger.log.next_seq}, but {len(events)} events were appended before"
         )
     ledger.log.subscribe(events.append)
     take = ledger.take_releases
@@ -57,16 +66,31 @@ def _record(ledger: Ledger, events: list[Event], releases: list[Release]) -> Non
 
 
 class SimEngine:
-    def __init__(self, config: ConnectorConfig, storm: StormConfig, network: SimNetwork) -> None:
+    """One engine's process. A restart builds a new SimEngine on the same config and hands it the old one's
+    `events` and `releases` (one list per source for the whole run); its ledgers reopen from `ledger_url`."""
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        storm: StormConfig,
+        network: SimNetwork,
+        *,
+        clock: Callable[[], float] = time.time,
+        previous: SimEngine | None = None,
+        tombstones_max: int | None = None,
+    ) -> None:
         self.config = config
         self.name = config.engine_id
         self.alive = True
+        self.known: set[ReqId] = set()
+        """vLLM's own request table (`Scheduler.requests`): a report naming another request would fail vLLM's
+        `assert req_id in self.requests`. A restarted engine starts with none."""
         self.load_before_forward = storm.start_load_before_forward
         self.pool = BlockPool(storm.blocks)
         self.caches = make_caches(storm.layers, storm.blocks, storm.block_size, storm.kv_heads, storm.head_dim)
         self._strides = {name: block_stride_bytes(t) for name, t in self.caches.items()}
-        self.events: dict[str, list[Event]] = {}
-        self.releases: dict[str, list[Release]] = {}
+        self.events: dict[str, list[Event]] = previous.events if previous else {}
+        self.releases: dict[str, list[Release]] = previous.releases if previous else {}
         self.lagged: dict[TransferId, int] = {}
         """Transfers whose metadata this engine's worker binds late: transfer -> the round it binds."""
         self._held_send: list[tuple[int, SendItem]] = []
@@ -74,11 +98,16 @@ class SimEngine:
         self._notices: list[tuple[int, ReqId]] = []
         ledgers = []
         for scheduler in (True, False):
-            ledger = open_ledger(config, config.source(scheduler=scheduler))
+            ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock, tombstones_max=tombstones_max)
             ledgers.append(ledger)
-            self.events[ledger.source] = []
-            self.releases[ledger.source] = []
-            _record(ledger, self.events[ledger.source], self.releases[ledger.source])
+            self.events.setdefault(ledger.source, [])
+            self.releases.setdefault(ledger.source, [])
+            try:
+                _record(ledger, self.events[ledger.source], self.releases[ledger.source])
+            except BaseException:
+                for opened in ledgers:
+                    opened.close()
+                raise
         self.scheduler = SchedulerCore(config, ledgers[0])
         try:
             self.channel = FaultyChannel(
@@ -109,6 +138,20 @@ class SimEngine:
     @property
     def ledgers(self) -> tuple[Ledger, Ledger]:
         return self.scheduler.ledger, self.worker.ledger
+
+    def connector_busy(self) -> bool:
+        """Whether the connector still has work that only steps move on: a live or never-mapped side (it has a
+        deadline to reach), a notification held back or arrived but not yet read, a finished-request notice
+        or lagged metadata still to hand over. An engine that is not busy does nothing in a step vLLM skips."""
+        channel = self.channel
+        if channel.held or channel.unread or self._notices or self.lagged or self._held_send or self._held_save:
+            return True
+        return any(ledger.state.live or ledger.state.unmapped for ledger in self.ledgers)
+
+    def tracked_sides(self) -> dict[str, int]:
+        """Per ledger: the transfer sides it holds in memory (live, decided and never-mapped sides held
+        whole, plus tombstones): what its memory bound is about."""
+        return {ledger.source: len(ledger.state.transfers) + ledger.state.tombstone_count for ledger in self.ledgers}
 
     def endpoints(self) -> list[tuple[str, int]]:
         """Every (host, port) this engine listens on."""

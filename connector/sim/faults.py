@@ -74,6 +74,12 @@ def late_delay_rounds(config: StormConfig) -> int:
     return math.ceil((config.recv_abort_timeout_s + config.transfer_timeout_s) / config.step_s)
 
 
+def horizon_s(config: StormConfig) -> float:
+    """Simulated seconds after a request's arrival by which every fault on it has played out (every deadline
+    passed, every held notification sent): what is unresolved then is hung."""
+    return 2 * (config.recv_abort_timeout_s + config.transfer_timeout_s) + late_delay_rounds(config) * config.step_s
+
+
 def draw_faults(rng: random.Random, config: StormConfig) -> TransferFaults:
     """One transfer's faults. Draws happen in a fixed order for the enabled kinds only, so a seed and a
     config always give the same plan."""

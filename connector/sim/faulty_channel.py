@@ -144,6 +144,11 @@ class FaultyChannel(Channel):
                 continue
             self._admitted.append(message)
 
+    @property
+    def unread(self) -> int:
+        """Messages admitted at the last round boundary that the worker has not drained yet."""
+        return len(self._admitted)
+
     def drain(self, limit: int = CHANNEL_INBOX_MAX) -> list[Message]:
         out: list[Message] = []
         while self._admitted and len(out) < limit:

@@ -40,3 +40,29 @@ PORT_ATTEMPTS_MAX = 5
 
 PORTS_PER_ENGINE = 3
 """handshake, notify and transport."""
+
+# -- the soak (connector/sim/soak.py) ---------------------------------------------
+
+REUSE_SOON_MIN_S = 0.2
+REUSE_SOON_MAX_S = 3.0
+"""A follow-up reuse arrives this long after the request whose transfer id it carries: while the first owner
+is live or its decided side is still held whole."""
+
+REUSE_MINUTES_MIN_S = 60.0
+REUSE_MINUTES_MAX_S = 1800.0
+REUSE_HOURS_MIN_S = 3600.0
+"""A burst request that reuses an id picks one issued this long before: minutes (compacted, often past the
+tombstone bound) or hours."""
+
+DEATH_IN_BURST_MIN_S = 0.02
+DEATH_IN_BURST_MAX_S = 1.5
+"""An engine dies this long after a burst began: with the burst's transfers in flight."""
+
+PREEMPT_AFTER_MIN_S = 0.5
+"""A decoding request is preempted at least this long after it started decoding."""
+
+SOAK_REPLAY_COMPACT_EVERY = 512
+"""Events between compactions in the soak's third offline replay: many more compactions than the default."""
+
+SOAK_ROUNDS_MAX = 5_000_000
+"""Rounds a soak may step; the clock jumps over idle time, so a few hundred thousand cover hours."""

@@ -25,5 +25,9 @@ class SimNetwork:
     def kill(self, endpoints: Iterable[tuple[str, int]]) -> None:
         self._dead.update(endpoints)
 
+    def revive(self, endpoints: Iterable[tuple[str, int]]) -> None:
+        """A restarted engine listens on these again."""
+        self._dead.difference_update(endpoints)
+
     def is_dead(self, host: str, port: int) -> bool:
         return (host, port) in self._dead

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from connector.sim.config import StormResult
+from connector.sim.limits import SOAK_REPLAY_COMPACT_EVERY
+from connector.sim.soak_config import SoakResult
 
 TABLE_ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("blocks stranded at the end", "leaked_blocks", "naive_leaked_blocks"),
@@ -49,18 +51,97 @@ def account(result: StormResult) -> list[str]:
         f"seed {r.seed} {r.mode.upper()}: {r.requests} requests at concurrency {r.concurrency}, "
         f"{r.rounds} rounds ({r.sim_seconds:.2f} simulated s) in {r.wall_seconds:.2f} s, {r.events} events",
         f"  faults injected: {r.faults_injected}",
+        *_outcome_lines(r, "requests never issued"),
+    ]
+    return _closing_lines(r, lines)
+
+
+def _outcome_lines(r: StormResult, unserved: str) -> list[str]:
+    """What vLLM was told, the checksums, the audit and the replay: the same words for a storm and a soak."""
+    return [
         f"  vLLM told: {r.finished_sending} finished sending, {r.finished_recving} finished receiving "
         f"({r.failed_recving} of them failed loads); {r.lost_requests} request sides died with their engine, "
-        f"{r.unserved_requests} requests never issued",
+        f"{r.unserved_requests} {unserved}",
         f"  integrity: {r.integrity_checked} completed receives checked block by block, {r.integrity_failures} differ",
         f"  audit of the merged log: {r.findings} (on the dead engine: {r.findings_on_dead_engine})",
         f"  offline replay reproduces every source's releases in order: {r.replay_matches}",
-        f"  fingerprint {r.fingerprint}" + (f", incident log {r.incident_log}" if r.incident_log else ""),
     ]
+
+
+def _closing_lines(r: StormResult, lines: list[str]) -> list[str]:
+    lines.append(f"  fingerprint {r.fingerprint}" + (f", incident log {r.incident_log}" if r.incident_log else ""))
     for finding in r.unexplained_findings:
         lines.append(f"  unexplained finding: {finding}")
     lines.append("  PASS" if r.ok else "  FAIL: " + "; ".join(r.problems))
     return lines
+
+
+def soak_account(result: SoakResult) -> list[str]:
+    """Everything one soak found, in words."""
+    r = result
+    answers = ", ".join(f"{k} {v}" for k, v in r.id_reuse_answers.items()) or "none"
+    lines = [
+        f"soak seed {r.seed} {r.mode.upper()}: {r.sim_hours:.2f} simulated hours ({r.stepped_seconds:.0f} s of it "
+        f"stepped in {r.rounds} rounds, {r.jumps} jumps across idle time) in {r.wall_seconds:.1f} s; "
+        f"{r.requests} requests in {r.bursts} bursts, {r.events} events",
+        f"  faults injected: {r.faults_injected}",
+        f"  re-asks: {r.reasks} after a load (preempted), {r.recomputes} after a failed load (recompute), "
+        f"{r.local_computes} computed locally; requests that loaded twice: {r.loaded_twice}; "
+        f"second update_state_after_alloc claiming again: {r.second_alloc_claims}",
+        f"  reused transfer ids: {r.id_reuses} requests; refused {r.id_reuses_refused} (known as: {answers}); "
+        f"{r.reuses_across_restart} refused by an engine restarted since it used the id; wrongly accepted "
+        f"{len(r.reuses_wrongly_accepted)}, refused though never used {len(r.unmapped_ids_refused)}",
+        f"  restarts: {r.restarts}; a reopened engine held at most {r.refold_tracked_sides} sides before its "
+        f"first step",
+        f"  memory: peak {r.peak_tracked_sides} tracked sides (bound {r.tracked_sides_bound}); per ledger "
+        f"{r.peak_tracked_sides_per_ledger} (bound {r.tracked_sides_bound_per_ledger}); "
+        f"{r.tombstone_generations} tombstone generations evicted",
+        *_outcome_lines(r, "requests nobody could serve (a READ producer was down)"),
+        f"  same releases and findings with compaction (default; every {SOAK_REPLAY_COMPACT_EVERY} events) and "
+        f"without: {r.compaction_invariant} (the default replay compacted {r.replay_compacted_sides} sides)",
+    ]
+    if r.bookkeeping_left:
+        lines.append(f"  left behind: {r.bookkeeping_left}")
+    return _closing_lines(r, lines)
+
+
+def soak_figures(results: Sequence[SoakResult]) -> dict[str, Any]:
+    """The soak benchmark's JSON figures: counts summed over its soaks, the peak against its bound."""
+
+    def summed(name: str) -> int:
+        return sum(int(getattr(r, name)) for r in results)
+
+    return {
+        "sim_hours": round(min((r.sim_hours for r in results), default=0.0), 3),
+        "soaks": len(results),
+        "modes": sorted({r.mode for r in results}),
+        "seeds": _seed_span(sorted({r.seed for r in results})),
+        "requests": summed("requests"),
+        "events": summed("events"),
+        "reasks": summed("reasks"),
+        "recomputes": summed("recomputes"),
+        "loaded_twice": summed("loaded_twice"),
+        "id_reuses": summed("id_reuses"),
+        "id_reuses_refused": sum(sum(r.id_reuses_refused.values()) for r in results),
+        "reuses_across_restart": summed("reuses_across_restart"),
+        "restarts": sum(sum(r.restarts.values()) for r in results),
+        "leaked_blocks": summed("leaked_blocks"),
+        "double_releases": summed("double_releases"),
+        "premature_releases": summed("premature_releases"),
+        "hung_requests": summed("hung_requests"),
+        "corrupt_receives": summed("integrity_failures") + summed("failed_reported_as_received"),
+        "replay_matches": all(r.replay_matches for r in results),
+        "compaction_invariant": all(r.compaction_invariant for r in results),
+        "peak_tracked_sides": max((r.peak_tracked_sides for r in results), default=0),
+        "tracked_sides_bound": min((r.tracked_sides_bound for r in results), default=0),
+        "peak_tracked_sides_per_ledger": max(
+            (n for r in results for n in r.peak_tracked_sides_per_ledger.values()), default=0
+        ),
+        "tracked_sides_bound_per_ledger": min((r.tracked_sides_bound_per_ledger for r in results), default=0),
+        "tombstone_generations": summed("tombstone_generations"),
+        "failed_soaks": sum(1 for r in results if not r.ok),
+        "wall_seconds": round(sum(r.wall_seconds for r in results), 1),
+    }
 
 
 def _seed_span(seeds: list[int]) -> str:

@@ -21,17 +21,20 @@ class SideRecord:
     blocks: tuple[int, ...] = ()
     reported: int = 0
     """Times vLLM was told this side finished (finished_sending / finished_recving): must end at 1."""
+    finished: bool = False
+    """vLLM is done with the request: the storm at its first report; the soak once a consumer decoded (or a
+    producer whose transfer id was refused was freed at once)."""
     failed: bool = False
     lost: bool = False
     """In flight on an engine when it died."""
 
     @property
     def resolved(self) -> bool:
-        return not self.needed or self.lost or self.reported > 0
+        return not self.needed or self.lost or self.finished
 
     @property
     def hung(self) -> bool:
-        return self.needed and self.admitted and not self.lost and self.reported == 0
+        return self.needed and not self.lost and not self.finished
 
 
 @dataclass
@@ -44,9 +47,20 @@ class SimRequest:
     checksums: list[int] = field(default_factory=list)
     """The producer's block checksums after its prefill: what the consumer must end up holding."""
     consumer_params: TransferParams | None = None
-    """READ: what the producer's request_finished returned, for the proxy to hand to the consumer."""
+    """The consumer request's params as vLLM keeps them: READ, what the producer's request_finished returned
+    (through the proxy); WRITE, what the proxy gave it. Once `on_alloc` claimed the load, they say so."""
+    handed_over: bool = False
+    """The consumer may be scheduled: READ once the prefill finished (params or none), WRITE at once."""
     producer_params: TransferParams | None = None
+    reuse_of: int | None = None
+    """The soak's reused-id fault: the number of the request whose transfer id this one carries again."""
 
     @property
     def resolved(self) -> bool:
         return self.producer.resolved and self.consumer.resolved
+
+    @property
+    def owner(self) -> TransferId:
+        """The pools' owner tag of this request's blocks: its transfer id, made unique for a reused id (so a
+        block freed by the wrong request of the pair is still a double free)."""
+        return self.transfer_id if self.reuse_of is None else TransferId(f"{self.transfer_id}#{self.number}")

@@ -16,6 +16,7 @@ from ledger.events import Event
 from ledger.fold import LedgerState
 from ledger.jsonl import LogReader, LogWriter, write_log
 from ledger.ledger import Ledger
+from ledger.limits import MAINTENANCE_INTERVAL_S
 from ledger.store import snapshot
 from ledger.store.base import EventStore, StoredSnapshot, StoreError, StoreUnavailable
 from ledger.store.limits import SNAPSHOT_TAIL_EVENTS_MAX, SPILL_HEADER_PEEK_BYTES, WRITER_CLOSE_TIMEOUT_S
@@ -34,8 +35,20 @@ class Recovered:
         self.folded = folded
 
 
-def load_state(store: EventStore, source: str, *, use_snapshot: bool = True) -> Recovered:
-    """Fold `source`'s stored events (after its latest readable snapshot); checks the seqs are gapless."""
+def load_state(
+    store: EventStore,
+    source: str,
+    *,
+    use_snapshot: bool = True,
+    retain_s: float | None = None,
+    tombstones_max: int | None = None,
+) -> Recovered:
+    """Fold `source`'s stored events (after its latest readable snapshot); checks the seqs are gapless.
+
+    With `retain_s`, decided sides are forgotten as the refold goes, as the running ledger forgot them
+    (`Ledger.maintain`: those decided `retain_s` before, every `MAINTENANCE_INTERVAL_S` of log time), so a
+    restart holds what the running ledger held, not the whole history. `tombstones_max` is the state's
+    tombstone bound from the first event on (default: the snapshot's, else `TOMBSTONES_MAX`)."""
     state, start = LedgerState(), 0
     stored = store.latest_snapshot(source) if use_snapshot else None
     if stored is not None:
@@ -43,13 +56,19 @@ def load_state(store: EventStore, source: str, *, use_snapshot: bool = True) -> 
             state, start = snapshot.decode(stored.body), stored.seq
         except snapshot.SnapshotFormatError:
             state, start = LedgerState(), 0  # an old format: the events are the truth, refold them all
+    if tombstones_max is not None:
+        state.tombstones_max = tombstones_max
     expected = start + 1
-    apply = state.apply
+    apply, forget = state.apply, state.forget_decided
+    next_maintenance = float("-inf")
     for event in store.read(source=source, after_seq=start):
         if event.seq != expected:
             raise StoreError(f"{store.url}: {source!r} jumps from seq {expected - 1} to {event.seq}: the log has a gap")
         apply(event)
         expected += 1
+        if retain_s is not None and event.ts >= next_maintenance:
+            forget(event.ts - retain_s)
+            next_maintenance = event.ts + MAINTENANCE_INTERVAL_S
     return Recovered(state, expected - 1, start, expected - 1 - start)
 
 
@@ -128,15 +147,18 @@ def open_ledger(
     spill_dir: str | os.PathLike[str] | None = None,
     clock: Callable[[], float] = time.time,
     snapshot_tail_events_max: int = SNAPSHOT_TAIL_EVENTS_MAX,
+    retain_s: float | None = None,
+    tombstones_max: int | None = None,
 ) -> Ledger:
-    """A Ledger for `source` continuing the stored log: same state, next seq after the last stored one.
+    """A Ledger for `source` continuing the stored log: same state, next seq after the last stored one
+    (with `retain_s` and `tombstones_max`, forgotten and bounded as the running ledger was: `load_state`).
 
     When the refold after the latest snapshot was longer than `snapshot_tail_events_max`
     events, a new snapshot is written so that the next restart is short.
     """
     if spill_dir is not None:
         drain_spill(store, spill_dir)
-    recovered = load_state(store, source)
+    recovered = load_state(store, source, retain_s=retain_s, tombstones_max=tombstones_max)
     if recovered.folded > snapshot_tail_events_max:
         save_snapshot(store, source, recovered.state, recovered.last_seq)
     return Ledger(source, clock=clock, state=recovered.state, next_seq=recovered.last_seq + 1)
