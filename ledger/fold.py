@@ -37,6 +37,7 @@ from ledger.limits import (
     EVIDENCE_SEQS_MAX,
     LAYER_MASKS_CACHED_MAX,
     LAYERS_MAX,
+    ORPHAN_TOMBSTONES_MAX,
     RANKS_MAX,
     TOMBSTONES_MAX,
 )
@@ -117,10 +118,6 @@ CAUSE_PHASE: dict[Cause, PhaseName] = {
     "failed": Phase.FAILED,
     "expired": Phase.EXPIRED,
 }
-
-ORPHAN_KEY_PREFIX = "\x00orphan\x00"
-"""The id memory remembers a compacted never-mapped side under this prefix (a transfer id never starts with a
-NUL), apart from the sides that were mapped (`was_mapped`)."""
 
 REASON_LOCAL_EXCEEDS_REMOTE = "local_blocks_exceed_remote"
 """A consumer holding more blocks than the producer sent cannot be filled."""
@@ -315,8 +312,8 @@ def layers_mask(layers: tuple[int, ...]) -> int:
     return mask
 
 
-Tombstone: TypeAlias = Compacted | TransferState
-"""A compacted mapped side, or a never-mapped side that expired (kept whole: it is rare and small)."""
+Tombstone: TypeAlias = Compacted
+"""A compacted mapped side (a never-mapped side that expired is kept whole in `orphan_tombstones`)."""
 
 
 def _note(seqs: list[int] | None, seq: int) -> list[int]:
@@ -362,6 +359,16 @@ class LedgerState:
         self.tombstones_evicted = 0
         """Tombstones evicted by the bound: from the first one on, answers about those sides are
         approximate (the id memory) and a replay says so."""
+        self.orphan_tombstones: dict[Key, TransferState] = {}
+        """Never-mapped sides that expired, compacted whole (their early events decide a late map:
+        released at once, or failed by an early fail), newest generation; bounded apart from the
+        mapped sides' tombstones, so the common eviction never reaches them. Exact: a map's decision
+        must never rest on a filter's false positive (it would release a fresh transfer at once)."""
+        self.orphan_tombstones_old: dict[Key, TransferState] = {}
+        self.orphan_tombstones_max = ORPHAN_TOMBSTONES_MAX
+        self.orphans_evicted = 0
+        """Compacted orphans evicted by their bound: a map for one is then taken for a fresh transfer
+        (held until released or expired: safe), and a replay says so."""
         self.id_memory: IdMemory | None = None
         """Keys of mapped sides ever compacted (created at the first compaction), consulted only
         once a tombstone was evicted, so that below the bound every answer is exact."""
@@ -395,13 +402,16 @@ class LedgerState:
         t = self.transfers.get(key)
         kind = type(event)
         if t is None:
-            if (self.tombstones or self.tombstones_old) and (key in self.tombstones or key in self.tombstones_old):
+            if (
+                (self.tombstones or self.tombstones_old) and (key in self.tombstones or key in self.tombstones_old)
+            ) or (
+                (self.orphan_tombstones or self.orphan_tombstones_old)
+                and (key in self.orphan_tombstones or key in self.orphan_tombstones_old)
+            ):
                 t = self._recall(key, event.ts)
             elif self.tombstones_evicted and self._remembered(key):
                 self._after_eviction(event)
                 return None
-            elif kind is Map and self.tombstones_evicted and self._remembered_orphan(key):
-                return self._map_after_evicted_orphan(key, event)  # type: ignore[arg-type]
             elif kind is Map:
                 return self._first_map(key, event)  # type: ignore[arg-type]
             else:
@@ -917,21 +927,22 @@ class LedgerState:
         if self.orphans_expired:
             self.orphans_expired.pop(key, None)
         m, decision = t.map_event, t.decision
-        tomb: Tombstone
-        memory = self.id_memory
-        if memory is None:
-            memory = self.id_memory = IdMemory()
         if m is not None and decision is not None:
-            tomb = compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
+            memory = self.id_memory
+            if memory is None:
+                memory = self.id_memory = IdMemory()
             memory.add(key[0], key[1])
+            tombstones = self.tombstones
+            tombstones[key] = compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
+            if len(tombstones) >= self.tombstones_max // 2:
+                self._evict(self.tombstones_old)
+                self.tombstones_old, self.tombstones = tombstones, {}
         else:
-            tomb = t  # a never-mapped side that expired: kept whole (its early events decide a late map)
-            memory.add(key[0], ORPHAN_KEY_PREFIX + key[1])  # past eviction, a late map is still decided so
-        tombstones = self.tombstones
-        tombstones[key] = tomb
-        if len(tombstones) >= self.tombstones_max // 2:
-            self._evict(self.tombstones_old)
-            self.tombstones_old, self.tombstones = tombstones, {}
+            orphans = self.orphan_tombstones
+            orphans[key] = t
+            if len(orphans) >= self.orphan_tombstones_max // 2:
+                self.orphans_evicted += len(self.orphan_tombstones_old)
+                self.orphan_tombstones_old, self.orphan_tombstones = orphans, {}
         phase = t.phase
         by_phase, by_mode = self.compacted_by_phase, self.compacted_by_mode
         by_phase[phase] = by_phase.get(phase, 0) + 1
@@ -956,13 +967,13 @@ class LedgerState:
         """Bring a compacted side back into `transfers` because an event for it came."""
         tomb = self.tombstones.pop(key, None)
         if tomb is None:
-            tomb = self.tombstones_old.pop(key)
-        if isinstance(tomb, TransferState):
-            t = tomb
-            if t.role is None:
-                self.orphans_expired[key] = None
-        else:
+            tomb = self.tombstones_old.pop(key, None)
+        if tomb is not None:
             t = _rebuilt(key, tomb)
+        else:
+            orphan = self.orphan_tombstones.pop(key, None)
+            t = orphan if orphan is not None else self.orphan_tombstones_old.pop(key)
+            self.orphans_expired[key] = None
         self.transfers[key] = t
         self.compacted_by_phase[t.phase] -= 1  # counted whole again (summaries add both)
         self.compacted_by_mode[t.mode or "unmapped"] -= 1
@@ -972,20 +983,6 @@ class LedgerState:
     def _remembered(self, key: Key) -> bool:
         memory = self.id_memory
         return memory is not None and memory.contains(key[0], key[1])
-
-    def _remembered_orphan(self, key: Key) -> bool:
-        memory = self.id_memory
-        return memory is not None and memory.contains(key[0], ORPHAN_KEY_PREFIX + key[1])
-
-    def _map_after_evicted_orphan(self, key: Key, e: Map) -> Release | None:
-        """A map for a side that expired before any map, then was compacted and evicted: decided as the
-        whole history decides it (`_on_map`: expired before its map arrived), so that the running ledger
-        and a replay of its log agree past the bound too. Only the orphan's own evidence is gone (an early
-        fail would have made it "failed": the id memory cannot tell)."""
-        release = self._first_map(key, e)
-        if release is not None:
-            return release
-        return self._decide(self.transfers[key], "expired", e.seq, e.ts, "expired before its map arrived")
 
     def _after_eviction(self, event: Event) -> None:
         """An event for a side compacted and then evicted: a map is refused, anything else is late;
@@ -1003,9 +1000,8 @@ class LedgerState:
         t = self.transfers.get(key)
         if t is not None:
             return t.role is not None
-        tomb = self._tombstone(key)
-        if tomb is not None:
-            return not isinstance(tomb, TransferState) or tomb.role is not None
+        if self._tombstone(key) is not None:
+            return True
         return bool(self.tombstones_evicted) and self._remembered(key)
 
     def side(self, key: Key) -> TransferState | None:
@@ -1014,13 +1010,20 @@ class LedgerState:
         if t is not None:
             return t
         tomb = self._tombstone(key)
-        if tomb is None or isinstance(tomb, TransferState):
-            return tomb
-        return _rebuilt(key, tomb)
+        if tomb is not None:
+            return _rebuilt(key, tomb)
+        orphan = self.orphan_tombstones.get(key)
+        return orphan if orphan is not None else self.orphan_tombstones_old.get(key)
 
     @property
     def tombstone_count(self) -> int:
-        return len(self.tombstones) + len(self.tombstones_old)
+        """Compacted sides held: mapped sides' tombstones and never-mapped sides kept whole."""
+        return (
+            len(self.tombstones)
+            + len(self.tombstones_old)
+            + len(self.orphan_tombstones)
+            + len(self.orphan_tombstones_old)
+        )
 
 
 def _rebuilt(key: Key, tomb: Compacted) -> TransferState:

@@ -17,10 +17,9 @@ filter, `ID_MEMORY_GENERATIONS` generations of `ID_MEMORY_GENERATION_IDS` keys e
 Hashing is blake2b of the key's bytes, never Python's `hash` (salted per process): the
 live connector and an offline replay must take the same false positives.
 
-Never-mapped sides that expired (orphans) are remembered here too, under the fold's
-`ORPHAN_KEY_PREFIX`: a map arriving after their tombstone was evicted is decided as
-the whole history decides it ("expired before its map arrived"). A false positive
-there releases a fresh transfer at once: also slower, never wrong.
+Only mapped sides are remembered here: a false positive may refuse a fresh transfer (safe) but
+must never release one (a never-mapped side that expired is kept exactly, in the fold's
+`orphan_tombstones`).
 """
 
 from __future__ import annotations

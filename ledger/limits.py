@@ -62,6 +62,11 @@ that proves a premature release is judged exactly as if the side had never been 
 Past this, a generation is evicted (counted in `tombstones_evicted`; a replay warns) and its
 keys live on only in the id memory below."""
 
+ORPHAN_TOMBSTONES_MAX = 16_384
+"""Never-mapped sides that expired, kept whole once compacted (two generations; about 0.7 KB each).
+Apart from the tombstones above: orphans are rare, and a map for one is decided by its early events,
+so a burst of ordinary traffic must not evict them."""
+
 ID_MEMORY_GENERATION_IDS = 1 << 18
 """Evicted keys per generation of the id memory (a Bloom filter; see ledger/idmemory.py)."""
 

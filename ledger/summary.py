@@ -39,6 +39,7 @@ def compaction_report(state: LedgerState) -> dict[str, int]:
     return {
         "tombstones": state.tombstone_count,
         "tombstones_evicted": state.tombstones_evicted,
+        "orphans_evicted": state.orphans_evicted,
         "late_after_eviction": state.late_after_eviction,
         "reused_after_eviction": state.reused_after_eviction,
     }
@@ -47,11 +48,12 @@ def compaction_report(state: LedgerState) -> dict[str, int]:
 def compaction_warning(state: LedgerState) -> str | None:
     """A sentence for people when the tombstone bound was hit (else None), saying whether it changed
     an answer: only events that fell on an evicted side are approximate, and they are counted."""
-    if not state.tombstones_evicted:
+    if not state.tombstones_evicted and not state.orphans_evicted:
         return None
     head = (
         f"memory bound hit: {state.tombstones_evicted} compacted transfer sides evicted past "
-        f"{state.tombstones_max} tombstones"
+        f"{state.tombstones_max} tombstones, {state.orphans_evicted} never-mapped ones past "
+        f"{state.orphan_tombstones_max}"
     )
     touched = state.late_after_eviction + state.reused_after_eviction
     if not touched:

@@ -15,17 +15,18 @@ from typing import Any
 import msgspec
 
 from ledger.decisions import Cause, Key
-from ledger.fold import LedgerState, Tombstone, TransferState
+from ledger.fold import LedgerState, TransferState
 from ledger.idmemory import IdMemory
 from ledger.tombstone import Compacted
 
-FORMAT = 5
+FORMAT = 6
 """Bumped whenever the encoding below changes."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
     "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
-    "tombstones_max", "tombstones_evicted", "id_memory", "late_after_eviction", "reused_after_eviction",
+    "tombstones_max", "tombstones_evicted", "id_memory", "orphan_tombstones", "orphan_tombstones_old",
+    "orphan_tombstones_max", "orphans_evicted", "late_after_eviction", "reused_after_eviction",
     "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks",
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `_handlers` and `layer_masks` are rebuilt, not written."""
@@ -60,24 +61,6 @@ def _restored(stored: Any) -> TransferState:
     return TransferState(*values)
 
 
-_StoredTombstone = tuple[Key, Compacted | None, Any]
-"""(key, the compacted side, or None and the whole never-mapped side as a `_StoredSide`)."""
-
-
-def _stored_tombstones(generation: dict[Key, Tombstone]) -> list[_StoredTombstone]:
-    return [
-        (key, None, _stored(tomb)) if isinstance(tomb, TransferState) else (key, tomb, None)
-        for key, tomb in generation.items()
-    ]
-
-
-def _restored_tombstones(stored: list[_StoredTombstone]) -> dict[Key, Tombstone]:
-    out: dict[Key, Tombstone] = {}
-    for (source, tid), compacted, side in stored:
-        out[(source, tid)] = compacted if compacted is not None else _restored(side)
-    return out
-
-
 _IdMemoryPlain = tuple[int, int, int, int, int, list[bytes]]
 
 
@@ -96,8 +79,12 @@ class _Document(msgspec.Struct, kw_only=True):
     expired_producers: list[Key]
     retrying: list[Key]
     sources: list[str]
-    tombstones: list[tuple[Key, Compacted | None, _StoredSide | None]]  # type: ignore[valid-type]
-    tombstones_old: list[tuple[Key, Compacted | None, _StoredSide | None]]  # type: ignore[valid-type]
+    tombstones: list[tuple[Key, Compacted]]
+    tombstones_old: list[tuple[Key, Compacted]]
+    orphan_tombstones: list[_StoredSide]  # type: ignore[valid-type]
+    orphan_tombstones_old: list[_StoredSide]  # type: ignore[valid-type]
+    orphan_tombstones_max: int
+    orphans_evicted: int
     tombstones_max: int
     tombstones_evicted: int
     id_memory: _IdMemoryPlain | None
@@ -140,8 +127,12 @@ def encode(state: LedgerState) -> bytes:
         expired_producers=list(state.expired_producers),
         retrying=list(state.retrying),
         sources=list(state.sources),
-        tombstones=_stored_tombstones(state.tombstones),
-        tombstones_old=_stored_tombstones(state.tombstones_old),
+        tombstones=list(state.tombstones.items()),
+        tombstones_old=list(state.tombstones_old.items()),
+        orphan_tombstones=[_stored(t) for t in state.orphan_tombstones.values()],
+        orphan_tombstones_old=[_stored(t) for t in state.orphan_tombstones_old.values()],
+        orphan_tombstones_max=state.orphan_tombstones_max,
+        orphans_evicted=state.orphans_evicted,
         tombstones_max=state.tombstones_max,
         tombstones_evicted=state.tombstones_evicted,
         id_memory=state.id_memory.to_plain() if state.id_memory is not None else None,
@@ -182,8 +173,12 @@ def decode(body: bytes) -> LedgerState:
     state.expired_producers = dict.fromkeys(doc.expired_producers)
     state.retrying = {key: transfers[key] for key in doc.retrying}
     state.sources = dict.fromkeys(doc.sources)
-    state.tombstones = _restored_tombstones(doc.tombstones)
-    state.tombstones_old = _restored_tombstones(doc.tombstones_old)
+    state.tombstones = {(source, tid): tomb for (source, tid), tomb in doc.tombstones}
+    state.tombstones_old = {(source, tid): tomb for (source, tid), tomb in doc.tombstones_old}
+    state.orphan_tombstones = {t.key: t for t in map(_restored, doc.orphan_tombstones)}
+    state.orphan_tombstones_old = {t.key: t for t in map(_restored, doc.orphan_tombstones_old)}
+    state.orphan_tombstones_max = doc.orphan_tombstones_max
+    state.orphans_evicted = doc.orphans_evicted
     state.tombstones_max = doc.tombstones_max
     state.tombstones_evicted = doc.tombstones_evicted
     try:

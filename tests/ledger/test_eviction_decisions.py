@@ -1,8 +1,9 @@
 """Past the tombstone bound, a running ledger must still take the decisions the whole history takes.
 
-An orphan (events for a side never mapped) that expired is kept whole as a tombstone: a map arriving later is
-decided "expired before its map arrived". Once that tombstone is evicted, the id memory must still know the
-key, or the later map is taken for a fresh transfer and decided differently from an offline replay.
+An orphan (events for a side never mapped) that expired is kept whole once compacted: a map arriving later
+is decided "expired before its map arrived". Orphans are kept apart from the mapped sides' tombstones, under
+a bound of their own, so the ordinary traffic that evicts tombstones never evicts them; and exactly (no
+filter), because a false positive there would release a fresh transfer at once.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from ledger.idmemory import IdMemory
 from tests.ledger.builders import Side
 
 
-def test_a_map_after_an_evicted_orphan_is_decided_as_the_whole_history_decides_it() -> None:
+def test_a_map_after_an_orphan_is_decided_as_the_whole_history_decides_it_past_the_tombstone_bound() -> None:
     p = Side("prefill-0/tp0")
     events = [p.ack("orphan", "release"), p.expire("orphan", "transfer")]  # a release for a side never mapped
     for i in range(10):
@@ -26,22 +27,38 @@ def test_a_map_after_an_evicted_orphan_is_decided_as_the_whole_history_decides_i
         state.apply(event)
     state.forget_decided(before_ts=p.ts + 1)
     key = (p.source, "orphan")
-    assert state.tombstones_evicted and state.side(key) is None  # the orphan's tombstone is gone
+    assert state.tombstones_evicted and not state.orphans_evicted  # ordinary traffic evicts tombstones only
     assert not state.was_mapped(key)  # never mapped: not a reused id
     assert state.apply(late_map) == whole_history[-1]
     assert whole_history[-1].cause == "expired" and whole_history[-1].reason == "expired before its map arrived"
     assert not state.live and state.blocks_held == 0
 
 
+def test_past_the_orphan_bound_a_late_map_is_a_fresh_transfer_and_it_is_counted() -> None:
+    """The safe side of the bound: held until released or expired, never released at once on a guess."""
+    p = Side("prefill-0/tp0")
+    state = LedgerState()
+    state.orphan_tombstones_max = 4
+    for i in range(6):
+        state.apply(p.ack(f"orphan-{i}", "release"))
+        state.apply(p.expire(f"orphan-{i}", "transfer"))
+    state.forget_decided(before_ts=p.ts + 1)
+    assert state.orphans_evicted == 4 and state.side((p.source, "orphan-0")) is None
+    assert state.apply(p.map("orphan-0", "p-late", blocks=(9,))) is None
+    assert (p.source, "orphan-0") in state.live
+    assert state.apply(p.map("orphan-5", "p-late-5", blocks=(10,))).cause == "expired"  # still held: exact
+
+
 def test_fresh_keys_are_not_taken_for_evicted_orphans() -> None:
     p = Side("prefill-0/tp0")
     state = LedgerState()
-    state.tombstones_max = 4
+    state.orphan_tombstones_max = 4
     for i in range(10):
         state.apply(p.ack(f"orphan-{i}", "release"))
         state.apply(p.expire(f"orphan-{i}", "transfer"))
     state.forget_decided(before_ts=p.ts + 1)
-    assert state.tombstones_evicted
+    assert state.orphans_evicted
     assert state.apply(p.map("fresh", "p-1", blocks=(5,))) is None  # held, as any first map
     assert (p.source, "fresh") in state.live
-    assert isinstance(state.id_memory, IdMemory)
+    assert state.id_memory is None  # orphans are never in the id memory: no false positive can release
+    assert not isinstance(state.id_memory, IdMemory)
