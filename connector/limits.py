@@ -29,7 +29,7 @@ well-known services such as PostgreSQL on 5432)."""
 EPHEMERAL_PORT_LOW_DEFAULT = 32_768
 """Linux's default start of the ephemeral range, where `ip_local_port_range` cannot be read."""
 
-MESSAGE_VERSION = 1
+MESSAGE_VERSION = 2
 """Wire version of every notification message; a message with another version is dropped."""
 
 MESSAGE_BYTES_MAX = 1 << 20

@@ -40,6 +40,9 @@ class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):
     transfer_id: TransferId
     block_ids: tuple[int, ...]
     sender: RankAddress
+    prompt_digest: str | None = None
+    """The consumer request's prompt digest (`params.prompt_digest`): a producer holding the id for a
+    request with another prompt answers write_failed instead of writing that request's KV here."""
 
 
 class WriteDone(_Message, frozen=True, tag="write_done"):

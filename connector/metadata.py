@@ -33,6 +33,8 @@ class RecvItem(msgspec.Struct, frozen=True, kw_only=True):
     remote_block_ids: tuple[int, ...] | None
     peer: PeerRef
     deadline: float
+    prompt_digest: str | None = None
+    """WRITE: the request's prompt digest, sent with remote_blocks for the producer to check."""
 
 
 class SendItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,6 +54,8 @@ class SaveItem(msgspec.Struct, frozen=True, kw_only=True):
     block_ids: tuple[int, ...]
     peer: PeerRef | None
     deadline: float
+    prompt_digest: str | None = None
+    """The request's prompt digest: remote_blocks naming another prompt are refused."""
 
 
 class AbortItem(msgspec.Struct, frozen=True, kw_only=True):

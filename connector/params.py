@@ -8,7 +8,9 @@ peer: the connector dials them only if the configuration lists that peer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from array import array
+from collections.abc import Mapping, Sequence
+from hashlib import blake2b
 from typing import Any
 
 import msgspec
@@ -64,6 +66,17 @@ def parse_params(raw: Mapping[str, Any] | None) -> TransferParams | None:
     if params.remote_tp_size < 1:
         raise ParamsError(f"kv_transfer_params.remote_tp_size: must be >= 1, got {params.remote_tp_size}")
     return params
+
+
+def prompt_digest(token_ids: Sequence[int]) -> str:
+    """What binds a WRITE producer's request to its consumer's beyond the transfer id: both engines got
+    the same prompt from the proxy. A consumer naming a transfer id the producer holds for another
+    request (a client reusing ids) is told so instead of being written that request's KV."""
+    try:
+        data = array("q", token_ids).tobytes()
+    except OverflowError:
+        data = repr(tuple(token_ids)).encode()
+    return blake2b(data, digest_size=16).hexdigest()
 
 
 def remote_prefill_taken(raw: dict[str, Any]) -> None:

@@ -116,8 +116,11 @@ class SchedulerCore:
         block_ids: Iterable[int],
         num_external_tokens: int,
         now: float,
+        *,
+        prompt_digest: str | None = None,
     ) -> bool:
         """update_state_after_alloc: the consumer maps the transfer onto its freshly allocated blocks.
+        `prompt_digest` (WRITE) goes with remote_blocks, for the producer to check it holds this prompt.
 
         Returns True when the request's params must from now on say that its remote KV was taken
         (`do_remote_prefill` false; see `params.remote_prefill_taken`): only one transfer per request."""
@@ -170,12 +173,22 @@ class SchedulerCore:
                 remote_block_ids=params.remote_block_ids,
                 peer=peer,
                 deadline=now + self.config.recv_abort_timeout_s,
+                prompt_digest=prompt_digest,
             )
         )
         return True
 
-    def on_save(self, request_id: ReqId, params: TransferParams | None, block_ids: Iterable[int], now: float) -> None:
-        """Producer, WRITE: the request's prompt completes in this step; its workers write every layer."""
+    def on_save(
+        self,
+        request_id: ReqId,
+        params: TransferParams | None,
+        block_ids: Iterable[int],
+        now: float,
+        *,
+        prompt_digest: str | None = None,
+    ) -> None:
+        """Producer, WRITE: the request's prompt completes in this step; its workers write every layer
+        (only to a consumer whose remote_blocks carry the same `prompt_digest`, where both have one)."""
         if self.config.role != "producer" or self.config.mode != "write":
             return
         if params is None or not params.do_remote_decode or self._refused(params.transfer_id):
@@ -188,6 +201,7 @@ class SchedulerCore:
                 block_ids=tuple(block_ids),
                 peer=peer if self._allowed_peer(peer) else None,
                 deadline=now + self.config.defer_timeout_s,
+                prompt_digest=prompt_digest,
             )
         )
 

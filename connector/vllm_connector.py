@@ -27,7 +27,7 @@ from connector.config import from_extra_config
 from connector.hooks_for_tests import corrupt_blocks
 from connector.incident_log import IncidentLog
 from connector.metadata import StepMetadata
-from connector.params import ParamsError, TransferParams, parse_params, remote_prefill_taken
+from connector.params import ParamsError, TransferParams, parse_params, prompt_digest, remote_prefill_taken
 from connector.scheduler import SchedulerCore
 from connector.worker import WorkerCore
 from ledger.events import ReqId
@@ -93,6 +93,13 @@ def _prefill_handed_over(request: Request, mode: str) -> bool:
     return mode == "write" and request.num_computed_tokens >= request.num_prompt_tokens
 
 
+def _write_prompt_digest(request: Request, mode: str, params: TransferParams | None) -> str | None:
+    """WRITE only (a READ consumer reads the blocks its own params name): what binds the two requests."""
+    if mode != "write" or params is None or request.prompt_token_ids is None:
+        return None
+    return prompt_digest(request.prompt_token_ids)
+
+
 class LedgerConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
@@ -144,13 +151,15 @@ class LedgerConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         core, params, now = self._sched(), _params(request), time.time()
         request_id = ReqId(request.request_id)
+        digest = _write_prompt_digest(request, self.config.mode, params)
         if self.config.role == "consumer":
             block_ids = blocks.get_unhashed_block_ids() if num_external_tokens > 0 else []
-            if core.on_alloc(request_id, params, block_ids, num_external_tokens, now) and request.kv_transfer_params:
+            taken = core.on_alloc(request_id, params, block_ids, num_external_tokens, now, prompt_digest=digest)
+            if taken and request.kv_transfer_params:
                 remote_prefill_taken(request.kv_transfer_params)
         elif self.config.mode == "write" and params is not None and params.do_remote_decode:
             # The whole prompt runs in this step (chunked prefill is not supported for WRITE producers yet).
-            core.on_save(request_id, params, blocks.get_block_ids()[0], now)
+            core.on_save(request_id, params, blocks.get_block_ids()[0], now, prompt_digest=digest)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return LedgerConnectorMetadata(self._sched().build_meta())

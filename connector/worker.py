@@ -68,6 +68,7 @@ class RemoteTarget:
 
     block_ids: tuple[int, ...]
     sender: RankAddress
+    prompt_digest: str | None = None
 
 
 @dataclass
@@ -106,6 +107,9 @@ class WorkerCore:
         self.inflight: dict[TransferId, Inflight] = {}
         self.peers: dict[TransferId, PeerRef] = {}
         """The peer of each live transfer, from the metadata (I/O addressing, dropped at release)."""
+        self.digests: dict[TransferId, str] = {}
+        """WRITE: each live transfer's prompt digest, from the metadata (dropped at release): what a
+        consumer's remote_blocks must match before anything is written there."""
         self._step_saves: dict[TransferId, list[int]] = {}
         self._step_recv: list[TransferId] = []
         self._unreported_sending: dict[ReqId, TransferId] = {}
@@ -174,6 +178,8 @@ class WorkerCore:
         for save in meta.save:
             if save.peer is not None:
                 self.peers[save.transfer_id] = save.peer
+            if save.prompt_digest is not None:
+                self.digests[save.transfer_id] = save.prompt_digest
             events.append(
                 Map(
                     ts=now,
@@ -191,6 +197,8 @@ class WorkerCore:
             self._step_saves[save.transfer_id] = []
         for recv in meta.recv:
             self.peers[recv.transfer_id] = recv.peer
+            if recv.prompt_digest is not None:
+                self.digests[recv.transfer_id] = recv.prompt_digest
             events.append(
                 Map(
                     ts=now,
@@ -208,6 +216,10 @@ class WorkerCore:
             self._step_recv.append(recv.transfer_id)
         if events:
             self.ledger.extend(events)
+        for save in meta.save:
+            target = self.remote.get(save.transfer_id)
+            if target is not None and not self._same_prompt(save.transfer_id, target):
+                self._refuse_other_prompt(save.transfer_id, target)  # its remote_blocks came first
         for abort in meta.abort:
             self._tell_holders(
                 abort.peer, ReleaseBlocks(transfer_id=abort.transfer_id, rank=c.tp_rank, consumer_tp_size=c.tp_size)
@@ -223,7 +235,9 @@ class WorkerCore:
             if t.mode == "read":
                 self._start_read(t, now, attempt=0)
             else:
-                message = RemoteBlocks(transfer_id=tid, block_ids=t.block_ids, sender=self.my_address())
+                digest = self.digests.get(tid)
+                me = self.my_address()
+                message = RemoteBlocks(transfer_id=tid, block_ids=t.block_ids, sender=me, prompt_digest=digest)
                 self._tell_holders(self.peers[tid], message)
         self.poll(now)
 
@@ -340,7 +354,11 @@ class WorkerCore:
                 port,
             )
             return
-        self.remote[message.transfer_id] = RemoteTarget(message.block_ids, sender)
+        target = RemoteTarget(message.block_ids, sender, message.prompt_digest)
+        if not self._same_prompt(message.transfer_id, target):
+            self._refuse_other_prompt(message.transfer_id, target)
+            return
+        self.remote[message.transfer_id] = target
         while len(self.remote) > REMOTE_DIRECTORY_MAX:
             self.remote.popitem(last=False)
         t = self._live(message.transfer_id)
@@ -423,6 +441,7 @@ class WorkerCore:
             self.index.forget(release.request_id, tid)
             self.inflight.pop(tid, None)
             peer = self.peers.pop(tid, None)
+            self.digests.pop(tid, None)
             if release.role == "producer":
                 self._unreported_sending[release.request_id] = tid
                 if release.mode == "write":
@@ -436,6 +455,23 @@ class WorkerCore:
             # complete needs telling, so that the producer stops writing into blocks we give back.
             if peer is not None and (release.mode == "read" or release.cause != "completed"):
                 self._tell_holders(peer, ReleaseBlocks(transfer_id=tid, rank=c.tp_rank, consumer_tp_size=c.tp_size))
+
+    def _same_prompt(self, tid: TransferId, target: RemoteTarget) -> bool:
+        """Whether the consumer asking for `tid`'s KV has the prompt this rank holds `tid` for (unknown on
+        either side, as from a peer without digests, counts as the same: the transfer id alone binds)."""
+        mine = self.digests.get(tid)
+        return mine is None or target.prompt_digest is None or mine == target.prompt_digest
+
+    def _refuse_other_prompt(self, tid: TransferId, target: RemoteTarget) -> None:
+        """A consumer request naming a transfer id this rank holds for another prompt (a client reusing
+        ids): it is told write_failed, so it never decodes this request's KV as its own; the transfer
+        itself waits on for its own consumer."""
+        self.remote.pop(tid, None)
+        self.counters["remote_blocks_other_prompt"] += 1
+        log.warning("remote_blocks for %s name another prompt than this rank holds it for: refused", tid)
+        sender = target.sender
+        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        self._send(sender.host, port, WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason="prompt_mismatch"))
 
     def _tell_consumer(self, release: Release) -> None:
         target = self.remote.pop(release.transfer_id, None)

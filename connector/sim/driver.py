@@ -269,7 +269,9 @@ class Storm:
                            remote_notify_port=c.notify_port, remote_engine_id=c.engine_id)  # fmt: skip
             request.producer_params = parse_params(raw)
             if cfg.mode == "write":
-                engine.scheduler.on_save(side.request_id, request.producer_params, blocks, now)
+                engine.scheduler.on_save(
+                    side.request_id, request.producer_params, blocks, now, prompt_digest=request.prompt_digest
+                )
             if request.faults.lag_rounds:
                 # READ maps at request_finished, whose metadata goes out with the next step.
                 first = round_number + (1 if cfg.mode == "read" else 0)
@@ -318,7 +320,9 @@ class Storm:
         side.blocks, side.admitted = blocks, True
         engine.known.add(side.request_id)
         external = count if is_async else 0
-        claimed = engine.scheduler.on_alloc(side.request_id, params, blocks if external > 0 else (), external, now)
+        claimed = engine.scheduler.on_alloc(
+            side.request_id, params, blocks if external > 0 else (), external, now, prompt_digest=request.prompt_digest
+        )
         if claimed and params is not None:
             request.consumer_params = params.taken()  # as vLLM's request keeps its updated params
         return is_async and count > 0

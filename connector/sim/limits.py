@@ -43,6 +43,9 @@ PORTS_PER_ENGINE = 3
 
 # -- the soak (connector/sim/soak.py) ---------------------------------------------
 
+REUSE_IN_FLIGHT_SHARE = 0.5
+"""Of the follow-up reuses armed while their first transfer is still in flight, the share sent at once."""
+
 REUSE_SOON_MIN_S = 0.2
 REUSE_SOON_MAX_S = 3.0
 """A follow-up reuse arrives this long after the request whose transfer id it carries: while the first owner

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from connector.params import TransferParams
+from connector.params import TransferParams, prompt_digest
 from connector.sim.faults import TransferFaults
 from ledger.events import ReqId, TransferId
 
@@ -58,6 +58,11 @@ class SimRequest:
     @property
     def resolved(self) -> bool:
         return self.producer.resolved and self.consumer.resolved
+
+    @property
+    def prompt_digest(self) -> str:
+        """Every simulated request has a prompt of its own (a reused transfer id brings another one)."""
+        return prompt_digest((self.number,))
 
     @property
     def owner(self) -> TransferId:

@@ -41,6 +41,7 @@ from connector.sim.limits import (
     DEATH_IN_BURST_MIN_S,
     PREEMPT_AFTER_MIN_S,
     REUSE_HOURS_MIN_S,
+    REUSE_IN_FLIGHT_SHARE,
     REUSE_MINUTES_MAX_S,
     REUSE_MINUTES_MIN_S,
     REUSE_SOON_MAX_S,
@@ -312,16 +313,14 @@ class Soak(Storm):
             self._follow_ups.append(request.number)
 
     def _arm_follow_ups(self, now: float) -> None:
-        """A follow-up reuse arrives seconds after its first request's transfer is over on both engines
-        (decided, refused or lost): its sides are still held whole, or just compacted.
-
-        Not while the first transfer is in flight: nothing in a WRITE transfer binds a producer request to
-        its consumer request but the transfer id, so a second consumer naming it would be taken for the
-        first one's (connector/sim/README.md, "Not simulated"; tests/sim/test_soak_faults.py pins it)."""
+        """A follow-up reuse arrives seconds after its first request: half of them while the first
+        transfer may still be in flight (in WRITE mode only the prompt digest in remote_blocks then tells
+        the two consumer requests apart), the others once it is over on both engines (decided, refused or
+        lost), when its sides are still held whole or just compacted."""
         waiting = []
         for number in self._follow_ups:
             request = self.requests[number]
-            if _transfer_over(request):
+            if _transfer_over(request) or self.rng.random() < REUSE_IN_FLIGHT_SHARE:
                 self.timers.push("arrival", now + self.rng.uniform(REUSE_SOON_MIN_S, REUSE_SOON_MAX_S), number)
             else:
                 waiting.append(number)

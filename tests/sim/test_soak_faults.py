@@ -182,13 +182,6 @@ class ReusesInFlightTestOnly(Soak):
         self._follow_ups = []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="known gap: in WRITE mode only the transfer id binds a producer request to its consumer request, so "
-    "a consumer that never used the id, naming it while the producer still holds it for another request (whose "
-    "own consumer never came), is written that request's KV",
-)
 def test_a_transfer_id_reused_while_its_first_write_is_in_flight_is_never_given_the_wrong_kv(store: str) -> None:
     config = dataclasses.replace(
         QUIET,
@@ -203,7 +196,12 @@ def test_a_transfer_id_reused_while_its_first_write_is_in_flight_is_never_given_
     r = _run(soak)
     collided = [q for q in soak.requests if q.reuse_of is not None and q.loads]
     assert collided, "no reuse met a first transfer in flight: the scenario did not happen"
+    # Only the transfer id linked the two requests; the prompt digest in remote_blocks tells them apart:
+    # the producer answers write_failed and the consumer's load fails (recomputed), never decoded.
     assert r.integrity_failures == 0, f"{r.integrity_failures} receives of another request's KV"
+    assert r.problems == [], r.problems
+    refused = soak.producer.worker.counters["remote_blocks_other_prompt"]
+    assert refused > 0, "the producer never had to tell a consumer it holds the id for another prompt"
 
 
 def test_the_harness_keeps_each_requests_params_as_vllm_does(store: str) -> None:
