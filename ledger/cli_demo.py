@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from ledger.humanize import duration, utc
 
 DEMO_DIR_DEFAULT = Path("kvledger-demo")
 
@@ -67,9 +70,11 @@ def demo_command(
     directory.mkdir(parents=True)
     db = directory / "ledger.db"
     log = directory / "incident.jsonl"
+    # The simulated clock starts at the wall clock (whole seconds, as the simulator's default does), so the
+    # service's audit, which runs on the wall clock, reads real ages: the storm ended moments ago, not in 2023.
     config = StormConfig(
         seed=seed, mode=mode, requests=requests, concurrency=concurrency,
-        ledger_url=f"sqlite:///{db}", incident_log=log,
+        ledger_url=f"sqlite:///{db}", incident_log=log, start_ts=float(int(time.time())),
     )  # fmt: skip
     if not as_json:
         out.print(f"storm: {requests} requests at concurrency {concurrency}, every fault kind on, seed {seed} ...")
@@ -78,12 +83,15 @@ def demo_command(
         figures = {k: v for k, v in vars(result).items() if isinstance(v, (int, float, str, bool, dict, list))}
         sys.stdout.write(json.dumps(figures) + "\n")
     else:
+        out.print(f"simulated clock: {utc(config.start_ts)} to {utc(config.start_ts + result.sim_seconds)} "
+                  f"({duration(result.sim_seconds)} simulated in {duration(result.wall_seconds)})")  # fmt: skip
         out.print(_table(result))
         dead = result.findings_on_dead_engine
         alive = {k: v - dead.get(k, 0) for k, v in result.findings.items()}
         out.print(f"audit findings over both sides' merged logs: {_counts(alive)}")
-        if any(dead.values()):
-            out.print(f"  plus, on the engine the storm killed (what it held when it died): {_counts(dead)}")
+        if result.dead_engine is not None:
+            out.print(f"the storm killed {result.dead_engine}; what it held when it died is lost with it, "
+                      f"not leaked: {_counts(dead)}")  # fmt: skip
         out.print(f"offline replay reproduces the live decisions: {'yes' if result.replay_matches else 'NO'}")
         out.print(f"ledger: {db}   incident log: {log}   (try: kvledger replay {log})")
         for problem in result.problems:
@@ -93,8 +101,16 @@ def demo_command(
     if serve:
         from ledger.cli_serve import serve as serve_command
 
+        # On a fast machine the simulated clock runs ahead of the wall clock; the service audits on the wall
+        # clock, so it starts once the storm's last moment is in the past (no event from the future).
+        time.sleep(max(0.0, config.start_ts + result.sim_seconds - time.time()))
         out.print(f"audit service: http://127.0.0.1:{port}/  (Ctrl-C to stop)")
         serve_command(
-            db=f"sqlite:///{db}", host="127.0.0.1", port=port,
+            db=f"sqlite:///{db}", host="127.0.0.1", port=port, dead=dead_engines(result),
             defer_timeout=config.defer_timeout_s, transfer_timeout=config.transfer_timeout_s,
         )  # fmt: skip
+
+
+def dead_engines(result: Any) -> list[str]:
+    """What the demo tells the service, as an orchestrator would: the engine it killed, and why."""
+    return [f"{result.dead_engine}=killed by the demo's storm"] if result.dead_engine is not None else []

@@ -64,6 +64,7 @@ def evaluate(storm: Storm, tally: Tally) -> StormResult:
     r = StormResult(seed=cfg.seed, mode=cfg.mode, requests=cfg.requests, concurrency=cfg.concurrency)
     r.rounds, r.wall_seconds = tally.rounds, tally.wall_seconds
     r.unserved_requests = cfg.requests - tally.issued
+    r.dead_engine = tally.dead
     r.sim_seconds = round(tally.rounds * cfg.step_s, 6)
     engines: tuple[SimEngine, ...] = storm.engines
     alive = [e for e in engines if e.alive]
