@@ -114,7 +114,8 @@ def verdict(p99_s: float | None, defer_timeout_s: float, late_after_expire: int 
     """One sentence an SRE can act on: is the configured timeout sane for what was observed?"""
     if late_after_expire:
         return (
-            f"{late_after_expire} transfers saw events after they expired: defer_timeout "
+            f"{late_after_expire} transfer{'s' if late_after_expire != 1 else ''} saw events after they expired: "
+            "defer_timeout "
             f"{duration(defer_timeout_s)} is too short for this traffic; raise it"
         )
     if p99_s is None:

@@ -83,7 +83,7 @@ def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> 
                 "leak",
                 t,
                 (t.map_seq,),
-                f"{len(t.block_ids)} blocks held {duration(now - t.deadline)} past the deadline, no decision",
+                f"{_count(len(t.block_ids), 'block')} held {duration(now - t.deadline)} past the deadline, no decision",
             )
         )
     cutoff = now - cfg.transfer_timeout_s
@@ -131,8 +131,12 @@ def _orphan(t: TransferState, now: float, *, expired: bool) -> Finding:
     )
 
 
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _events(count: int) -> str:
-    return f"{count} event" if count == 1 else f"{count} events"
+    return _count(count, "event")
 
 
 def _anomalies(t: TransferState) -> list[Finding]:

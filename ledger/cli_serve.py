@@ -62,15 +62,20 @@ def serve(
     ] = None,
 ) -> None:
     """Serve the audit API, metrics and web page over the store at --db (ingest token: KVLEDGER_TOKEN)."""
+    settings = service_settings(
+        db, defer_timeout=defer_timeout, transfer_timeout=transfer_timeout, dead=parse_dead(dead or [])
+    )
+    run_service(settings, host=host, port=port)
+
+
+def run_service(settings: Settings, *, host: str, port: int) -> None:
+    """uvicorn serving `create_app(settings)` until Ctrl-C (`serve`, and the demo once its storm is done)."""
     # Imported here: the web stack loads only for this command, not for every `kvledger` call,
     # and the ledger package itself never depends on the service.
     import uvicorn
 
     from api.app import create_app
 
-    settings = service_settings(
-        db, defer_timeout=defer_timeout, transfer_timeout=transfer_timeout, dead=parse_dead(dead or [])
-    )
     uvicorn.run(
         create_app(settings),
         host=host,

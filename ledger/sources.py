@@ -68,8 +68,8 @@ def judge_sources(
             why = f"known dead: {known}" if known else "known dead"
         elif held and silent_s > limit_s:
             why = (
-                f"silent for {duration(silent_s)} while holding blocks (the limit is {LOST_SILENCE_TRANSFER_TIMEOUTS}"
-                f" transfer timeouts, {duration(limit_s)})"
+                f"silent for {duration(silent_s)} while holding blocks, longer than {LOST_SILENCE_TRANSFER_TIMEOUTS}"
+                f" transfer timeouts ({duration(limit_s)})"
             )
         else:
             why = ""
