@@ -400,5 +400,6 @@ def findings_plot(
 
 
 def _empty(plot_id: str, label: str, message: str) -> Markup:
-    body = [element("text", message, x=PLOT_WIDTH_PX / 2, y=PLOT_HEIGHT_PX / 2, class_="empty", text_anchor="middle")]
-    return document(plot_id, PLOT_WIDTH_PX, PLOT_HEIGHT_PX // 2, label, body)
+    height = PLOT_HEIGHT_PX // 3
+    body = [element("text", message, x=PLOT_WIDTH_PX / 2, y=height / 2 + 5, class_="empty", text_anchor="middle")]
+    return document(plot_id, PLOT_WIDTH_PX, height, label, body)

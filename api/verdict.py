@@ -77,10 +77,10 @@ def verdict(board: Board, problems: list[Problem]) -> list[Line]:
     return lines
 
 
-def activity(board: Board) -> str:
+def activity(board: Board, problems: list[Problem]) -> str:
     """What the ledger holds, in one sentence: the events, their time span, and how transfers ended."""
     if not board.events or board.newest_ts is None:
-        return "The ledger holds no events yet."
+        return "Nothing has been read from the store." if problems else "The ledger holds no events yet."
     sources = len(board.sources)
     span = ""
     if board.first_ts is not None:

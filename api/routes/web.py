@@ -54,7 +54,7 @@ def _common(live: Live, board: Board) -> dict[str, Any]:
         "ago": humanize.ago,
         # Links keep an asked-for audit time, so paging through a time-travel audit stays in it.
         "now_query": f"&now={board.now!r}" if board.explicit else "",
-        "home": f"/?now={board.now!r}" if board.explicit else "/",
+        "now_param": f"?now={board.now!r}" if board.explicit else "",
     }
 
 
@@ -71,7 +71,7 @@ async def index(request: Request, live: LiveDep, now: Now = None) -> HTMLRespons
     context |= {
         "problems": problems,
         "lines": verdict(board, problems),
-        "activity": activity(board),
+        "activity": activity(board, problems),
         "quiet_s": quiet_s
         if quiet_s is not None and quiet_s > silence_limit_s(live.settings.transfer_timeout_s)
         else None,
