@@ -33,3 +33,7 @@ PLOT_BARS = 60
 
 PLOT_LATENCY_BINS_PER_DECADE = 5
 """Release-latency histogram bins per factor of ten (log scale: latencies span microseconds to minutes)."""
+
+GC_FREEZE_SIDES_MIN = 10_000
+"""A ledger loaded with this many transfer sides or more is frozen out of the garbage collector's full
+passes at startup (`gc.freeze`): with 100k findings they paused every request for up to seconds."""
