@@ -270,24 +270,12 @@ def latency_plot(
         body.append(element("text", text, x=x(value), y=y1 + 16, class_="tick", text_anchor="middle"))
     for b in sorted(other):
         left, right = x(10 ** ((b - 1) / per_decade)) + 1, x(10 ** (b / per_decade)) - 1
-        base = y1
-        for count, color, what in (
-            (done.get(b, 0), COMPLETED_COLOR, "completed"),
-            (other[b], OTHER_COLOR, "failed or expired"),
-        ):
-            if count <= 0:
-                continue
-            top_y = base - (y1 - y(count))
-            span = f"{duration(10 ** ((b - 1) / per_decade))} to {duration(10 ** (b / per_decade))}"
-            body.append(
-                titled(
-                    element("rect", x=left, y=top_y, width=max(right - left, 1), height=base - top_y, fill=color),
-                    f"{count:,} {what} releases held {span}",
-                    class_="latency-bar",
-                    data_cause=what,
-                )
-            )
-            base = top_y
+        span = f"{duration(10 ** ((b - 1) / per_decade))} to {duration(10 ** (b / per_decade))}"
+        segments = [(done.get(b, 0), COMPLETED_COLOR, "completed"), (other[b], OTHER_COLOR, "failed or expired")]
+        body += _stack(left, right, y1, y, [
+            (count, color, f"{count:,} {what} releases held {span}", {"class_": "latency-bar", "data_cause": what})
+            for count, color, what in segments
+        ])  # fmt: skip
     body += _vertical(
         x(transfer_timeout_s),
         y0,
@@ -378,25 +366,31 @@ def findings_plot(
     x, y = linear(lo, hi, x0, x1), linear(0, top, y1, y0)
     body = _count_axis(top, y, x0, x1, "findings") + _time_axis(lo, hi, x0, x1, y1)
     for i, bar in enumerate(bars):
-        base = y1
         left, right = x(lo + i * width_s) + 1, x(lo + (i + 1) * width_s) - 1
-        for name, color, _ in stacks:
-            count = bar.get(name, 0)
-            if not count:
-                continue
-            top_y = base - (y1 - y(count))
-            body.append(
-                titled(
-                    element("rect", x=left, y=top_y, width=max(right - left, 1), height=base - top_y, fill=color),
-                    f"{count:,} {name} from {utc(lo + i * width_s)}",
-                    class_="finding-bar",
-                    data_code=name,
-                )
-            )
-            base = top_y
+        since = utc(lo + i * width_s)
+        body += _stack(left, right, y1, y, [
+            (bar.get(name, 0), color, f"{bar.get(name, 0):,} {name} from {since}",
+             {"class_": "finding-bar", "data_code": name})
+            for name, color, _ in stacks
+        ])  # fmt: skip
     legend = [(f"{name} {len(times):,}", color) for name, color, times in stacks]
     body += _legend(legend, x0 + LEGEND_INDENT_PX, 4)
     return document("plot-findings", PLOT_WIDTH_PX, PLOT_HEIGHT_PX, label, body)
+
+
+def _stack(
+    left: float, right: float, base: float, y: Scale, segments: list[tuple[int, str, str, dict[str, object]]]
+) -> list[str]:
+    """One bar of stacked segments (count, color, title, attributes), bottom up; empty segments skipped."""
+    out = []
+    for count, color, title, attributes in segments:
+        if count <= 0:
+            continue
+        top = base - (y(0) - y(count))
+        rect = element("rect", x=left, y=top, width=max(right - left, 1), height=base - top, fill=color)
+        out.append(titled(rect, title, **attributes))
+        base = top
+    return out
 
 
 def _empty(plot_id: str, label: str, message: str) -> Markup:

@@ -16,20 +16,18 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from itertools import islice
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.app import create_app
 from api.board import build
 from api.settings import Settings
-from benchmarks.api import LOAD_BATCH_EVENTS, percentile
+from benchmarks.api import LOAD_BATCH_EVENTS, percentile, start_server
 from ledger.events import Ack, Event, Map, ReqId, TransferId
 from ledger.store.connect import open_store
 from ledger.synth import SynthConfig, generate
@@ -103,16 +101,8 @@ def main() -> None:
     load_s = build_store(url, args.events, args.findings, args.sources)
     print(f"store: {args.events} synthetic events and {args.findings} leaked sides in {load_s:.1f}s", file=sys.stderr)
 
-    settings = Settings(db=url, transfer_timeout_s=TRANSFER_TIMEOUT_S)
-    app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    started = time.perf_counter()
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    startup_s = time.perf_counter() - started
-    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    app = create_app(Settings(db=url, transfer_timeout_s=TRANSFER_TIMEOUT_S))
+    server, thread, base, startup_s = start_server(app)
     keeper = app.state.board
     board = keeper.board
     assert board is not None and board.findings_total >= args.findings, board and board.findings_total
