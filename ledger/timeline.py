@@ -53,7 +53,8 @@ def describe(event: Event, clock: Callable[[float], str] = utc) -> str:
         peer = f", peer {event.peer}" if event.peer else ""
         waits = f"; waits for {event.acks_expected} release ack(s)" if event.role == "producer" else ""
         return (
-            f"{event.role} {event.request_id} ({event.mode} mode) holds {len(event.block_ids)} blocks "
+            f"{event.role} {event.request_id} ({event.mode} mode) holds {len(event.block_ids)} "
+            f"block{'' if len(event.block_ids) == 1 else 's'} "
             f"{_blocks(event.block_ids)}{remote}{peer}{waits}; deadline {clock(event.deadline)}"
         )
     if isinstance(event, Schedule):
