@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,11 +15,14 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.templating import Jinja2Templates
 
 from api import errors
+from api.board import BoardKeeper
 from api.event_schema import add_event_components
+from api.limits import GC_FREEZE_SIDES_MIN
 from api.live import Live
 from api.metrics import build_registry
 from api.routes import audit, events, health, replay, transfers, web
 from api.settings import Settings
+from api.trust import TrustChecks
 from ledger.store.limits import TAIL_EVENTS_MAX
 
 
@@ -32,6 +36,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.live = live
         # Load the whole store before serving, so no request sees a half-folded state.
         await live.refresh(TAIL_EVENTS_MAX)
+        app.state.board, app.state.trust = BoardKeeper(live), TrustChecks(live)
+        await app.state.board.rebuild()  # the page's first answer never waits for an audit
+        # What startup built lives as long as the service: keep it out of the garbage collector's full
+        # passes, which otherwise walk the whole fold and stall every request for a large ledger.
+        frozen = len(live.state.transfers) >= GC_FREEZE_SIDES_MIN
+        if frozen:
+            gc.collect()
+            gc.freeze()
         poller = asyncio.create_task(live.poll_forever(), name="kvledger-poll")
         try:
             yield
@@ -39,6 +51,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
+            await app.state.board.close()
+            if frozen:
+                gc.unfreeze()
             live.close()
             app.state.live = None
 

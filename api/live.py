@@ -22,6 +22,7 @@ from ledger.audit import AuditConfig, Finding, audit
 from ledger.decisions import Key, Release
 from ledger.events import KINDS, Event, Map, kind_of
 from ledger.fold import LedgerState
+from ledger.series import HoldingSeries
 from ledger.store.base import EventStore, StoreError
 from ledger.store.connect import open_store
 from ledger.store.limits import TAIL_EVENTS_MAX
@@ -43,8 +44,18 @@ class Live:
         self.events_by_kind: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.order: list[Key] = []
         """Transfer sides in first-seen order: positions are the pagination cursor."""
-        self.by_request: dict[str, list[Key]] = {}
+        self.by_request: dict[str, tuple[Key, ...]] = {}
+        """Tuples, not lists: a tuple of strings is untracked by the garbage collector, so a few hundred
+        thousand requests cost its full collections nothing (lists made them take seconds under load)."""
         self.latency = LatencyRecorder()
+        self.last_ts: dict[str, float] = {}
+        """Each source's newest event: how long a source has been silent (ledger.sources)."""
+        self.holding = HoldingSeries()
+        """Blocks held per source over log time, for the page's plot."""
+        self.caught_up_from = time.time()
+        """Wall time a catch-up began that then read the store to its end: all stored before it is folded."""
+        self.ingest_failure: tuple[float, str] | None = None
+        """(wall time, why) of the last POST /events that stored nothing, unless one succeeded since."""
         self.audit_config = AuditConfig(settings.transfer_timeout_s, settings.clock_skew_s)
         self.fold_lock = asyncio.Lock()
         self.ingest_lock = asyncio.Lock()
@@ -66,6 +77,7 @@ class Live:
         limit = min(batch or self.settings.tail_batch_max, TAIL_EVENTS_MAX)
         folded = 0
         async with self.fold_lock:
+            started = time.time()
             while True:
                 rows = await run_in_threadpool(store.tail, self.cursor, limit)
                 if rows:
@@ -73,6 +85,7 @@ class Live:
                     folded += len(rows)
                 if len(rows) < limit:
                     break
+            self.caught_up_from = started
         if folded:
             self.advanced.set()
             self.advanced = asyncio.Event()
@@ -80,19 +93,24 @@ class Live:
 
     def _fold(self, rows: list[tuple[int, Event]]) -> None:
         state, transfers, by_kind = self.state, self.state.transfers, self.events_by_kind
-        apply = state.apply
+        apply, last_ts, held, observe = state.apply, self.last_ts, state.held, self.holding.observe
         for _, event in rows:
-            key: Key = (event.source, event.transfer_id)
+            source, ts = event.source, event.ts
+            key: Key = (source, event.transfer_id)
             seen = key in transfers
             release = apply(event)
             by_kind[kind_of(event)] += 1
+            if ts > last_ts.get(source, 0.0):
+                last_ts[source] = ts
             if not seen and key in transfers:
                 self.order.append(key)
             if type(event) is Map:
-                keys = self.by_request.setdefault(event.request_id, [])
+                keys = self.by_request.get(event.request_id, ())
                 if key not in keys:
-                    keys.append(key)
+                    self.by_request[event.request_id] = (*keys, key)
+                observe(ts, source, len(held.get(source, ())))
             if release is not None:
+                observe(ts, source, len(held.get(source, ())))
                 latency_s = self.latency.observe(release, transfers[key])
                 if self._on_release is not None:
                     self._on_release(release, latency_s)

@@ -10,6 +10,7 @@ from prometheus_client.registry import Collector
 
 from api.live import Live
 from ledger.audit import CODES, counts_by_code
+from ledger.sources import judge_sources
 
 RELEASE_LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
@@ -43,11 +44,32 @@ class LiveCollector(Collector):
         for code, count in counts_by_code(live.findings(live.clock_now())).items():
             findings.add_metric([code, CODES[code]], count)
         yield findings
+        yield from _by_phase_and_lost(live)
         yield GaugeMetricFamily(
             "kvledger_store_up",
             "1 when the store answered the last poll",
             value=int(live.store is not None and live.store_error is None),
         )
+
+
+def _by_phase_and_lost(live: Live) -> Iterator[Metric]:
+    """Live sides by phase, and what lost sources hold (ledger.sources: silent while holding, or known dead)."""
+    phases = GaugeMetricFamily("kvledger_live_transfers_by_phase", "Transfer sides holding blocks, by phase",
+                               labels=["phase"])  # fmt: skip
+    counts: dict[str, int] = {}
+    for t in live.state.live.values():
+        counts[t.phase] = counts.get(t.phase, 0) + 1
+    for phase, count in sorted(counts.items()):
+        phases.add_metric([phase], count)
+    yield phases
+    settings = live.settings
+    health = judge_sources(live.state, live.last_ts, live.clock_now(),
+                           transfer_timeout_s=settings.transfer_timeout_s, dead=settings.dead_engines)  # fmt: skip
+    lost = [h for h in health.values() if h.lost]
+    yield GaugeMetricFamily("kvledger_sources_lost", "Sources lost (silent while holding blocks, or known dead)",
+                            value=len(lost))  # fmt: skip
+    yield GaugeMetricFamily("kvledger_blocks_lost", "Blocks held by lost sources: gone with the engine, not leaked",
+                            value=sum(h.blocks_held for h in lost))  # fmt: skip
 
 
 def build_registry(get_live: Callable[[], Live | None]) -> tuple[CollectorRegistry, Histogram]:

@@ -32,6 +32,14 @@ class Settings(BaseSettings):
     transfer_timeout_s: float = Field(default=DEFAULT_TRANSFER_TIMEOUT_S, gt=0)
     defer_timeout_s: float = Field(default=DEFAULT_DEFER_TIMEOUT_S, gt=0)
     clock_skew_s: float = Field(default=DEFAULT_CLOCK_SKEW_S, ge=0)
+    dead_engines: dict[str, str] = Field(
+        default_factory=dict,
+        description="Engines (or single sources) known dead, with why: what they hold is shown as lost, not leaked",
+    )
+    behind_after_s: float = Field(
+        default=10.0, ge=0, description="The page says the service is behind when the store holds events the fold "
+        "has not read and it last caught up longer ago than this",
+    )  # fmt: skip
 
     @field_validator("token")
     @classmethod

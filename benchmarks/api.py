@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import uvicorn
+from fastapi import FastAPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -66,6 +67,18 @@ def percentile(samples: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
+def start_server(app: FastAPI) -> tuple[uvicorn.Server, threading.Thread, str, float]:
+    """uvicorn serving `app` on a free loopback port in a thread: (server, thread, base URL, startup seconds)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    started = time.perf_counter()
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    return server, thread, base, time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -80,14 +93,7 @@ def main() -> None:
     print(f"store: {args.events} events ({args.live} live maps) appended in {load_s:.1f}s", file=sys.stderr)
 
     app = create_app(Settings(db=url, token=TOKEN, poll_interval_s=0.5))  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    started = time.perf_counter()
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    fold_s = time.perf_counter() - started
-    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    server, thread, base, fold_s = start_server(app)
     live_state = app.state.live
     baseline_started = time.perf_counter()
     findings = audit(live_state.state, time.time(), live_state.audit_config)

@@ -13,6 +13,7 @@ from typing import Any
 from ledger.audit import Finding
 from ledger.decisions import Release
 from ledger.fold import LedgerState, TransferState
+from ledger.humanize import duration
 from ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 
 BUCKET_RATIO = 1.02
@@ -63,6 +64,10 @@ class LatencyHistogram:
                 return min(self._upper(bucket), self.max_s)
         return self.max_s
 
+    def buckets(self) -> list[tuple[float, int]]:
+        """(upper edge in seconds, count) of every bucket holding something, shortest first: what a plot draws."""
+        return [(self._upper(bucket), self.counts[bucket]) for bucket in sorted(self.counts)]
+
     def count_above(self, threshold_s: float) -> int:
         """Latencies above `threshold_s` (to bucket resolution)."""
         edge = self._bucket(threshold_s)
@@ -109,18 +114,19 @@ def verdict(p99_s: float | None, defer_timeout_s: float, late_after_expire: int 
     """One sentence an SRE can act on: is the configured timeout sane for what was observed?"""
     if late_after_expire:
         return (
-            f"{late_after_expire} transfers saw events after they expired: defer_timeout "
-            f"{defer_timeout_s:g}s is too short for this traffic; raise it"
+            f"{late_after_expire} transfer{'s' if late_after_expire != 1 else ''} saw events after they expired: "
+            "defer_timeout "
+            f"{duration(defer_timeout_s)} is too short for this traffic; raise it"
         )
     if p99_s is None:
         return "no completed releases observed yet: no advice"
     if p99_s > 0.5 * defer_timeout_s:
         return (
-            f"p99 release latency {p99_s:.3f}s is over half of defer_timeout {defer_timeout_s:g}s: "
+            f"p99 release latency {duration(p99_s)} is over half of defer_timeout {duration(defer_timeout_s)}: "
             "slow releases will soon be expired; raise the timeout or find the slow peer"
         )
     return (
-        f"p99 release latency {p99_s:.3f}s is well under defer_timeout {defer_timeout_s:g}s: "
+        f"p99 release latency {duration(p99_s)} is well under defer_timeout {duration(defer_timeout_s)}: "
         "the timeout is safe (a leak is held for the whole timeout before it is reclaimed)"
     )
 

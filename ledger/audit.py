@@ -13,6 +13,7 @@ import msgspec
 
 from ledger.events import ReqId, TransferId
 from ledger.fold import LedgerState, TransferState
+from ledger.humanize import duration, utc
 from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_TRANSFER_TIMEOUT_S
 
 Severity: TypeAlias = Literal["error", "warning", "info"]
@@ -32,7 +33,10 @@ CODES: dict[str, Severity] = {
 """Every finding code and its severity (the CLI's exit status keys on severity)."""
 
 
-class Finding(msgspec.Struct, frozen=True, kw_only=True):
+class Finding(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One finding. Strings and tuples of ints only, so never part of a reference cycle: `gc=False` keeps
+    100k findings out of the garbage collector's full passes (they stalled a service for seconds)."""
+
     code: str
     severity: Severity
     source: str
@@ -82,7 +86,7 @@ def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> 
                 "leak",
                 t,
                 (t.map_seq,),
-                f"{len(t.block_ids)} blocks held {now - t.deadline:.3f}s past the deadline, no decision",
+                f"{_count(len(t.block_ids), 'block')} held {duration(now - t.deadline)} past the deadline, no decision",
             )
         )
     cutoff = now - cfg.transfer_timeout_s
@@ -93,8 +97,8 @@ def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> 
                     "stuck",
                     t,
                     (t.map_seq, t.last_seq),
-                    f"no event for {now - t.last_ts:.3f}s (> transfer timeout "
-                    f"{cfg.transfer_timeout_s}s) in phase {t.phase}",
+                    f"no event for {duration(now - t.last_ts)} (over the transfer timeout, "
+                    f"{duration(cfg.transfer_timeout_s)}) in phase {t.phase}",
                 )
             )
     for t in state.orphans_due(now, cfg.transfer_timeout_s):
@@ -124,10 +128,18 @@ def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> 
 
 
 def _orphan(t: TransferState, now: float, *, expired: bool) -> Finding:
-    what = "expired before any map" if expired else f"unmapped for {now - t.first_ts:.3f}s"
+    what = "expired before any map" if expired else f"unmapped for {duration(now - t.first_ts)}"
     return _finding(
-        "orphan_ack", t, (t.first_seq, t.last_seq), f"{t.events} events for a transfer never mapped: {what}"
+        "orphan_ack", t, (t.first_seq, t.last_seq), f"{_events(t.events)} for a transfer never mapped: {what}"
     )
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _events(count: int) -> str:
+    return _count(count, "event")
 
 
 def _anomalies(t: TransferState) -> list[Finding]:
@@ -140,7 +152,7 @@ def _anomalies(t: TransferState) -> list[Finding]:
                 "late_event",
                 t,
                 tuple(t.late_seqs),
-                f"{len(t.late_seqs)} events after the {cause} decision{hint}",
+                f"{_events(len(t.late_seqs))} after the {cause} decision{hint}",
             )
         )
     if t.over_ack_seqs:
@@ -190,8 +202,8 @@ def premature_releases(state: LedgerState, clock_skew_s: float) -> list[Finding]
                         "premature_release",
                         producer,
                         (producer.decision.seq, consumer.arrived_seq),
-                        f"released by expire at {released_ts:.6f}; consumer {source} finished "
-                        f"reading at {consumer.arrived_ts:.6f} (seq {consumer.arrived_seq} there)",
+                        f"released by expire at {utc(released_ts, digits=6)}; consumer {source} finished reading "
+                        f"{duration(consumer.arrived_ts - released_ts)} later (seq {consumer.arrived_seq} there)",
                     )
                 )
     return out
@@ -202,3 +214,19 @@ def counts_by_code(findings: list[Finding]) -> dict[str, int]:
     for f in findings:
         out[f.code] += 1
     return out
+
+
+def found_at(f: Finding, state: LedgerState, config: AuditConfig | None = None) -> float:
+    """When a finding became true, in log time: a leak at its deadline, stuck or orphan when the transfer
+    timeout ran out, anything else at its side's last event (the evidence was complete by then)."""
+    t = state.side((f.source, f.transfer_id))
+    if t is None:
+        return 0.0  # evicted past the tombstone bound: no time left to tell (counted in tombstones_evicted)
+    timeout_s = (config or AuditConfig()).transfer_timeout_s
+    if f.code == "leak" and t.deadline is not None:
+        return t.deadline
+    if f.code == "stuck":
+        return t.last_ts + timeout_s
+    if f.code == "orphan_ack" and t.role is None:
+        return t.first_ts + timeout_s
+    return t.last_ts

@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from ledger.humanize import duration, utc
+
+if TYPE_CHECKING:
+    from api.settings import Settings
 
 DEMO_DIR_DEFAULT = Path("kvledger-demo")
 
@@ -58,32 +64,24 @@ def demo_command(
     """Run a seeded P/D fault storm on a SQLite ledger, audit it beside naive bookkeeping, then serve it."""
     if mode not in ("read", "write"):
         raise typer.BadParameter(f"{mode!r} is not read or write", param_hint="--mode")
-    # The CLI is the one place that composes the packages: the simulator lives with the connector.
-    from connector.sim import StormConfig, run_storm
-
     out = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
-    if directory.exists():
-        shutil.rmtree(directory)
-    directory.mkdir(parents=True)
-    db = directory / "ledger.db"
-    log = directory / "incident.jsonl"
-    config = StormConfig(
-        seed=seed, mode=mode, requests=requests, concurrency=concurrency,
-        ledger_url=f"sqlite:///{db}", incident_log=log,
-    )  # fmt: skip
     if not as_json:
         out.print(f"storm: {requests} requests at concurrency {concurrency}, every fault kind on, seed {seed} ...")
-    result = run_storm(config)
+    result, config = run_demo_storm(directory, requests=requests, concurrency=concurrency, seed=seed, mode=mode)
+    db, log = config.ledger_url.removeprefix("sqlite:///"), config.incident_log
     if as_json:
         figures = {k: v for k, v in vars(result).items() if isinstance(v, (int, float, str, bool, dict, list))}
         sys.stdout.write(json.dumps(figures) + "\n")
     else:
+        out.print(f"simulated clock: {utc(config.start_ts)} to {utc(config.start_ts + result.sim_seconds)} "
+                  f"({duration(result.sim_seconds)} simulated in {duration(result.wall_seconds)})")  # fmt: skip
         out.print(_table(result))
         dead = result.findings_on_dead_engine
         alive = {k: v - dead.get(k, 0) for k, v in result.findings.items()}
         out.print(f"audit findings over both sides' merged logs: {_counts(alive)}")
-        if any(dead.values()):
-            out.print(f"  plus, on the engine the storm killed (what it held when it died): {_counts(dead)}")
+        if result.dead_engine is not None:
+            out.print(f"the storm killed {result.dead_engine}; what it held when it died is lost with it, "
+                      f"not leaked: {_counts(dead)}")  # fmt: skip
         out.print(f"offline replay reproduces the live decisions: {'yes' if result.replay_matches else 'NO'}")
         out.print(f"ledger: {db}   incident log: {log}   (try: kvledger replay {log})")
         for problem in result.problems:
@@ -91,10 +89,44 @@ def demo_command(
     if result.problems:
         raise typer.Exit(1)
     if serve:
-        from ledger.cli_serve import serve as serve_command
+        from ledger.cli_serve import run_service
 
+        wait_for_storm_end(result, config)
         out.print(f"audit service: http://127.0.0.1:{port}/  (Ctrl-C to stop)")
-        serve_command(
-            db=f"sqlite:///{db}", host="127.0.0.1", port=port,
-            defer_timeout=config.defer_timeout_s, transfer_timeout=config.transfer_timeout_s,
-        )  # fmt: skip
+        run_service(demo_settings(result, config), host="127.0.0.1", port=port)
+
+
+def run_demo_storm(directory: Path, *, requests: int, concurrency: int, seed: int, mode: str) -> tuple[Any, Any]:
+    """The demo's storm on a fresh SQLite ledger and incident log in `directory`: (StormResult, StormConfig)."""
+    # The CLI is the one place that composes the packages: the simulator lives with the connector.
+    from connector.sim import StormConfig, run_storm
+
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    # The simulated clock starts at the wall clock (whole seconds, as the simulator's default does), so the
+    # service's audit, which runs on the wall clock, reads real ages: the storm ended moments ago, not in 2023.
+    config = StormConfig(
+        seed=seed, mode=mode, requests=requests, concurrency=concurrency,
+        ledger_url=f"sqlite:///{directory / 'ledger.db'}", incident_log=directory / "incident.jsonl",
+        start_ts=float(int(time.time())),
+    )  # fmt: skip
+    return run_storm(config), config
+
+
+def wait_for_storm_end(result: Any, config: Any) -> None:
+    """On a fast machine the simulated clock runs ahead of the wall clock; the service audits on the wall
+    clock, so it starts once the storm's last moment is in the past (no event from the future)."""
+    time.sleep(max(0.0, config.start_ts + result.sim_seconds - time.time()))
+
+
+def demo_settings(result: Any, config: Any) -> Settings:
+    """The service over the demo's ledger, with the storm's timeouts, told (as an orchestrator would tell
+    it) which engine the storm killed."""
+    from ledger.cli_serve import service_settings
+
+    dead = {result.dead_engine: "killed by the demo's storm"} if result.dead_engine is not None else {}
+    return service_settings(
+        config.ledger_url, defer_timeout=config.defer_timeout_s, transfer_timeout=config.transfer_timeout_s,
+        dead=dead,
+    )  # fmt: skip

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ledger.advice import timeout_advice
 from ledger.audit import SEVERITY_RANK, AuditConfig, Finding, audit
+from ledger.humanize import duration, offset, utc
 from ledger.inputs import Inputs
 from ledger.jsonl import LogFormatError
 from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
@@ -184,7 +185,9 @@ def replay_command(
 def _print_replay(
     result: ReplayResult, clock: float, summary: dict[str, Any], advice: dict[str, Any], findings: list[Finding]
 ) -> None:
-    out.print(f"[bold]{result.events} events[/] folded; {summary['transfers']} transfer sides; audit clock {clock:.3f}")
+    out.print(
+        f"[bold]{result.events} events[/] folded; {summary['transfers']} transfer sides; audit clock {utc(clock)}"
+    )
     out.print(_counts_table("transfers by phase", summary["transfers_by_phase"]))
     out.print(_counts_table("transfers by mode", summary["transfers_by_mode"]))
     out.print(_counts_table("releases by cause", summary["releases_by_cause"] or {"none": 0}))
@@ -195,18 +198,18 @@ def _print_replay(
     if findings:
         out.print(_findings_table(findings[:10], "worst findings"))
     table = Table(title=f"timeout advice: {advice['verdict']}", title_justify="left")
-    for column in ("role/mode", "releases", "p50 s", "p99 s", "max s", "timeout s", "late if timeout were"):
-        table.add_column(column)
+    for column in ("role/mode", "releases", "p50", "p99", "max", "timeout", "late if timeout were"):
+        table.add_column(column, justify="right" if column != "role/mode" else "left")
     for kind, row in advice["by_kind"].items():
-        late = ", ".join(f"{k}s: {v}" for k, v in row["late_if_timeout_s"].items())
+        late = ", ".join(f"{duration(float(k))}: {v}" for k, v in row["late_if_timeout_s"].items())
         table.add_row(
-            kind, str(row["count"]), f"{row['p50_s']:.4f}", f"{row['p99_s']:.4f}", f"{row['max_s']:.4f}",
-            str(row["configured_timeout_s"]), late,
+            kind, str(row["count"]), duration(row["p50_s"] or 0.0), duration(row["p99_s"]), duration(row["max_s"]),
+            duration(row["configured_timeout_s"]), late,
         )  # fmt: skip
     out.print(table)
     out.print(
-        f"expired releases: {advice['expired_releases']}, block-seconds pinned by them: "
-        f"{advice['expired_block_seconds']}"
+        f"expired releases: {advice['expired_releases']}, blocks pinned by them for "
+        f"{duration(advice['expired_block_seconds'])} in all (block-seconds)"
     )
 
 
@@ -230,9 +233,9 @@ def audit_command(
     if as_json:
         sys.stdout.write(json.dumps([msgspec.to_builtins(f) for f in findings]) + "\n")
     elif findings:
-        out.print(_findings_table(findings, f"{len(findings)} findings at {clock:.3f}"))
+        out.print(_findings_table(findings, f"{len(findings)} findings at {utc(clock)}"))
     else:
-        out.print(f"no findings at {clock:.3f}")
+        out.print(f"no findings at {utc(clock)}")
     _exit_for(findings, rank)
 
 
@@ -258,12 +261,13 @@ def timeline_command(
         return
     start = timeline.rows[0].ts
     table = Table(title=f"transfer {transfer_id}", title_justify="left")
-    for column in ("t+ s", "gap s", "source", "seq", "kind", "what happened"):
+    for column in ("since first", "gap", "source", "seq", "kind", "what happened"):
         table.add_column(column, overflow="fold")
     for row in timeline.rows:
         style = "bold green" if row.decision and "completed" in row.text else "bold red" if row.decision else ""
-        gap = f"{row.gap_s:.3f}" if row.gap_s else ""
-        table.add_row(f"{row.ts - start:.3f}", gap, row.source, str(row.seq), row.kind, row.text, style=style or None)
+        gap = duration(row.gap_s) if row.gap_s else ""
+        table.add_row(offset(row.ts - start), gap, row.source, str(row.seq), row.kind, row.text, style=style or None)
+    out.print(f"first event at {utc(start)}")
     out.print(table)
     for side in timeline.sides:
         state = "still holding its blocks" if side.live else side.phase

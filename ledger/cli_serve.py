@@ -2,12 +2,46 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+if TYPE_CHECKING:
+    from api.settings import Settings
+
 GRACEFUL_SHUTDOWN_S = 5
 """Open event streams get this long to end when the server stops, so a stop never hangs on a client."""
+
+
+def parse_dead(values: list[str]) -> dict[str, str]:
+    """`["prefill-0=killed by the storm", "decode-1"]` -> `{"prefill-0": "killed by the storm", "decode-1": ""}`."""
+    dead: dict[str, str] = {}
+    for value in values:
+        engine, _, why = value.partition("=")
+        if not engine.strip():
+            raise typer.BadParameter(f"{value!r} names no engine", param_hint="--dead")
+        dead[engine.strip()] = why.strip()
+    return dead
+
+
+def service_settings(
+    db: str,
+    *,
+    defer_timeout: float | None = None,
+    transfer_timeout: float | None = None,
+    dead: dict[str, str] | None = None,
+) -> Settings:
+    """The settings `serve` runs with (also what the demo's browser tests start the service with)."""
+    from api.settings import Settings
+
+    settings = Settings(db=db)
+    if defer_timeout is not None:
+        settings = settings.model_copy(update={"defer_timeout_s": defer_timeout})
+    if transfer_timeout is not None:
+        settings = settings.model_copy(update={"transfer_timeout_s": transfer_timeout})
+    if dead:
+        settings = settings.model_copy(update={"dead_engines": settings.dead_engines | dead})
+    return settings
 
 
 def serve(
@@ -22,20 +56,26 @@ def serve(
     transfer_timeout: Annotated[
         float | None, typer.Option(help="The connectors' transfer_timeout (s): stuck/orphan audits; default 30")
     ] = None,
+    dead: Annotated[
+        list[str] | None,
+        typer.Option(help="An engine known dead, optionally =why (repeat): what it held is lost, not leaked"),
+    ] = None,
 ) -> None:
     """Serve the audit API, metrics and web page over the store at --db (ingest token: KVLEDGER_TOKEN)."""
+    settings = service_settings(
+        db, defer_timeout=defer_timeout, transfer_timeout=transfer_timeout, dead=parse_dead(dead or [])
+    )
+    run_service(settings, host=host, port=port)
+
+
+def run_service(settings: Settings, *, host: str, port: int) -> None:
+    """uvicorn serving `create_app(settings)` until Ctrl-C (`serve`, and the demo once its storm is done)."""
     # Imported here: the web stack loads only for this command, not for every `kvledger` call,
     # and the ledger package itself never depends on the service.
     import uvicorn
 
     from api.app import create_app
-    from api.settings import Settings
 
-    settings = Settings(db=db)
-    if defer_timeout is not None:
-        settings = settings.model_copy(update={"defer_timeout_s": defer_timeout})
-    if transfer_timeout is not None:
-        settings = settings.model_copy(update={"transfer_timeout_s": transfer_timeout})
     uvicorn.run(
         create_app(settings),
         host=host,

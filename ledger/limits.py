@@ -83,3 +83,15 @@ give 3.3e-7, for 60% more time on every side compacted)."""
 ID_MEMORY_FALSE_POSITIVE_MAX = 1e-4
 """The documented bound on a fresh key mistaken for a forgotten one, all generations full
 (computed: 8 x 1.9e-6 = 1.6e-5)."""
+
+LOST_SILENCE_TRANSFER_TIMEOUTS = 3
+"""A source holding blocks that has appended nothing for this many transfer timeouts is lost: its engine
+is dead or hung, and what it holds went with it (shown apart, never counted as leaks). Three: longer than
+the default defer_timeout (two transfer timeouts) plus one for the `expire` a running connector appends
+when a deadline passes, so a live engine holding blocks is never taken for a lost one."""
+
+SERIES_POINTS_MAX = 240
+"""Time buckets a blocks-held series keeps per source (a plot's width in points); past it, neighbours merge."""
+
+SERIES_BUCKET_MIN_S = 0.01
+"""The narrowest bucket of a blocks-held series (one simulator step): it doubles as the log's span grows."""

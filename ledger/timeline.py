@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from ledger.decisions import Release
 from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
 from ledger.fold import LedgerState, TransferState
+from ledger.humanize import utc
 
 BLOCKS_SHOWN_MAX = 8
 """Block ids spelled out in a map's description; the rest are counted."""
@@ -40,23 +41,20 @@ def _layers(layers: tuple[int, ...] | None) -> str:
     return "layers " + ",".join(map(str, layers))
 
 
-def _seconds(ts: float) -> str:
-    return f"{ts:.3f}"
-
-
 def _blocks(block_ids: tuple[int, ...]) -> str:
     shown = ", ".join(map(str, block_ids[:BLOCKS_SHOWN_MAX]))
     return f"[{shown}{', ...' if len(block_ids) > BLOCKS_SHOWN_MAX else ''}]"
 
 
-def describe(event: Event, clock: Callable[[float], str] = _seconds) -> str:
+def describe(event: Event, clock: Callable[[float], str] = utc) -> str:
     """One line a person reads without knowing the JSON; `clock` formats absolute times."""
     if isinstance(event, Map):
         remote = f", remote {len(event.remote_block_ids)} blocks" if event.remote_block_ids is not None else ""
         peer = f", peer {event.peer}" if event.peer else ""
         waits = f"; waits for {event.acks_expected} release ack(s)" if event.role == "producer" else ""
         return (
-            f"{event.role} {event.request_id} ({event.mode} mode) holds {len(event.block_ids)} blocks "
+            f"{event.role} {event.request_id} ({event.mode} mode) holds {len(event.block_ids)} "
+            f"block{'' if len(event.block_ids) == 1 else 's'} "
             f"{_blocks(event.block_ids)}{remote}{peer}{waits}; deadline {clock(event.deadline)}"
         )
     if isinstance(event, Schedule):

@@ -104,13 +104,20 @@ async def stream(request: Request, live: LiveDep, after_seq: AfterSeq = 0) -> St
     },
 )
 async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResult:
-    body = b"".join([chunk async for chunk in read_limited(request, live.settings.ingest_body_bytes_max)])
-    events = decode_batch(body, live.settings.ingest_events_max)
-    async with live.ingest_lock:
-        stored_max = await run_in_threadpool(store.sources)
-        inserted = await run_in_threadpool(store.append, events) if events else 0
-        gaps = find_gaps(events, stored_max)
-        await live.catch_up()
+    try:
+        body = b"".join([chunk async for chunk in read_limited(request, live.settings.ingest_body_bytes_max)])
+        events = decode_batch(body, live.settings.ingest_events_max)
+        async with live.ingest_lock:
+            stored_max = await run_in_threadpool(store.sources)
+            inserted = await run_in_threadpool(store.append, events) if events else 0
+            gaps = find_gaps(events, stored_max)
+            await live.catch_up()
+    except Exception as error:
+        # Whatever refused the batch (a bad body, a conflict, a store down), its events are not in the
+        # ledger: the page says ingest is failing until a batch is stored again.
+        live.ingest_failure = (time.time(), f"{type(error).__name__}: {_why(error)}")
+        raise
+    live.ingest_failure = None
     return IngestResult(
         received=len(events),
         inserted=inserted,
@@ -118,3 +125,8 @@ async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResu
         gaps=gaps,
         cursor=live.cursor,
     )
+
+
+def _why(error: Exception) -> str:
+    detail = getattr(error, "detail", None)
+    return str(detail if detail is not None else error)[:300]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import islice
 from typing import Annotated, Literal
 
@@ -44,7 +45,7 @@ async def list_transfers(
     limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
 ) -> TransferPage:
     check_limit(live, limit)
-    keys: list[Key] = live.by_request.get(request_id, []) if request_id is not None else live.order
+    keys: Sequence[Key] = live.by_request.get(request_id, ()) if request_id is not None else live.order
     flagged = live.keys_with_findings(now if now is not None else live.clock_now()) if has_finding is not None else None
     transfers = live.state.transfers
     page: list[TransferOut] = []

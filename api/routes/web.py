@@ -1,25 +1,33 @@
-"""The web page for an SRE at 3 a.m.: the worst problems first, and a transfer's timeline in words and SVG."""
+"""The web page for an SRE at 3 a.m.: what is wrong first (or why the page cannot vouch), lost engines apart
+from leaks, plots, findings grouped and paged, and a transfer's timeline in words and SVG."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import time
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 
 from api import timeline
+from api.board import Board, BoardKeeper
 from api.deps import LiveDep, StoreDep
-from api.routes.audit import get_summary
+from api.limits import FINDINGS_PAGE_ROWS, GROUP_ROWS_SHOWN, GROUPS_SHOWN_MAX
+from api.live import Live
 from api.routes.transfers import Now, _timeline
+from api.trust import TrustChecks
+from api.verdict import activity, verdict
+from api.views import display_url
+from ledger import humanize
 from ledger.audit import CODES
 from ledger.events import TransferId
-
-FINDINGS_SHOWN_MAX = 200
-"""Rows on the front page; the JSON API pages through the rest."""
+from ledger.sources import silence_limit_s
 
 router = APIRouter(include_in_schema=False)
+
+Offset = Annotated[int, Query(ge=0, le=1 << 40, description="Rows to skip (a page's offset)")]
 
 
 def _templates(request: Request) -> Jinja2Templates:
@@ -27,22 +35,73 @@ def _templates(request: Request) -> Jinja2Templates:
     return templates
 
 
+async def _board(request: Request, now: float | None) -> Board:
+    keeper: BoardKeeper = request.app.state.board
+    return await (keeper.at(now) if now is not None else keeper.current())
+
+
+def _common(live: Live, board: Board) -> dict[str, Any]:
+    """What every page's header and helpers need: the store, the audit time, the formatters."""
+    wall = time.time()
+    return {
+        "board": board,
+        "store": display_url(live.settings.db),
+        "wall": wall,
+        "codes": CODES,
+        "duration": humanize.duration,
+        "utc": humanize.utc,
+        "iso": humanize.iso,
+        "ago": humanize.ago,
+        # Links keep an asked-for audit time, so paging through a time-travel audit stays in it.
+        "now_query": f"&now={board.now!r}" if board.explicit else "",
+        "now_param": f"?now={board.now!r}" if board.explicit else "",
+    }
+
+
 @router.get("/", response_class=HTMLResponse)
 async def index(request: Request, live: LiveDep, now: Now = None) -> HTMLResponse:
-    summary = await get_summary(live, now)
-    findings = live.findings(summary.now)
-    return _templates(request).TemplateResponse(
-        request,
-        "index.html",
-        {
-            "summary": summary,
-            "findings": findings[:FINDINGS_SHOWN_MAX],
-            "findings_total": len(findings),
-            "codes": CODES,
-            "clock": timeline.clock,
-            "store_error": live.store_error,
-        },
-    )
+    trust: TrustChecks = request.app.state.trust
+    problems = await trust.problems()
+    board = await _board(request, now)
+    context = _common(live, board)
+    newest = board.newest_ts
+    quiet_s = context["wall"] - newest if newest is not None else None
+    if quiet_s is not None and quiet_s <= silence_limit_s(live.settings.transfer_timeout_s):
+        quiet_s = None  # written to lately: the cluster is running
+    context |= {
+        "problems": problems,
+        "lines": verdict(board, problems),
+        "activity": activity(board, problems),
+        "quiet_s": quiet_s
+        if quiet_s is not None and quiet_s > silence_limit_s(live.settings.transfer_timeout_s)
+        else None,
+        "live_groups": board.live_groups[:GROUPS_SHOWN_MAX],
+        "lost_groups": board.lost_groups[:GROUPS_SHOWN_MAX],
+        "rows_shown": GROUP_ROWS_SHOWN,
+    }
+    return _templates(request).TemplateResponse(request, "index.html", context)
+
+
+@router.get("/ui/findings", response_class=HTMLResponse)
+async def findings_page(
+    request: Request,
+    live: LiveDep,
+    code: Annotated[str | None, Query(max_length=40)] = None,
+    source: Annotated[str | None, Query(max_length=200)] = None,
+    offset: Offset = 0,
+    now: Now = None,
+) -> HTMLResponse:
+    """One group's transfers a page at a time (`code` and `source`), or every group a page at a time."""
+    board = await _board(request, now)
+    context = _common(live, board) | {"offset": offset, "rows": FINDINGS_PAGE_ROWS}
+    if code is None and source is None:
+        context |= {"groups": board.groups[offset : offset + FINDINGS_PAGE_ROWS], "total": len(board.groups)}
+        return _templates(request).TemplateResponse(request, "groups.html", context)
+    group = board.group(code or "", source or "")
+    if group is None:
+        raise HTTPException(404, f"no {code} findings on {source!r} at this audit")
+    context |= {"group": group, "findings": group.findings[offset : offset + FINDINGS_PAGE_ROWS]}
+    return _templates(request).TemplateResponse(request, "findings.html", context)
 
 
 @router.get("/ui/transfers/{transfer_id}", response_class=HTMLResponse)
@@ -53,13 +112,16 @@ async def transfer_page(
     transfer_id: Annotated[str, Path(min_length=1, max_length=200)],
     now: Now = None,
 ) -> HTMLResponse:
-    at = now if now is not None else live.clock_now()
     state = live.state
     sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
     events = await run_in_threadpool(_timeline, store, transfer_id, live.settings.timeline_events_max)
     if not sides and not events:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
-    findings = [f for f in live.findings(at) if f.transfer_id == transfer_id]
+    # The same audit as the front page's, so a transfer reached from it tells the same story.
+    board = await _board(request, now)
+    at = board.now
+    findings = [f for g in board.groups for f in g.findings if f.transfer_id == transfer_id]
+    health = {h.source: h for h in board.sources}
     return _templates(request).TemplateResponse(
         request,
         "transfer.html",
@@ -67,9 +129,11 @@ async def transfer_page(
             "transfer_id": transfer_id,
             "sides": sides,
             "findings": findings,
-            "view": timeline.build(events, sides, at),
+            "health": health,
+            "view": timeline.build(events, sides, at, frozenset(h.source for h in board.sources if h.lost)),
             "truncated": len(events) > live.settings.timeline_events_max,
-            "clock": timeline.clock,
+            "utc": humanize.utc,
+            "duration": humanize.duration,
             "now": at,
         },
     )

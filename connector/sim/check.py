@@ -62,6 +62,7 @@ def evaluate(storm: Storm, tally: Tally) -> StormResult:
     cfg: StormConfig = storm.config
     r = StormResult(seed=cfg.seed, mode=cfg.mode, requests=cfg.requests, concurrency=cfg.concurrency)
     r.unserved_requests = cfg.requests - tally.issued
+    r.dead_engine = tally.dead
     r.sim_seconds = round(tally.rounds * cfg.step_s, 6)
     streams, live = recorded(storm, tally, r)
 

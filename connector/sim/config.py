@@ -98,6 +98,8 @@ class StormResult:
     """`premature_release` findings over the merged log."""
     hung_requests: int = 0
     """Request sides (a producer's or a consumer's) never reported finished, on engines that are alive."""
+    dead_engine: str | None = None
+    """The engine the storm killed (`peer_death`), if it killed one."""
     lost_requests: int = 0
     """Request sides in flight on an engine when it died: gone with it, neither finished nor hung."""
     integrity_checked: int = 0

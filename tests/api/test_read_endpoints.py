@@ -90,6 +90,9 @@ def test_metrics_exposition(client: TestClient) -> None:
     assert "kvledger_blocks_held 4.0" in text
     assert 'kvledger_findings{code="leak",severity="error"} 1.0' in text
     assert 'kvledger_release_latency_seconds_count{cause="completed"} 2.0' in text
+    assert 'kvledger_live_transfers_by_phase{phase="held"} 1.0' in text
+    # The leak's source has written nothing since 1970 while holding 4 blocks: lost, not leaking.
+    assert "kvledger_sources_lost 1.0" in text and "kvledger_blocks_lost 4.0" in text
 
 
 def test_two_apps_have_separate_registries(seeded_url: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -72,6 +73,20 @@ def test_replay_prints_the_summary_and_exits_by_severity(tmp_path: Path) -> None
     assert "completed" in result.stdout
     quiet = subprocess.run([KVLEDGER, "replay", str(path), "--now", "1000.5"], capture_output=True, text=True)
     assert quiet.returncode == 0, quiet.stdout  # before the deadline there is no leak yet
+
+
+def test_times_and_durations_are_written_for_people(tmp_path: Path) -> None:
+    """UTC with the zone, durations in units (`4 s`, `10 ms`): never raw epoch seconds or `4.000s`."""
+    path = _leaky(tmp_path)
+    replay = runner.invoke(app, ["replay", str(path), "--now", "1005"], terminal_width=200)
+    assert "audit clock 1970-01-01 00:16:45.000 UTC" in replay.stdout
+    assert "3 blocks held 4 s past the deadline" in replay.stdout
+    audit = runner.invoke(app, ["audit", str(path), "--now", "1000.5"])
+    assert "no findings at 1970-01-01 00:16:40.500 UTC" in audit.stdout
+    timeline = runner.invoke(app, ["timeline", str(path), "tx-ok"], terminal_width=200)
+    assert "first event at 1970-01-01 00:16:40.020 UTC" in timeline.stdout and "+10 ms" in timeline.stdout
+    for text in (replay.stdout, audit.stdout, timeline.stdout):
+        assert not re.search(r"\b1000\.\d+|\d\.\d{3}s\b", text), text
 
 
 def test_replay_json_and_time_travel(tmp_path: Path) -> None:

@@ -1,0 +1,248 @@
+"""The page's picture of the ledger at one audit time: findings grouped, sources judged, plots drawn.
+
+Built from the live fold in one pass (`build`), so the page itself only renders: with 100k findings an
+audit takes a second or more, and a page that audited on every request could not answer in 200 ms.
+`BoardKeeper` decides when to build: a small ledger is rebuilt before answering whenever it changed or a
+second passed; a large one is rebuilt in the background, at most once per `BOARD_COST_FACTOR` times its
+last build, while the page shows the last board and says how old it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from markupsafe import Markup
+from starlette.concurrency import run_in_threadpool
+
+from api import plots
+from api.limits import BOARD_COST_FACTOR, BOARD_SYNC_BUILD_MAX_S
+from api.live import Live
+from ledger.advice import late_after_expire, percentiles, verdict
+from ledger.audit import CODES, SEVERITY_RANK, Finding, audit, found_at
+from ledger.fold import TransferState
+from ledger.sources import SourceHealth, judge_sources
+
+CODE_ORDER = {code: i for i, code in enumerate(CODES)}
+
+
+@dataclass(frozen=True)
+class Group:
+    """The findings of one code on one source: one row on the page, expandable to its transfers."""
+
+    code: str
+    severity: str
+    source: str
+    lost: bool
+    findings: list[Finding]
+    blocks: int
+
+    @property
+    def count(self) -> int:
+        return len(self.findings)
+
+
+@dataclass(frozen=True)
+class LostEngine:
+    engine: str
+    why: str
+    last_ts: float
+    sides: int
+    blocks: int
+    sources: list[SourceHealth]
+    counts: dict[str, int]
+
+
+@dataclass
+class Board:
+    now: float
+    explicit: bool
+    """`now` was asked for (`?now=`) rather than the clock's."""
+    version: int
+    cursor: int
+    built_at: float = 0.0
+    build_s: float = 0.0
+    findings_total: int = 0
+    live_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODES, 0))
+    lost_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODES, 0))
+    groups: list[Group] = field(default_factory=list)
+    sources: list[SourceHealth] = field(default_factory=list)
+    lost: list[LostEngine] = field(default_factory=list)
+    sides_live: int = 0
+    blocks_live: int = 0
+    oldest_live: TransferState | None = None
+    newest_ts: float | None = None
+    first_ts: float | None = None
+    events: int = 0
+    releases_by_cause: dict[str, int] = field(default_factory=dict)
+    completed_s: dict[str, float | None] = field(default_factory=dict)
+    advice: str = ""
+    defer_timeout_s: float = 0.0
+    transfer_timeout_s: float = 0.0
+    plots: dict[str, Markup] = field(default_factory=dict)
+
+    def group(self, code: str, source: str) -> Group | None:
+        return next((g for g in self.groups if g.code == code and g.source == source), None)
+
+    @property
+    def live_groups(self) -> list[Group]:
+        return [g for g in self.groups if not g.lost]
+
+    @property
+    def lost_groups(self) -> list[Group]:
+        return [g for g in self.groups if g.lost]
+
+
+def build(live: Live, now: float, *, explicit: bool = False) -> Board:
+    """Everything the page shows at `now`. Reads the fold: call it where the fold cannot move (fold_lock)."""
+    started = time.perf_counter()
+    settings, state = live.settings, live.state
+    board = Board(now=now, explicit=explicit, version=live.version, cursor=live.cursor)
+    health = judge_sources(
+        state, live.last_ts, now, transfer_timeout_s=settings.transfer_timeout_s, dead=settings.dead_engines
+    )
+    board.sources = sorted(health.values(), key=lambda h: (not h.lost, h.source))
+    findings = audit(state, now, live.audit_config)
+    board.findings_total = len(findings)
+    _group(board, findings, health)
+    _lost_engines(board, health)
+    for t in state.live.values():
+        h = health.get(t.source)
+        if h is not None and h.lost:
+            continue
+        board.sides_live += 1
+        board.blocks_live += len(t.block_ids)
+        if board.oldest_live is None:
+            board.oldest_live = t  # `state.live` keeps map order: the first live-source side is the oldest
+    board.newest_ts = max(live.last_ts.values(), default=None)
+    board.first_ts = live.holding.start_ts
+    board.events = sum(live.events_by_kind.values())
+    board.releases_by_cause = {str(k): v for k, v in state.releases_by_cause.items()}
+    board.completed_s = percentiles(live.latency.completed)
+    board.defer_timeout_s, board.transfer_timeout_s = settings.defer_timeout_s, settings.transfer_timeout_s
+    board.advice = verdict(board.completed_s["p99"], settings.defer_timeout_s, late_after_expire(state, findings))
+    _plots(board, live, findings, health)
+    board.built_at = time.time()
+    board.build_s = time.perf_counter() - started
+    return board
+
+
+def _group(board: Board, findings: list[Finding], health: dict[str, SourceHealth]) -> None:
+    groups: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.code, f.source), []).append(f)
+    made = []
+    for (code, source), members in groups.items():
+        lost = source in health and health[source].lost
+        (board.lost_counts if lost else board.live_counts)[code] += len(members)
+        blocks = sum(len(f.block_ids) for f in members)
+        made.append(Group(code, CODES[code], source, lost, members, blocks))
+    # Worst first: live before lost, then severity, then the larger group, then a stable order.
+    made.sort(key=lambda g: (g.lost, SEVERITY_RANK[g.severity], -g.count, CODE_ORDER[g.code], g.source))
+    board.groups = made
+
+
+def _lost_engines(board: Board, health: dict[str, SourceHealth]) -> None:
+    engines: dict[str, list[SourceHealth]] = {}
+    for h in board.sources:
+        if h.lost:
+            engines.setdefault(h.engine, []).append(h)
+    for engine, sources in engines.items():
+        names = {h.source for h in sources}
+        counts = dict.fromkeys(CODES, 0)
+        for g in board.lost_groups:
+            if g.source in names:
+                counts[g.code] += g.count
+        board.lost.append(
+            LostEngine(
+                engine=engine,
+                why=sources[0].why,
+                last_ts=max(h.last_ts for h in sources),
+                sides=sum(h.sides_held for h in sources),
+                blocks=sum(h.blocks_held for h in sources),
+                sources=sources,
+                counts={k: v for k, v in counts.items() if v},
+            )
+        )
+
+
+def _plots(board: Board, live: Live, findings: list[Finding], health: dict[str, SourceHealth]) -> None:
+    state, config = live.state, live.audit_config
+    leak_deadlines: dict[str, list[float]] = {}
+    times: dict[str, list[float]] = {}
+    lost_times: list[float] = []
+    for f in findings:
+        at = found_at(f, state, config)
+        if f.code == "leak":
+            leak_deadlines.setdefault(f.source, []).append(at)  # the plot greys those of lost sources
+        if f.source in health and health[f.source].lost:
+            lost_times.append(at)
+        else:
+            times.setdefault(f.code, []).append(at)
+    series = live.holding
+    board.plots["held"] = plots.held_plot(series, health, leak_deadlines, board.now)
+    board.plots["latency"] = plots.latency_plot(
+        live.latency.completed.buckets(),
+        live.latency.all_causes.buckets(),
+        defer_timeout_s=board.defer_timeout_s,
+        transfer_timeout_s=board.transfer_timeout_s,
+        p99_s=board.completed_s["p99"],
+    )
+    # From the log's first event to the last finding (or the last event), never past the audit time.
+    everything = [t for ts in times.values() for t in ts] + lost_times
+    lo = series.start_ts if series.start_ts is not None else min(everything, default=board.now)
+    hi = max(series.end_ts or lo, min(max(everything, default=lo), board.now))
+    board.plots["findings"] = plots.findings_plot(times, lost_times, lo, hi)
+
+
+class BoardKeeper:
+    """The current board, rebuilt when the ledger changed or time moved on, never more often than it costs."""
+
+    def __init__(self, live: Live) -> None:
+        self.live = live
+        self.board: Board | None = None
+        self._asked: Board | None = None
+        """The last board built for an explicit `?now=` (tests and time travel ask the same one repeatedly)."""
+        self._rebuilding: asyncio.Task[Board] | None = None
+
+    def _stale(self, board: Board) -> bool:
+        age_s = time.time() - board.built_at
+        if age_s < BOARD_COST_FACTOR * board.build_s:
+            return False
+        return board.version != self.live.version or age_s >= self.live.settings.audit_cache_resolution_s
+
+    async def current(self) -> Board:
+        board = self.board
+        if board is not None and not self._stale(board):
+            return board
+        if board is None or board.build_s <= BOARD_SYNC_BUILD_MAX_S:
+            return await self.rebuild()
+        if self._rebuilding is None or self._rebuilding.done():
+            self._rebuilding = asyncio.create_task(self.rebuild(), name="kvledger-board")
+        return board
+
+    async def at(self, now: float) -> Board:
+        """The board at an asked-for time, built now (or the last one, if it is for the same time and fold)."""
+        asked = self._asked
+        if asked is not None and asked.now == now and asked.version == self.live.version:
+            return asked
+        async with self.live.fold_lock:
+            asked = await run_in_threadpool(build, self.live, now, explicit=True)
+        self._asked = asked
+        return asked
+
+    async def close(self) -> None:
+        """Wait out a background rebuild (it holds the fold lock and a thread) before the store closes."""
+        task = self._rebuilding
+        if task is not None and not task.done():
+            await asyncio.wait([task])
+
+    async def rebuild(self) -> Board:
+        async with self.live.fold_lock:
+            board = self.board
+            if board is not None and not self._stale(board):
+                return board  # another request rebuilt it while this one waited for the lock
+            board = await run_in_threadpool(build, self.live, self.live.clock_now())
+        self.board = board
+        return board

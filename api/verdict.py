@@ -1,0 +1,94 @@
+"""The page's first lines: what is wrong, in sentences, worst first; the all-clear only when it is one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from api.board import Board
+from api.trust import Problem
+from ledger.audit import CODES
+from ledger.humanize import ago, duration, utc
+
+
+@dataclass(frozen=True)
+class Line:
+    level: str
+    """`bad` (act now), `warn` (look soon), `lost` (an engine is gone), `unknown` (the page cannot vouch),
+    `ok` (all clear)."""
+    text: str
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def _listed(counts: dict[str, int], severity: str) -> str:
+    return ", ".join(f"{code} {n:,}" for code, n in counts.items() if n and CODES[code] == severity)
+
+
+def verdict(board: Board, problems: list[Problem]) -> list[Line]:
+    lines: list[Line] = []
+    counts = board.live_counts
+    leaks = counts["leak"]
+    if leaks:
+        blocks = sum(g.blocks for g in board.live_groups if g.code == "leak")
+        lines.append(
+            Line(
+                "bad",
+                f"{_plural(leaks, 'leak')} on live engines: {blocks:,} blocks held past their "
+                "deadline with no decision.",
+            )
+        )
+    errors = sum(n for code, n in counts.items() if CODES[code] == "error") - leaks
+    if errors:
+        lines.append(Line("bad", f"{_plural(errors, 'other error')} on live engines: {_listed(counts, 'error')}."))
+    for engine in board.lost:
+        lines.append(
+            Line(
+                "lost",
+                f"Engine {engine.engine} is lost, {engine.why}. Its last event was at {utc(engine.last_ts)} "
+                f"({ago(engine.last_ts, board.now)}); the {engine.blocks:,} blocks of its "
+                f"{_plural(engine.sides, 'transfer side')} went with it: lost, not leaked.",
+            )
+        )
+    warnings = sum(n for code, n in counts.items() if CODES[code] == "warning")
+    if warnings:
+        lines.append(Line("warn", f"{_plural(warnings, 'warning')} on live engines: {_listed(counts, 'warning')}."))
+    if leaks or errors or warnings:
+        return lines
+    if problems:
+        lines.append(
+            Line(
+                "unknown",
+                "Not known whether anything is wrong: the audit covers only what could be read, and nothing in "
+                "that is wrong. See the problems above.",
+            )
+        )
+        return lines
+    held = (
+        f"{_plural(board.sides_live, 'transfer side')} in flight hold {board.blocks_live:,} blocks"
+        if board.sides_live
+        else "nothing is held"
+    )
+    live_sources = sum(1 for h in board.sources if not h.lost)
+    lines.append(
+        Line("ok", f"Live engines ({_plural(live_sources, 'source')}): nothing leaked, stuck or out of order; {held}.")
+    )
+    return lines
+
+
+def activity(board: Board, problems: list[Problem]) -> str:
+    """What the ledger holds, in one sentence: the events, their time span, and how transfers ended."""
+    if not board.events or board.newest_ts is None:
+        return "Nothing has been read from the store." if problems else "The ledger holds no events yet."
+    sources = len(board.sources)
+    span = ""
+    if board.first_ts is not None:
+        span = f", {utc(board.first_ts)} to {utc(board.newest_ts)} ({duration(board.newest_ts - board.first_ts)})"
+    causes = board.releases_by_cause
+    released = sum(causes.values())
+    how = ", ".join(f"{cause} {n:,}" for cause, n in causes.items() if n)
+    return (
+        f"The ledger holds {board.events:,} events from {_plural(sources, 'source')}{span}; "
+        f"{released:,} transfer sides were released" + (f" ({how})." if how else ".")
+    )
