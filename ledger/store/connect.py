@@ -58,9 +58,7 @@ def parse_url(raw: str, *, schema: str | None = None) -> StoreUrl:
     backend, _, driver = url.drivername.partition("+")
     if backend in ("postgresql", "postgres"):
         if driver not in ("", "psycopg"):
-            raise StoreUnavailable(
-                f"{display}: driver {driver!r} is not supported; use postgresql+psycopg://"
-            )
+            raise StoreUnavailable(f"{display}: driver {driver!r} is not supported; use postgresql+psycopg://")
         query = dict(url.query)
         url_schema = query.pop("schema", None)
         url = url.set(drivername="postgresql+psycopg", query=query)

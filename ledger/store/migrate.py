@@ -71,8 +71,7 @@ def check_schema(conn: Connection, display: str) -> None:
         raise SchemaMismatch(f"{display}: no schema version recorded (expected {expected}); run `{upgrade}`")
     if found in known_revisions():
         raise SchemaMismatch(
-            f"{display}: schema version {found} is older than {expected}, the one this kvledger uses; "
-            f"run `{upgrade}`"
+            f"{display}: schema version {found} is older than {expected}, the one this kvledger uses; run `{upgrade}`"
         )
     raise SchemaMismatch(
         f"{display}: unknown schema version {found} (this kvledger knows {expected}; a newer kvledger "

@@ -47,9 +47,7 @@ def load_state(store: EventStore, source: str, *, use_snapshot: bool = True) -> 
     apply = state.apply
     for event in store.read(source=source, after_seq=start):
         if event.seq != expected:
-            raise StoreError(
-                f"{store.url}: {source!r} jumps from seq {expected - 1} to {event.seq}: the log has a gap"
-            )
+            raise StoreError(f"{store.url}: {source!r} jumps from seq {expected - 1} to {event.seq}: the log has a gap")
         apply(event)
         expected += 1
     return Recovered(state, expected - 1, start, expected - 1 - start)
@@ -113,16 +111,13 @@ def quarantine_gaps(store: EventStore, spill_dir: str | os.PathLike[str]) -> int
     return orphaned
 
 
-def drain_spill(
-    store: EventStore, spill_dir: str | os.PathLike[str], timeout: float = WRITER_CLOSE_TIMEOUT_S
-) -> None:
+def drain_spill(store: EventStore, spill_dir: str | os.PathLike[str], timeout: float = WRITER_CLOSE_TIMEOUT_S) -> None:
     """Load every spill file left in `spill_dir` into the store (events that would leave a hole are
     set aside first, see `quarantine_gaps`); refuse to go on if it cannot."""
     quarantine_gaps(store, spill_dir)
     if not BackgroundWriter(store, spill_dir).close(timeout):
         raise StoreUnavailable(
-            f"{store.url}: could not load the spill files in {spill_dir}; "
-            "recovering now would reuse their seqs"
+            f"{store.url}: could not load the spill files in {spill_dir}; recovering now would reuse their seqs"
         )
 
 

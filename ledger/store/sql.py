@@ -92,9 +92,7 @@ class SqlStore:
         try:
             with self.engine.begin() as conn:
                 conn.execute(
-                    delete(snapshots).where(
-                        snapshots.c.source == snapshot.source, snapshots.c.seq == snapshot.seq
-                    )
+                    delete(snapshots).where(snapshots.c.source == snapshot.source, snapshots.c.seq == snapshot.seq)
                 )
                 conn.execute(insert(snapshots).values(**snapshot._asdict()))
         except Exception as error:
@@ -177,9 +175,7 @@ class SqlStore:
 
     def latest_snapshot(self, source: str, max_seq: int | None = None) -> StoredSnapshot | None:
         self._check_open()
-        query = (
-            select(snapshots).where(snapshots.c.source == source).order_by(snapshots.c.seq.desc()).limit(1)
-        )
+        query = select(snapshots).where(snapshots.c.source == source).order_by(snapshots.c.seq.desc()).limit(1)
         if max_seq is not None:
             query = query.where(snapshots.c.seq <= max_seq)
         try:
@@ -189,9 +185,7 @@ class SqlStore:
             raise translate(error, self.url) from error
         if row is None:
             return None
-        return StoredSnapshot(
-            row.source, int(row.seq), int(row.format), float(row.created_ts), bytes(row.body)
-        )
+        return StoredSnapshot(row.source, int(row.seq), int(row.format), float(row.created_ts), bytes(row.body))
 
     def close(self) -> None:
         self._closed = True

@@ -107,9 +107,7 @@ class BackgroundWriter:
         try:
             if self._spill is None:
                 self._file_number += 1
-                self._spill_path = (
-                    self.spill_dir / f"spill-{self._start_ns:020d}-{self._file_number:06d}.jsonl"
-                )
+                self._spill_path = self.spill_dir / f"spill-{self._start_ns:020d}-{self._file_number:06d}.jsonl"
                 self._spill = LogWriter(self._spill_path)
             self._spill.write_many(batch)
             self._spill.flush()  # into the OS: survives a kill of this process
@@ -157,12 +155,7 @@ class BackgroundWriter:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                idle = (
-                    not self._queue
-                    and not self._pending_files
-                    and not self._in_flight
-                    and self._spill is None
-                )
+                idle = not self._queue and not self._pending_files and not self._in_flight and self._spill is None
             if idle:
                 return True
             time.sleep(WRITER_IDLE_POLL_S)
@@ -194,14 +187,8 @@ class BackgroundWriter:
                 if queued:
                     now = time.monotonic()
                     first_seen = now if first_seen is None else first_seen
-                    if (
-                        self._stopping
-                        or queued >= self.batch_events_max
-                        or now - first_seen >= self.batch_age_s_max
-                    ):
-                        self._in_flight = [
-                            self._queue.popleft() for _ in range(min(queued, self.batch_events_max))
-                        ]
+                    if self._stopping or queued >= self.batch_events_max or now - first_seen >= self.batch_age_s_max:
+                        self._in_flight = [self._queue.popleft() for _ in range(min(queued, self.batch_events_max))]
                         self._write(self._in_flight)
                         self._in_flight = []
                         first_seen = None if not self._queue else time.monotonic()
