@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from ledger.events import Event
-from ledger.store.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
+from ledger.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 """Every backend stores integers as 64-bit; the schema and the decoder both say so."""

@@ -10,7 +10,7 @@ from api.errors import InvalidBody, msgspec_loc
 from api.event_schema import INT64_MAX, INT64_MIN
 from api.schemas import Gap
 from ledger.events import Event
-from ledger.store.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
+from ledger.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
 
 TS_MAX = 1e12
 """Seconds since the epoch; anything larger is a unit mistake (milliseconds), not a time."""

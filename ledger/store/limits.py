@@ -35,12 +35,6 @@ TAIL_EVENTS_MAX = 10_000
 SNAPSHOT_TAIL_EVENTS_MAX = 100_000
 """Recovery writes a new snapshot when it had to refold more events than this."""
 
-SOURCE_CHARS_MAX = 200
-"""Longest `source` name the events table holds (engine and rank, e.g. 'prefill-0/tp0')."""
-
-TRANSFER_ID_CHARS_MAX = 200
-"""Longest transfer id the events table holds."""
-
 KIND_CHARS_MAX = 16
 """Longest event kind ('schedule')."""
 

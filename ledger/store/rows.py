@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TypeAlias
 
 from ledger.events import EVENT_TYPES, Event, to_msgpack
+from ledger.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
 from ledger.store.base import StoreError
-from ledger.store.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
 
 Row: TypeAlias = tuple[str, int, float, str, str, bytes]
 """(source, seq, ts, kind, transfer_id, body) in the column order of INSERT_COLUMNS."""

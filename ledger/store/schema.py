@@ -16,7 +16,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from ledger.store.limits import KIND_CHARS_MAX, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
+from ledger.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
+from ledger.store.limits import KIND_CHARS_MAX
 
 SCHEMA_VERSION = "0001_initial"
 """The Alembic revision this code reads and writes; any other is refused at open."""
