@@ -65,6 +65,13 @@ def test_a_log_round_trips(tmp_path: Path) -> None:
          2, "expected"),
         (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":1,"source":"p","transfer_id":"t","expected":1}\n{"kind":"se',
          3, "truncated last line"),
+        (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":1,"source":"p","transfer_id":"t","expected":18446744073709551616}\n',
+         2, "field 'expected': integer 18446744073709551616 does not fit in 64 bits"),
+        (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":900000000000.0,"source":"p","transfer_id":"t","expected":1}\n',
+         2, "field 'ts': must be seconds since the epoch"),
+        (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":1,"source":"p\\u0000","transfer_id":"t","expected":1}\n',
+         2, "field 'source': must not contain NUL"),
+        (b'{"format":"kvledger","version":1,"meta":{"x":' + b"[" * 1000 + b"]" * 1000 + b"}}\n", 1, "nested too deep"),
     ],
 )  # fmt: skip
 def test_bad_logs_name_the_line_and_field(tmp_path: Path, content: bytes, line: int, needle: str) -> None:
