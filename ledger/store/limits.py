@@ -46,3 +46,9 @@ PG_CONNECT_TIMEOUT_S = 3
 
 SPILL_HEADER_PEEK_BYTES = 4096
 """Bytes read to see whether a spill file got its header line before a crash (a header is ~100 bytes)."""
+
+QUARANTINE_READ_MAX = 1_000
+"""Quarantined events one read returns (the service lists the newest; recovery reads one source's)."""
+
+QUARANTINE_REASON_CHARS_MAX = 2_000
+"""A quarantine reason is cut to this many characters (it quotes the store's error)."""
