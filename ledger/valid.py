@@ -65,6 +65,11 @@ _TEXT_CHARS_MAX: dict[str, int | None] = {
 }
 
 
+def ints_problem(name: str, values: tuple[int, ...] | None) -> tuple[str, str] | None:
+    """(field, why) when a member of the integer list `values` of field `name` is not 64-bit, else None."""
+    return _ints(name, values)
+
+
 def _time(name: str, value: float) -> tuple[str, str] | None:
     if 0.0 <= value <= TS_MAX:  # False for NaN too
         return None
