@@ -120,7 +120,8 @@ class EventStore(Protocol):
 
     def quarantine(self, items: Sequence[tuple[Event, str]]) -> None:
         """Keep `(event, reason)` pairs the store refused (`UnstorableEvent`, `ConflictError`) aside, in one
-        transaction; they are never part of the log."""
+        transaction; they are never part of the log. Idempotent: an event already quarantined (same source
+        and content) is not kept twice."""
         ...
 
     def quarantined(self, *, source: str | None = None, limit: int = QUARANTINE_READ_MAX) -> list[Quarantined]:

@@ -44,6 +44,13 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 PG_CONNECT_TIMEOUT_S = 3
 """How long a PostgreSQL connection attempt may take before the batch fails and is retried."""
 
+PG_LOCK_TIMEOUT_MS = 5_000
+"""How long a PostgreSQL statement waits for a lock another session holds (a writer's table lock behind
+someone's ALTER TABLE): then it fails, the writer spills and retries, the service answers 503."""
+
+PG_STATEMENT_TIMEOUT_MS = 30_000
+"""The longest a PostgreSQL statement may run (one batch, one page of a read); a migration too."""
+
 SPILL_HEADER_PEEK_BYTES = 4096
 """Bytes read to see whether a spill file got its header line before a crash (a header is ~100 bytes)."""
 

@@ -116,6 +116,8 @@ class MemoryStore:
             self._check_open()
             for event, reason in items:
                 row = quarantine_row(event, reason)
+                if any(q.source == row[1] and q.body == row[4] for q in self._quarantine):
+                    continue  # idempotent, like append
                 self._quarantine.append(Quarantined(len(self._quarantine) + 1, *row))
 
     def quarantined(self, *, source: str | None = None, limit: int = QUARANTINE_READ_MAX) -> list[Quarantined]:

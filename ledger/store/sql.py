@@ -107,7 +107,17 @@ class SqlStore:
             with self.engine.connect() as conn:
                 conn = conn.execution_options(kvledger_write=True)
                 with conn.begin():
-                    conn.execute(insert(quarantine), rows)
+                    # Idempotent like append: the same event quarantined again (a spilled copy of a batch
+                    # that was in flight) is kept once.
+                    fresh = []
+                    for row in rows:
+                        query = select(quarantine.c.id).where(
+                            quarantine.c.source == row["source"], quarantine.c.body == row["body"]
+                        )
+                        if conn.execute(query.limit(1)).first() is None and row not in fresh:
+                            fresh.append(row)
+                    if fresh:
+                        conn.execute(insert(quarantine), fresh)
         except Exception as error:
             raise translate(error, self.url) from error
 

@@ -101,6 +101,7 @@ def test_quarantine_keeps_refused_events_with_their_reason(store: EventStore) ->
     events = _events(5)
     odd = msgspec.structs.replace(events[1], source="p\x00/tp0", seq=1 << 70)
     store.quarantine([(events[0], "conflict"), (odd, "field 'seq': too big")])
+    store.quarantine([(events[0], "conflict, seen again")])  # idempotent, like append
     assert store.quarantined_count() == 2
     first, second = store.quarantined()
     assert (first.source, first.seq, first.reason) == (events[0].source, events[0].seq, "conflict")
