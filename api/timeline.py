@@ -44,7 +44,12 @@ class TimelineView:
 
 
 def clock(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    """`ts` as a UTC calendar time; a time no calendar can print (a valid event's never is: see
+    ledger.valid) as plain seconds, so that one odd stored event cannot break a page."""
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+    except (OverflowError, OSError, ValueError):
+        return f"{ts:.3f} s"
 
 
 def build(events: list[Event], sides: list[TransferState], now: float) -> TimelineView:

@@ -6,9 +6,6 @@ from typing import Annotated
 
 import typer
 
-GRACEFUL_SHUTDOWN_S = 5
-"""Open event streams get this long to end when the server stops, so a stop never hangs on a client."""
-
 
 def serve(
     db: Annotated[
@@ -29,6 +26,7 @@ def serve(
     import uvicorn
 
     from api.app import create_app
+    from api.server import server_config
     from api.settings import Settings
 
     settings = Settings(db=db)
@@ -36,10 +34,6 @@ def serve(
         settings = settings.model_copy(update={"defer_timeout_s": defer_timeout})
     if transfer_timeout is not None:
         settings = settings.model_copy(update={"transfer_timeout_s": transfer_timeout})
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        log_level="info",
-    )
+    # The limits on what one client may hold (header and body time, header size, connections) are the
+    # settings' (KVLEDGER_* variables); api/server.py says which mechanism applies each.
+    uvicorn.Server(server_config(create_app(settings), settings, host=host, port=port)).run()

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
-from starlette.concurrency import run_in_threadpool
 
 from api import timeline
 from api.deps import LiveDep, StoreDep
 from api.routes.audit import get_summary
-from api.routes.transfers import Now, _timeline
+from api.routes.transfers import Now, TransferIdPath, _timeline
 from ledger.audit import CODES
 from ledger.events import TransferId
 
@@ -41,6 +38,7 @@ async def index(request: Request, live: LiveDep, now: Now = None) -> HTMLRespons
             "codes": CODES,
             "clock": timeline.clock,
             "store_error": live.store_error,
+            "quarantined": live.quarantined,
         },
     )
 
@@ -50,13 +48,13 @@ async def transfer_page(
     request: Request,
     live: LiveDep,
     store: StoreDep,
-    transfer_id: Annotated[str, Path(min_length=1, max_length=200)],
+    transfer_id: TransferIdPath,
     now: Now = None,
 ) -> HTMLResponse:
     at = now if now is not None else live.clock_now()
     state = live.state
     sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
-    events = await run_in_threadpool(_timeline, store, transfer_id, live.settings.timeline_events_max)
+    events = await live.store_call(_timeline, store, transfer_id, live.settings.timeline_events_max)
     if not sides and not events:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
     findings = [f for f in live.findings(at) if f.transfer_id == transfer_id]
