@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import msgspec
 from hypothesis import strategies as st
 
 from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
@@ -74,3 +75,53 @@ expires = st.builds(Expire, **_envelope(), deadline=st.sampled_from(["defer", "t
 
 events: st.SearchStrategy[Event] = st.one_of(maps, maps, schedules, seals, acks, acks, fails, expires)
 """Any well-typed event; maps and acks twice as often (they make and close claims)."""
+
+
+_json = msgspec.json.Encoder()
+HEADER = b'{"format":"kvledger","version":1}'
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@st.composite
+def _mutated(draw: st.DrawFn, line: bytes) -> bytes:
+    """`line` with one byte changed, cut short, or left alone."""
+    how = draw(st.sampled_from(["keep", "keep", "flip", "cut"]))
+    if not line or how == "keep":
+        return line
+    i = draw(st.integers(0, len(line) - 1))
+    if how == "cut":
+        return line[:i]
+    return line[:i] + bytes([draw(st.integers(0, 255))]) + line[i + 1 :]
+
+
+event_lines = events.map(_json.encode).flatmap(_mutated)
+"""An event's JSON line (NaN and infinity come out as null), sometimes a byte changed or cut short."""
+
+odd_lines = st.one_of(
+    st.binary(max_size=40),
+    st.integers(1, 3000).map(_nested),
+    st.integers(0, 60).map(
+        lambda n: b'{"kind":"seal","seq":1,"ts":1,"source":"p","transfer_id":"t","expected":' + b"9" * n + b"}"
+    ),
+    st.just(b'{"kind":"ack","seq":1,"ts":1,"source":"p\\u0000","transfer_id":"t","what":"recv"}'),
+    st.just(b'{"kind":"ack","seq":1,"ts":1,"source":"C:\\\\u0000","transfer_id":"t","what":"recv"}'),
+)
+"""Lines no appender writes: random bytes, deep nesting, long numbers, NUL and its look-alike."""
+
+headers = st.one_of(
+    st.just(HEADER),
+    st.just(HEADER),
+    st.integers(1, 3000).map(lambda n: b'{"format":"kvledger","version":1,"meta":{"x":' + _nested(n) + b"}}"),
+    st.sampled_from([b"", b"garbage", b'{"format":"kvledger","version":2}', b"SQLite format 3\x00junk"]),
+)
+
+
+@st.composite
+def log_bytes(draw: st.DrawFn) -> bytes:
+    """A whole incident log as bytes: a header (usually right), then lines of events, odd lines or both."""
+    lines = draw(st.lists(st.one_of(event_lines, event_lines, event_lines, odd_lines), max_size=12))
+    end = draw(st.sampled_from([b"\n", b"\n", b""]))
+    return b"\n".join([draw(headers), *lines]) + end
