@@ -118,10 +118,10 @@ class EventStore(Protocol):
         """The snapshot of `source` with the highest seq (at most `max_seq`), if any."""
         ...
 
-    def quarantine(self, items: Sequence[tuple[Event, str]]) -> None:
+    def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:
         """Keep `(event, reason)` pairs the store refused (`UnstorableEvent`, `ConflictError`) aside, in one
         transaction; they are never part of the log. Idempotent: an event already quarantined (same source
-        and content) is not kept twice."""
+        and content) is not kept twice. Returns how many were new."""
         ...
 
     def quarantined(self, *, source: str | None = None, limit: int = QUARANTINE_READ_MAX) -> list[Quarantined]:

@@ -111,14 +111,16 @@ class MemoryStore:
             seqs = [s for s in self._snapshots.get(source, {}) if max_seq is None or s <= max_seq]
             return self._snapshots[source][max(seqs)] if seqs else None
 
-    def quarantine(self, items: Sequence[tuple[Event, str]]) -> None:
+    def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:
         with self._lock:
             self._check_open()
+            before = len(self._quarantine)
             for event, reason in items:
                 row = quarantine_row(event, reason)
                 if any(q.source == row[1] and q.body == row[4] for q in self._quarantine):
                     continue  # idempotent, like append
                 self._quarantine.append(Quarantined(len(self._quarantine) + 1, *row))
+            return len(self._quarantine) - before
 
     def quarantined(self, *, source: str | None = None, limit: int = QUARANTINE_READ_MAX) -> list[Quarantined]:
         with self._lock:

@@ -98,10 +98,10 @@ class SqlStore:
         except Exception as error:
             raise translate(error, self.url) from error
 
-    def quarantine(self, items: Sequence[tuple[Event, str]]) -> None:
+    def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:
         self._check_open()
         if not items:
-            return
+            return 0
         rows = [dict(zip(QUARANTINE_COLUMNS, quarantine_row(event, reason), strict=True)) for event, reason in items]
         try:
             with self.engine.connect() as conn:
@@ -118,6 +118,7 @@ class SqlStore:
                             fresh.append(row)
                     if fresh:
                         conn.execute(insert(quarantine), fresh)
+                    return len(fresh)
         except Exception as error:
             raise translate(error, self.url) from error
 

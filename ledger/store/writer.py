@@ -6,11 +6,14 @@ full (the store slow or down), to a local JSONL spill file. The thread writes
 batches (`WRITER_BATCH_EVENTS_MAX` events or `WRITER_BATCH_AGE_S_MAX` old), one
 transaction each, retrying with backoff while the store is unavailable.
 
-What is durable is always a gapless prefix of what was put. The first put that finds
-the queue full writes everything not yet in the store to a new spill file (the batch
-in flight, then the queue, then itself) before anything newer, so a spilled event is
-never durable while an older one exists only in memory; a kill loses a suffix, never
-a middle. Every later event goes to that file until the queue is written; then the
+What is durable is always a gapless prefix of what was put. Spilling starts by writing
+everything not yet in the store to a new spill file (the batch in flight, then the
+queue) before anything newer, so a spilled event is never durable while an older one
+exists only in memory; a kill loses a suffix, never a middle. The writer's thread
+starts spilling at the first failed batch, while the queue is short; when the store
+hangs instead of failing, the put that finds the queue full does it (writing up to
+`WRITER_QUEUE_EVENTS_MAX` events once: the one append of an outage that waits for a
+local disk). Every later event goes to that file until the queue is written; then the
 file is closed and loaded before the queue (newer events) is touched again. Spill
 files left by a killed process are loaded first when a writer starts on the same
 directory; the store's idempotent append by (source, seq) makes every load
@@ -250,7 +253,12 @@ class BackgroundWriter:
             self._pending_files.append(self._spill_path)
             self._spill = None
 
-    def _retrying(self, call: Callable[[], T], retry_on: type[Exception] | tuple[type[Exception], ...]) -> T:
+    def _retrying(
+        self,
+        call: Callable[[], T],
+        retry_on: type[Exception] | tuple[type[Exception], ...],
+        on_failure: Callable[[], None] | None = None,
+    ) -> T:
         """`call()`, again with backoff while it raises `retry_on`, until it succeeds or close()'s deadline."""
         backoff = WRITER_RETRY_BACKOFF_S_MIN
         while True:
@@ -262,6 +270,8 @@ class BackgroundWriter:
                 with self._lock:
                     self._counts["failed_attempts"] += 1
                     self._last_error = str(error)
+                if on_failure is not None:
+                    on_failure()
                 log.warning("kvledger writer: store call failed (%s); retrying", error)
                 if self._stopping and time.monotonic() + backoff > self._deadline:
                     raise _Deadline from error
@@ -275,7 +285,11 @@ class BackgroundWriter:
         rest = list(batch)
         while rest:
             try:
-                inserted = self._retrying(lambda: self.store.append(rest), Exception)  # noqa: B023
+                inserted = self._retrying(
+                    lambda: self.store.append(rest),  # noqa: B023
+                    Exception,
+                    None if from_spill else self._start_spilling,
+                )
             except (ConflictError, UnstorableEvent) as error:
                 index = error.index if isinstance(error, UnstorableEvent) else None
                 if len(rest) == 1:
@@ -299,12 +313,22 @@ class BackgroundWriter:
                     self._counts["loaded_from_spill"] += len(rest)
             return
 
+    def _start_spilling(self) -> None:
+        """The store failed a batch from the queue: spill from now on, starting here, off the hot path, while
+        the queue is still short (the put that would otherwise start it, on a full queue, writes all of it)."""
+        with self._lock:
+            if self._spill is None and not self._stopped:
+                older = [*self._in_flight, *self._queue]
+                self._queue.clear()
+                self._spill_locked(older, "respilled")
+
     def _quarantine(self, event: Event, error: StoreError) -> None:
         """Set aside an event the store refused: in its quarantine table, else in rejected.jsonl; never retried."""
         reason = f"{type(error).__name__}: {error}"
         where = f"{self.store.url} quarantine"
+        kept = 1
         try:
-            self._retrying(lambda: self.store.quarantine([(event, reason)]), StoreUnavailable)
+            kept = self._retrying(lambda: self.store.quarantine([(event, reason)]), StoreUnavailable)
         except _Deadline:
             raise  # the event stays with the batch in flight or its spill file, for the next writer
         except Exception as failure:  # a store without the table, or one that refuses this too
@@ -314,6 +338,8 @@ class BackgroundWriter:
                     rejected.write(event)
             except (OSError, ValueError) as io_error:
                 where = f"nowhere ({failure}; {io_error})"
+        if not kept:
+            return  # already there: a spilled copy of a batch that was in flight when it was refused
         log.error("kvledger writer: %s; set aside in %s", reason, where)
         with self._lock:
             self._counts["quarantined"] += 1

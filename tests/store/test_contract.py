@@ -100,8 +100,8 @@ def test_an_invalid_event_is_refused_naming_it_and_nothing_of_its_batch_lands(
 def test_quarantine_keeps_refused_events_with_their_reason(store: EventStore) -> None:
     events = _events(5)
     odd = msgspec.structs.replace(events[1], source="p\x00/tp0", seq=1 << 70)
-    store.quarantine([(events[0], "conflict"), (odd, "field 'seq': too big")])
-    store.quarantine([(events[0], "conflict, seen again")])  # idempotent, like append
+    assert store.quarantine([(events[0], "conflict"), (odd, "field 'seq': too big")]) == 2
+    assert store.quarantine([(events[0], "conflict, seen again")]) == 0  # idempotent, like append
     assert store.quarantined_count() == 2
     first, second = store.quarantined()
     assert (first.source, first.seq, first.reason) == (events[0].source, events[0].seq, "conflict")

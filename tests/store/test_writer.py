@@ -80,7 +80,7 @@ def test_store_down_spills_and_reloads_exactly_once_in_order(sqlite_store: Event
     flaky.down = True
     first = _append_all(events[:600], writer)  # far more than the queue holds
     stats = writer.stats()
-    assert stats["spilled"] > 0 and stats["spilling"]
+    assert stats["spilled"] > 0 and stats["spill_files_pending"] > 0
     assert stats["queued"] + stats["spilled"] == 600
     assert sqlite_store.count() == 0
     # Let the writer meet the outage at least once before the store comes back: on a
@@ -94,7 +94,7 @@ def test_store_down_spills_and_reloads_exactly_once_in_order(sqlite_store: Event
     stats = writer.stats()
     assert stats["failed_attempts"] > 0
     # The queue and the batch in flight went to the spill file first, ahead of the events after them.
-    assert stats["respilled"] >= 50 and stats["dropped"] == 0
+    assert stats["respilled"] > 0 and stats["dropped"] == 0, stats
     assert stats["written"] == 600 and stats["loaded_from_spill"] == stats["spilled"] + stats["respilled"]
     assert not list((tmp_path / "spill").glob("spill-*.jsonl"))
     assert writer.close(timeout=30)
@@ -154,7 +154,7 @@ def test_without_a_quarantine_table_a_refused_event_goes_to_rejected_jsonl(
     sqlite_store: EventStore, tmp_path: Path
 ) -> None:
     class NoQuarantine(FlakyStore):
-        def quarantine(self, items: object) -> None:
+        def quarantine(self, items: object) -> int:
             raise StoreError("no such table: quarantine")
 
     events = list(generate(SynthConfig(transfers=3), seed=1))
