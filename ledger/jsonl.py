@@ -8,6 +8,7 @@ Reading streams and checks every line against the one definition of a valid even
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator
 from operator import attrgetter
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import IO, Any
 import msgspec
 
 from ledger.events import Event
-from ledger.limits import JSONL_CHUNK_BYTES, JSONL_LINE_BYTES_MAX
+from ledger.limits import JSONL_CHUNK_BYTES, JSONL_HEADER_DEPTH_MAX, JSONL_LINE_BYTES_MAX
 from ledger.valid import event_problem, json_chunk_valid
 
 FORMAT = "kvledger"
@@ -46,8 +47,18 @@ _event_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
 _seq_of = attrgetter("seq")
 _encoder = msgspec.json.Encoder()
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError)
-"""What decoding untrusted JSON may raise: RecursionError for values nested thousands deep (the
-header's free-form `meta`); the decoder stops there, so the depth it reaches is bounded."""
+"""What decoding untrusted JSON may raise (RecursionError only past `_nesting`'s check, as a backstop)."""
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _nesting(raw: bytes) -> int:
+    """How deep the JSON text `raw` nests arrays and objects (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub(b'""', raw)):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _describe(error: Exception) -> str:
@@ -85,6 +96,12 @@ class LogReader:
         self.line = 1
         if not raw:
             raise LogFormatError(self.name, 1, "empty file: expected the kvledger header line")
+        if _nesting(raw) > JSONL_HEADER_DEPTH_MAX:
+            # Events have no free-form field, so only the header's `meta` can nest: bounded here, before a
+            # decoder recurses into it.
+            raise LogFormatError(
+                self.name, 1, f"not a kvledger header (nested too deep: more than {JSONL_HEADER_DEPTH_MAX} levels)"
+            )
         try:
             header = _header_decoder.decode(raw)
         except _DECODE_ERRORS as error:

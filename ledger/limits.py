@@ -40,6 +40,10 @@ DEFAULT_CLOCK_SKEW_S = 0.5
 JSONL_LINE_BYTES_MAX = 1 << 20
 """An incident-log line longer than this is rejected (one event is a few hundred bytes)."""
 
+JSONL_HEADER_DEPTH_MAX = 64
+"""Nesting an incident log's header (its free-form `meta`) may have: deeper is a format error, decided
+before decoding, so the answer never depends on how deep the caller's own stack already is."""
+
 JSONL_CHUNK_BYTES = 1 << 17
 """Bytes of whole lines an incident-log reader decodes at once (a few hundred events: what they
 allocate stays in the CPU's cache until the fold is done with them; 1 MiB decoded 25% slower)."""

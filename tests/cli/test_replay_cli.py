@@ -177,7 +177,7 @@ def test_a_pipe_is_read_as_a_log(tmp_path: Path) -> None:
     ("content", "needle"),
     [
         (b'{"format":"kvledger","version":1,"meta":{"x":' + b"[" * 1000 + b"]" * 1000 + b"}}\n",
-         ":1: not a kvledger header (nested too deep)"),
+         ":1: not a kvledger header (nested too deep: more than 64 levels)"),
         (b'{"format":"kvledger","version":1}\n{"kind":"ack","seq":1,"ts":1,"source":"p","transfer_id":"t","what":"recv","rank":36893488147419103232}\n',
          ":2: field 'rank': integer 36893488147419103232 does not fit in 64 bits"),
     ],
