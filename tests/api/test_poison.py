@@ -15,7 +15,7 @@ from api.app import create_app
 from ledger.events import Event, to_msgpack
 from ledger.fold import LedgerState
 from ledger.store.connect import open_store
-from tests.api.conftest import settings_for, wait_for
+from tests.api.conftest import TOKEN, settings_for, wait_for
 from tests.ledger.builders import Side
 
 
@@ -41,6 +41,16 @@ def test_the_service_starts_on_a_store_holding_the_poison_pill(sqlite_url: str) 
         assert [s["phase"] for s in sides] == ["expired"]
         assert "duplicate" in client.get("/audit", params={"now": 1001}).json()["counts"]
         assert "kvledger_fold_errors_total 0.0" in client.get("/metrics").text
+
+
+def test_ingesting_the_poison_pill_is_200_and_folds_it_whole(sqlite_url: str) -> None:
+    """Once a 500 with the live state half-applied."""
+    body = {"events": [msgspec.to_builtins(e) for e in _poison()]}
+    with TestClient(create_app(settings_for(sqlite_url))) as client:
+        answer = client.post("/events", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert answer.status_code == 200 and answer.json()["inserted"] == 4
+        assert [s["phase"] for s in client.get("/transfers/a").json()["sides"]] == ["expired"]
+        assert [s["phase"] for s in client.get("/transfers/b").json()["sides"]] == ["held"]
 
 
 def test_a_fold_error_is_counted_and_passed_over(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

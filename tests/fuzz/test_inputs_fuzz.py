@@ -23,9 +23,9 @@ from ledger.events import Event
 from ledger.inputs import Inputs
 from ledger.jsonl import LogFormatError
 from ledger.replay import replay_chunks
-from ledger.store.connect import open_store
 from ledger.valid import event_problem
 from tests.api.conftest import TOKEN, settings_for
+from tests.api.test_ingest import stored
 from tests.fuzz.strategies import events, examples, log_bytes
 
 FUZZ = settings(
@@ -88,14 +88,6 @@ def ingest_bodies(draw: st.DrawFn) -> bytes:
     return raw
 
 
-def _count(url: str) -> int:
-    store = open_store(url)
-    try:
-        return store.count()
-    finally:
-        store.close()
-
-
 def test_ingest_answers_200_or_4xx_and_a_4xx_writes_nothing(sqlite_url: str) -> None:
     answers: dict[int, int] = {}
     with TestClient(create_app(settings_for(sqlite_url))) as client:
@@ -103,11 +95,11 @@ def test_ingest_answers_200_or_4xx_and_a_4xx_writes_nothing(sqlite_url: str) -> 
         @settings(FUZZ, max_examples=examples(150))
         @given(body=ingest_bodies())
         def run(body: bytes) -> None:
-            before = _count(sqlite_url)
+            before = stored(sqlite_url)
             answer = client.post("/events", content=body, headers=AUTH | {"Content-Type": "application/json"})
             answers[answer.status_code] = answers.get(answer.status_code, 0) + 1
             assert answer.status_code in (200, 409, 422), answer.text
-            after = _count(sqlite_url)
+            after = stored(sqlite_url)
             if answer.status_code == 200:
                 assert after == before + answer.json()["inserted"]
             else:

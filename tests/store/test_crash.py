@@ -96,6 +96,27 @@ def _child(path: Path, spill: Path, marks: Path, stalling: bool = False) -> None
     os._exit(0)
 
 
+def _kill(pid: int, marks: Path, kill: int) -> list[str]:
+    """SIGKILL the child; the lines it marked, having checked that it did not fail on its own."""
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    lines = marks.read_text().splitlines()
+    assert not [line for line in lines if line.startswith("E ")], f"kill {kill} (seed {SEED}): child failed: {lines}"
+    return lines
+
+
+def _checked_prefix(store: EventStore, prefix: int, cursor: int, kill: int) -> tuple[int, int]:
+    """Read on from where the last check stopped: the store must hold exactly a prefix of the stream
+    (no hole, no duplicate). Returns the new prefix length and cursor."""
+    while batch := store.tail(cursor, limit=10_000):
+        events = [event for _, event in batch]
+        assert events == STREAM[prefix : prefix + len(events)], f"kill {kill} (seed {SEED}): not a prefix"
+        prefix += len(events)
+        cursor = batch[-1][0]
+    assert store.count() == prefix, f"kill {kill}: rows beyond the checked prefix"
+    return prefix, cursor
+
+
 def _stream() -> None:
     if not STREAM:
         STREAM.extend(generate(CONFIG, seed=SEED))
@@ -116,23 +137,12 @@ def test_sigkill_leaves_a_gapless_prefix_and_no_torn_batch(tmp_path: Path) -> No
         if pid == 0:  # pragma: no cover
             _child(path, spill, marks)
         time.sleep(rng.uniform(0.01, 0.25))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        lines = marks.read_text().splitlines()
-        assert not [line for line in lines if line.startswith("E ")], (
-            f"kill {kill} (seed {SEED}): child failed: {lines}"
-        )
+        lines = _kill(pid, marks, kill)
         ends_tried = {int(line[2:]) for line in lines if line.startswith("A ")}
         ends_done = {int(line[2:]) for line in lines if line.startswith("C ")}
         attempted += len(ends_tried)
         mid_batch += len(ends_tried - ends_done)
-        # What the store holds now, read on from where the last check stopped.
-        while batch := store.tail(cursor, limit=10_000):
-            events = [event for _, event in batch]
-            assert events == STREAM[prefix : prefix + len(events)], f"kill {kill} (seed {SEED}): not a prefix"
-            prefix += len(events)
-            cursor = batch[-1][0]
-        assert store.count() == prefix, f"kill {kill}: rows beyond the checked prefix"
+        prefix, cursor = _checked_prefix(store, prefix, cursor, kill)
         # Whole batches only: the prefix ends where a batch ended, at or after every committed one.
         assert prefix == before or prefix in ends_tried, f"kill {kill} (seed {SEED}): torn batch at {prefix}"
         assert prefix >= max(ends_done, default=0), f"kill {kill} (seed {SEED}): a committed batch is missing"
@@ -191,22 +201,12 @@ def test_sigkill_while_spilling_loads_every_durable_spilled_event_once(tmp_path:
                 break
             time.sleep(0.005)
         time.sleep(rng.uniform(0.0, 0.15))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        lines = marks.read_text().splitlines()
-        assert not [line for line in lines if line.startswith("E ")], (
-            f"kill {kill} (seed {SEED}): child failed: {lines}"
-        )
+        _kill(pid, marks, kill)
         durable = _durable_spilled(spill)
         kills_while_spilling += bool(durable)
         drain_spill(store, spill)  # what the next start does first
         assert not [p.name for p in spill.iterdir() if p.name != "rejected.jsonl"], f"kill {kill}: files left"
-        while batch := store.tail(cursor, limit=10_000):
-            events = [event for _, event in batch]
-            assert events == STREAM[prefix : prefix + len(events)], f"kill {kill} (seed {SEED}): not a prefix"
-            prefix += len(events)
-            cursor = batch[-1][0]
-        assert store.count() == prefix, f"kill {kill}: rows beyond the checked prefix (a duplicate?)"
+        prefix, cursor = _checked_prefix(store, prefix, cursor, kill)
         # Every spilled event that was durable at the kill is in the store now: nothing set aside, no hole.
         assert prefix > max(durable, default=-1), f"kill {kill} (seed {SEED}): a durable spilled event is missing"
         spilled_loaded += len(durable)
