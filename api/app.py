@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from api import errors
 from api.board import BoardKeeper
 from api.event_schema import add_event_components
+from api.guards import BodyDeadline
 from api.limits import GC_FREEZE_SIDES_MIN
 from api.live import Live
 from api.metrics import build_registry
@@ -69,6 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.registry = registry
     app.state.templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
     errors.install(app)
+    app.add_middleware(BodyDeadline, body_timeout_s=settings.body_timeout_s)
     for module in (health, transfers, audit, replay, events, web):
         app.include_router(module.router)
 

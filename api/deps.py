@@ -1,4 +1,7 @@
-"""FastAPI dependencies: the live fold, the store, the settings and the ingest token check."""
+"""FastAPI dependencies: the live fold, the store, the settings and the ingest token check.
+
+All `async def`: FastAPI runs a plain `def` dependency on the shared thread pool, so an endpoint
+served from memory would wait for a thread whenever stalled store calls held them all."""
 
 from __future__ import annotations
 
@@ -15,23 +18,23 @@ from ledger.store.base import EventStore
 _bearer = HTTPBearer(auto_error=False, description="The token set in KVLEDGER_TOKEN")
 
 
-def get_live(request: Request) -> Live:
+async def get_live(request: Request) -> Live:
     live: Live = request.app.state.live
     return live
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_store(live: Annotated[Live, Depends(get_live)]) -> EventStore:
+async def get_store(live: Annotated[Live, Depends(get_live)]) -> EventStore:
     if live.store is None:
         raise HTTPException(503, f"store unavailable: {live.store_error}")
     return live.store
 
 
-def require_token(
+async def require_token(
     settings: Annotated[Settings, Depends(get_settings)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:

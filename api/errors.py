@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from ledger.store.base import ConflictError, StoreError
+
+log = logging.getLogger(__name__)
+
+CLOSE_AFTER = frozenset({408, 413})
+"""Answers given before the body was read to its end: the connection cannot carry another request."""
 
 _MSGSPEC_PATH = re.compile(r"\.(\w+)|\[(\d+)\]")
 
@@ -50,7 +57,14 @@ def _detail(loc: tuple[str | int, ...], message: str) -> dict[str, object]:
 def install(app: FastAPI) -> None:
     @app.exception_handler(InvalidBody)
     async def invalid_body(_: Request, error: InvalidBody) -> JSONResponse:
-        return JSONResponse(_detail(error.loc, error.message), status_code=error.status_code)
+        headers = {"Connection": "close"} if error.status_code in CLOSE_AFTER else None
+        return JSONResponse(_detail(error.loc, error.message), status_code=error.status_code, headers=headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, _: ClientDisconnect) -> Response:
+        # The client's own doing, not the service's: nothing to alarm anyone with, and no one to answer.
+        log.debug("client %s went away during %s %s", request.client, request.method, request.url.path)
+        return Response(status_code=400, headers={"Connection": "close"})
 
     @app.exception_handler(ConflictError)
     async def conflict(_: Request, error: ConflictError) -> JSONResponse:

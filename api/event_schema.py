@@ -1,4 +1,5 @@
-"""The OpenAPI schema of ledger events, generated from the ledger's msgspec structs (one definition)."""
+"""The OpenAPI schema of ledger events, generated from the ledger's msgspec structs (one definition),
+with the bounds of a valid event (`ledger.valid`) written in."""
 
 from __future__ import annotations
 
@@ -7,10 +8,7 @@ from typing import Any
 import msgspec
 
 from ledger.events import Event
-from ledger.store.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
-
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-"""Every backend stores integers as 64-bit; the schema and the decoder both say so."""
+from ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
 
 
 def _bound_integers(node: Any) -> None:
@@ -42,7 +40,7 @@ def event_components() -> dict[str, Any]:
         schema["properties"]["transfer_id"]["maxLength"] = TRANSFER_ID_CHARS_MAX
         for name in ("ts", "deadline"):
             if name in schema["properties"]:
-                schema["properties"][name] |= {"minimum": 0, "maximum": 1e12}
+                schema["properties"][name] |= {"minimum": 0, "maximum": TS_MAX}
     _bound_integers(components)
     components["Event"] = union | {"description": "One ledger event, tagged on `kind`."}
     components["IngestBatch"] = {

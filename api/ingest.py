@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 
 from api.errors import InvalidBody, msgspec_loc
-from api.event_schema import INT64_MAX, INT64_MIN
 from api.schemas import Gap
 from ledger.events import Event
-from ledger.store.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
-
-TS_MAX = 1e12
-"""Seconds since the epoch; anything larger is a unit mistake (milliseconds), not a time."""
+from ledger.valid import event_problem
 
 
 class IngestBatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -24,9 +18,10 @@ _decoder = msgspec.json.Decoder(IngestBatch)
 
 
 def decode_batch(body: bytes, events_max: int) -> list[Event]:
-    """The batch's events, or `InvalidBody` naming the first field that is wrong."""
-    if b"\\u0000" in body:
-        raise InvalidBody(("body",), "NUL characters are not allowed in strings")
+    """The batch's events, or `InvalidBody` naming the first field that is wrong.
+
+    Every event must be valid as `ledger.valid` defines it (the same rules the store and the JSONL
+    reader apply), so what is accepted here can always be stored and exported."""
     try:
         events = _decoder.decode(body).events
     except (msgspec.ValidationError, msgspec.DecodeError) as error:
@@ -36,7 +31,9 @@ def decode_batch(body: bytes, events_max: int) -> list[Event]:
         raise InvalidBody(("body", "events"), f"{len(events)} events in one batch; the limit is {events_max}")
     last_seq: dict[str, int] = {}
     for i, event in enumerate(events):
-        _check_event(i, event)
+        found = event_problem(event)
+        if found is not None:
+            raise InvalidBody(("body", "events", i, found[0]), found[1])
         previous = last_seq.get(event.source, 0)
         if event.seq <= previous:
             raise InvalidBody(
@@ -46,31 +43,6 @@ def decode_batch(body: bytes, events_max: int) -> list[Event]:
             )
         last_seq[event.source] = event.seq
     return events
-
-
-def _check_event(i: int, event: Event) -> None:
-    def bad(field: str, message: str) -> InvalidBody:
-        return InvalidBody(("body", "events", i, field), message)
-
-    if event.seq < 1:
-        raise bad("seq", f"must be >= 1 (the appender's log assigns it), got {event.seq}")
-    for name in ("source", "transfer_id", "request_id"):
-        value = getattr(event, name, None)
-        if value is not None and not value:
-            raise bad(name, "must not be empty")
-    for name, chars_max in (("source", SOURCE_CHARS_MAX), ("transfer_id", TRANSFER_ID_CHARS_MAX)):
-        if len(getattr(event, name)) > chars_max:
-            raise bad(name, f"longer than {chars_max} characters")
-    for name in ("ts", "deadline"):
-        value = getattr(event, name, None)
-        if isinstance(value, float) and not (math.isfinite(value) and 0 <= value <= TS_MAX):
-            raise bad(name, f"must be seconds since the epoch in [0, {TS_MAX:g}], got {value}")
-    for name in event.__struct_fields__:
-        value = getattr(event, name)
-        numbers = value if isinstance(value, tuple) else (value,)
-        for number in numbers:
-            if type(number) is int and not INT64_MIN <= number <= INT64_MAX:
-                raise bad(name, f"integer {number} does not fit in 64 bits")
 
 
 def find_gaps(events: list[Event], stored_max: dict[str, int]) -> list[Gap]:

@@ -6,15 +6,24 @@ catches up at once, so the state always equals a fold of the store (the same
 order another replica would fold) and an event is never folded twice. All
 mutation happens on the event loop under `fold_lock`, so `async` handlers read a
 state that no thread is changing.
+
+Every store call goes through `store_call`, on threads of its own (at most
+`store_threads_max`): a store that stalls holds those, never the threads or the
+loop the endpoints served from memory need. An event the fold cannot take (the
+fold never raises; this is the guard should it ever) is counted and passed over,
+so that one stored event can never stop the service.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
-from starlette.concurrency import run_in_threadpool
+import anyio.to_thread
+from anyio import CapacityLimiter
 
 from api.settings import Settings
 from ledger.advice import LatencyRecorder
@@ -28,6 +37,10 @@ from ledger.store.connect import open_store
 from ledger.store.limits import TAIL_EVENTS_MAX
 
 ReleaseHook = Callable[[Release, float], None]
+P = ParamSpec("P")
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 class Live:
@@ -63,11 +76,21 @@ class Live:
         self.advanced = asyncio.Event()
         """Set (and replaced) whenever the cursor moves: live streams wait on it."""
         self.replays_running = 0
+        self.uploads_running = 0
         self.streams_open = 0
+        self.fold_errors = 0
+        """Stored events the fold raised on (passed over; see the module's docstring). Always 0 so far."""
+        self.quarantined = 0
+        """Events in the store's quarantine (refused for their content), as of the last poll."""
+        self.store_limiter = CapacityLimiter(settings.store_threads_max)
         self._on_release = on_release
         self._audit_key: tuple[int, float] | None = None
         self._audit: list[Finding] = []
         self._finding_keys: set[Key] | None = None
+
+    async def store_call(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`call(*args)` on one of the store's own threads (see the module's docstring)."""
+        return await anyio.to_thread.run_sync(lambda: call(*args, **kwargs), limiter=self.store_limiter)
 
     async def catch_up(self, batch: int | None = None) -> int:
         """Fold everything the store holds after our cursor; returns how many events were folded."""
@@ -79,7 +102,7 @@ class Live:
         async with self.fold_lock:
             started = time.time()
             while True:
-                rows = await run_in_threadpool(store.tail, self.cursor, limit)
+                rows = await self.store_call(store.tail, self.cursor, limit)
                 if rows:
                     self._fold(rows)
                     folded += len(rows)
@@ -94,26 +117,31 @@ class Live:
     def _fold(self, rows: list[tuple[int, Event]]) -> None:
         state, transfers, by_kind = self.state, self.state.transfers, self.events_by_kind
         apply, last_ts, held, observe = state.apply, self.last_ts, state.held, self.holding.observe
-        for _, event in rows:
-            source, ts = event.source, event.ts
-            key: Key = (source, event.transfer_id)
-            seen = key in transfers
-            release = apply(event)
-            by_kind[kind_of(event)] += 1
-            if ts > last_ts.get(source, 0.0):
-                last_ts[source] = ts
-            if not seen and key in transfers:
-                self.order.append(key)
-            if type(event) is Map:
-                keys = self.by_request.get(event.request_id, ())
-                if key not in keys:
-                    self.by_request[event.request_id] = (*keys, key)
-                observe(ts, source, len(held.get(source, ())))
-            if release is not None:
-                observe(ts, source, len(held.get(source, ())))
-                latency_s = self.latency.observe(release, transfers[key])
-                if self._on_release is not None:
-                    self._on_release(release, latency_s)
+        for cursor, event in rows:
+            try:
+                source, ts = event.source, event.ts
+                key: Key = (source, event.transfer_id)
+                seen = key in transfers
+                release = apply(event)
+                by_kind[kind_of(event)] += 1
+                if ts > last_ts.get(source, 0.0):
+                    last_ts[source] = ts
+                if not seen and key in transfers:
+                    self.order.append(key)
+                if type(event) is Map:
+                    keys = self.by_request.get(event.request_id, ())
+                    if key not in keys:
+                        self.by_request[event.request_id] = (*keys, key)
+                    observe(ts, source, len(held.get(source, ())))
+                if release is not None:
+                    observe(ts, source, len(held.get(source, ())))
+                    latency_s = self.latency.observe(release, transfers[key])
+                    if self._on_release is not None:
+                        self._on_release(release, latency_s)
+            except Exception:
+                self.fold_errors += 1
+                log.exception("kvledger service: event at cursor %d (%s seq %d) could not be folded; passed over",
+                              cursor, event.source, event.seq)  # fmt: skip
         self.cursor = rows[-1][0]
         self.version += 1
 
@@ -121,17 +149,23 @@ class Live:
         """Open the store if it is not open yet, then catch up; a store outage is recorded, not raised."""
         try:
             if self.store is None:
-                self.store = await run_in_threadpool(open_store, self.settings.db)
+                self.store = await self.store_call(open_store, self.settings.db)
             await self.catch_up(batch)
+            self.quarantined = await self.store_call(self.store.quarantined_count)
             self.store_error = None
         except StoreError as error:
             self.store_error = f"{type(error).__name__}: {error}"
 
     async def poll_forever(self) -> None:
-        """The background task: fold new events every poll interval until cancelled."""
+        """The background task: fold new events every poll interval until cancelled; it outlives any error
+        (a poller that died would leave the service answering from a state that never moves again)."""
         while True:
             await asyncio.sleep(self.settings.poll_interval_s)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as error:
+                self.store_error = f"{type(error).__name__}: {error}"
+                log.exception("kvledger service: poll failed; polling on")
 
     def close(self) -> None:
         if self.store is not None:

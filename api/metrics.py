@@ -35,6 +35,8 @@ class LiveCollector(Collector):
         yield GaugeMetricFamily("kvledger_live_transfers", "Transfer sides holding blocks", value=len(state.live))
         yield GaugeMetricFamily("kvledger_blocks_held", "KV blocks held by live transfers", value=state.blocks_held)
         yield GaugeMetricFamily("kvledger_streams_open", "Live event streams being served", value=live.streams_open)
+        yield GaugeMetricFamily("kvledger_replay_uploads_reading", "Uploads being read", value=live.uploads_running)
+        yield GaugeMetricFamily("kvledger_replays_running", "Uploaded logs being replayed", value=live.replays_running)
         yield GaugeMetricFamily("kvledger_cursor", "Store-wide cursor of the last folded event", value=live.cursor)
         releases = CounterMetricFamily("kvledger_releases", "Releases decided, by cause", labels=["cause"])
         for cause, count in state.releases_by_cause.items():
@@ -45,6 +47,14 @@ class LiveCollector(Collector):
             findings.add_metric([code, CODES[code]], count)
         yield findings
         yield from _by_phase_and_lost(live)
+        yield GaugeMetricFamily(
+            "kvledger_quarantined_events",
+            "Events in the store's quarantine: refused for their content, never retried (GET /quarantine)",
+            value=live.quarantined,
+        )
+        yield CounterMetricFamily(
+            "kvledger_fold_errors", "Stored events the fold could not take (passed over)", value=live.fold_errors
+        )
         yield GaugeMetricFamily(
             "kvledger_store_up",
             "1 when the store answered the last poll",

@@ -21,6 +21,20 @@ class Ready(BaseModel):
     error: str | None = None
 
 
+class QuarantinedOut(BaseModel):
+    id: int
+    created_ts: float
+    source: str
+    seq: int | None = Field(description="None when the event's seq is not a 64-bit integer")
+    reason: str = Field(description="Why the store refused it")
+    event: str = Field(description="The event as one JSON line, as it was")
+
+
+class QuarantineOut(BaseModel):
+    total: int
+    events: list[QuarantinedOut]
+
+
 class EventRow(BaseModel):
     cursor: int = Field(description="Store-wide insertion order; pass as after_seq to continue")
     event: EventJson

@@ -22,12 +22,42 @@ class Settings(BaseSettings):
     ingest_events_max: int = Field(default=10_000, ge=1, description="Events in one POST /events batch")
     ingest_body_bytes_max: int = Field(default=16 << 20, ge=1024, description="Bytes in one POST /events body")
     replay_body_bytes_max: int = Field(default=256 << 20, ge=1024, description="Bytes in one uploaded incident log")
-    replays_at_once_max: int = Field(default=2, ge=1, description="Replays folded concurrently; more get 429")
+    replays_at_once_max: int = Field(
+        default=2, ge=1, description="Replays folded at once, a slot taken once the upload is read; more get 429"
+    )
+    replay_uploads_at_once_max: int = Field(
+        default=8, ge=1, description="Replay uploads being read at once (each a temporary file); more get 429"
+    )
     page_limit_max: int = Field(default=1000, ge=1, description="Largest page of transfers, findings or events")
     timeline_events_max: int = Field(default=10_000, ge=1, description="Events shown in one transfer's timeline")
     stream_duration_max_s: float = Field(default=600, gt=0, description="A live event stream ends after this long")
     audit_cache_resolution_s: float = Field(
         default=1.0, ge=0, description="GET /audit without ?now= audits at the clock rounded down to this"
+    )
+    header_timeout_s: float = Field(
+        default=10,
+        gt=0,
+        description="A request's header must be complete this long after the connection or the "
+        "previous response; then the connection is closed",
+    )
+    body_timeout_s: float = Field(
+        default=60, gt=0, description="A request's whole body must arrive within this long; then 408 and close"
+    )
+    keep_alive_s: float = Field(default=5, gt=0, description="An idle kept-alive connection is closed after this")
+    header_bytes_max: int = Field(
+        default=64 << 10, ge=4096, description="Bytes of request line and headers; more get 400 and a close"
+    )
+    connections_max: int = Field(
+        default=256, ge=1, description="Open connections (and requests in progress); beyond, new requests get 503"
+    )
+    store_threads_max: int = Field(
+        default=8,
+        ge=1,
+        description="Threads the store's calls may take at once: a stalled store never takes "
+        "the threads other endpoints need",
+    )
+    ready_timeout_s: float = Field(
+        default=2, gt=0, description="GET /readyz says not ready when the store does not answer within this"
     )
     transfer_timeout_s: float = Field(default=DEFAULT_TRANSFER_TIMEOUT_S, gt=0)
     defer_timeout_s: float = Field(default=DEFAULT_DEFER_TIMEOUT_S, gt=0)

@@ -22,7 +22,7 @@ from ledger.store.base import StoreError
 @dataclass(frozen=True)
 class Problem:
     kind: str
-    """`store`, `behind` or `ingest`: a class name on the page, for people's eyes and tests alike."""
+    """`store`, `behind`, `quarantine` or `ingest`: a class name on the page, for people's eyes and tests alike."""
     text: str
 
 
@@ -63,6 +63,14 @@ class TrustChecks:
                         f"{ago(live.caught_up_from, now)}: {folded}.",
                     )
                 )
+        if live.quarantined:
+            out.append(
+                Problem(
+                    "quarantine",
+                    f"{live.quarantined:,} events were quarantined: the store refused them for their content, "
+                    "so the audit below does not fold them (see /quarantine).",
+                )
+            )
         if live.ingest_failure is not None:
             at, why = live.ingest_failure
             out.append(

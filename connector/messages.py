@@ -3,7 +3,9 @@
 Every message is a frozen msgspec Struct tagged by `type` (MoRIIO's names:
 `remote_blocks`, `write_done`, `write_failed`, `release`, plus the handshake
 pair). `decode` never raises on bad input: it returns a `Rejected` value saying
-why, so the listener can count and drop it.
+why, so the listener can count and drop it. A transfer id, rank or block id that
+the ledger will record must be valid there too (`ledger.valid`): a peer cannot
+make this process append an event its store would refuse.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import msgspec
 from connector.layout import LayerDescriptor
 from connector.limits import MESSAGE_BYTES_MAX, MESSAGE_VERSION
 from connector.transports.base import TransportEndpoint
-from ledger.events import TransferId
+from ledger.valid import Int64, TransferIdText
 
 
 class RankAddress(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,8 +39,8 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forb
 class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):
     """WRITE mode, consumer -> producer: my blocks for this transfer are allocated; write here."""
 
-    transfer_id: TransferId
-    block_ids: tuple[int, ...]
+    transfer_id: TransferIdText
+    block_ids: tuple[Int64, ...]
     sender: RankAddress
     prompt_digest: str | None = None
     """The consumer request's prompt digest (`params.prompt_digest`): a producer holding the id for a
@@ -48,23 +50,23 @@ class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):
 class WriteDone(_Message, frozen=True, tag="write_done"):
     """WRITE mode, producer rank -> consumer: every layer of this transfer landed."""
 
-    transfer_id: TransferId
-    rank: int
+    transfer_id: TransferIdText
+    rank: Int64
 
 
 class WriteFailed(_Message, frozen=True, tag="write_failed"):
     """WRITE mode, producer rank -> consumer: the write will not complete; do not decode."""
 
-    transfer_id: TransferId
-    rank: int
+    transfer_id: TransferIdText
+    rank: Int64
     reason: str
 
 
 class ReleaseBlocks(_Message, frozen=True, tag="release"):
     """Consumer rank -> holder rank: you may free this transfer's blocks (read done, or aborted)."""
 
-    transfer_id: TransferId
-    rank: int
+    transfer_id: TransferIdText
+    rank: Int64
     consumer_tp_size: int
 
 

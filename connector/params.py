@@ -17,6 +17,7 @@ import msgspec
 
 from connector.metadata import PeerRef
 from ledger.events import TransferId
+from ledger.valid import ints_problem, text_problem
 
 
 class ParamsError(ValueError):
@@ -63,6 +64,11 @@ def parse_params(raw: Mapping[str, Any] | None) -> TransferParams | None:
         raise ParamsError(f"kv_transfer_params: {error}") from None
     if not params.transfer_id:
         raise ParamsError("kv_transfer_params.transfer_id: empty")
+    # What the ledger will record must be a valid event (ledger/valid.py): refused here, at the edge, a
+    # request runs without a transfer; recorded, it would be quarantined by the store instead.
+    found = text_problem("transfer_id", params.transfer_id) or ints_problem("remote_block_ids", params.remote_block_ids)
+    if found is not None:
+        raise ParamsError(f"kv_transfer_params.{found[0]}: {found[1]}")
     if params.remote_tp_size < 1:
         raise ParamsError(f"kv_transfer_params.remote_tp_size: must be >= 1, got {params.remote_tp_size}")
     return params

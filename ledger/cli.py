@@ -25,3 +25,7 @@ app.add_typer(db_app, name="db")
 @app.callback()
 def main() -> None:
     """kvledger: an event-sourced ledger of KV-cache transfers for vLLM P/D disaggregation."""
+
+
+if __name__ == "__main__":  # `python -m ledger.cli`: the command from a checkout, without the console script
+    app()

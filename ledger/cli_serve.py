@@ -9,9 +9,6 @@ import typer
 if TYPE_CHECKING:
     from api.settings import Settings
 
-GRACEFUL_SHUTDOWN_S = 5
-"""Open event streams get this long to end when the server stops, so a stop never hangs on a client."""
-
 
 def parse_dead(values: list[str]) -> dict[str, str]:
     """`["prefill-0=killed by the storm", "decode-1"]` -> `{"prefill-0": "killed by the storm", "decode-1": ""}`."""
@@ -75,11 +72,8 @@ def run_service(settings: Settings, *, host: str, port: int) -> None:
     import uvicorn
 
     from api.app import create_app
+    from api.server import server_config
 
-    uvicorn.run(
-        create_app(settings),
-        host=host,
-        port=port,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        log_level="info",
-    )
+    # The limits on what one client may hold (header and body time, header size, connections) are the
+    # settings' (KVLEDGER_* variables); api/server.py says which mechanism applies each.
+    uvicorn.Server(server_config(create_app(settings), settings, host=host, port=port)).run()

@@ -479,8 +479,11 @@ class LedgerState:
         self.live[key] = t
         held = self.held.get(e.source)
         if held is not None and held.isdisjoint(e.block_ids):
+            before = len(held)
             held.update(e.block_ids)  # the common case inline; _claim_blocks handles the rest
             self.blocks_held += len(e.block_ids)
+            if len(held) - before != len(e.block_ids):
+                self._duplicate(t, seq)  # a block named twice in its own map
         else:
             self._claim_blocks(t, key)
         heapq.heappush(self.deadlines, (e.deadline, seq, e.source, e.transfer_id))
@@ -745,9 +748,17 @@ class LedgerState:
         blocks = t.block_ids
         self.blocks_held += len(blocks)
         if held.isdisjoint(blocks):
+            before = len(held)
             held.update(blocks)  # the common case, at C speed
+            if len(held) - before != len(blocks):
+                self._duplicate(t, t.map_seq)  # a block named twice in its own map
             return
-        for block in blocks:
+        # A side claims each block once, however often its map names it: the claims index must
+        # let go of it exactly once too (a repeated id is evidence, never a second claim).
+        distinct = dict.fromkeys(blocks)
+        if len(distinct) != len(blocks):
+            self._duplicate(t, t.map_seq)
+        for block in distinct:
             if block not in held:
                 held.add(block)
                 continue
@@ -759,8 +770,10 @@ class LedgerState:
                     None,
                 )
                 if owner is None:
-                    continue  # the block is named twice in this side's own list
+                    continue  # no other live side holds it (cannot happen while the index is right)
                 claimants = self.contested[(t.source, block)] = [owner]
+            elif key in claimants:
+                continue
             self.double_owned.setdefault(key, []).append((block, claimants[0], t.map_seq))
             claimants.append(key)
 
@@ -771,11 +784,13 @@ class LedgerState:
         if not contested:
             held.difference_update(t.block_ids)  # no block has two claimants: all of these are its own
             return
-        for block in t.block_ids:
+        for block in dict.fromkeys(t.block_ids):  # each block once: it was claimed once
             claimants = contested.get((t.source, block))
             if claimants is None:
                 held.discard(block)
                 continue
+            if key not in claimants:
+                continue  # held by the others named there, not by this side
             claimants.remove(key)
             if len(claimants) == 1:
                 del contested[(t.source, block)]  # the other claimant keeps holding it

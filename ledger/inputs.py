@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import IO
 
 from ledger.events import Event
 from ledger.jsonl import LogReader, open_log
@@ -15,6 +16,10 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def is_sqlite_file(path: str | os.PathLike[str]) -> bool:
+    """A regular file that begins with SQLite's magic. A pipe (`/dev/stdin`, `<(...)`) is never one: SQLite
+    needs a file it can seek in, and peeking at a pipe would eat the start of the log."""
+    if not Path(path).is_file():
+        return False
     with open(path, "rb") as f:
         return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
 
@@ -80,8 +85,8 @@ class Inputs:
         return reader
 
     def bytes_read(self) -> int:
-        """How far the JSONL readers are, for a progress bar."""
-        return sum(r._stream.tell() for r in self.readers if not r._stream.closed)
+        """How far the JSONL readers are, for a progress bar (a pipe counts as nothing read)."""
+        return sum(_position(r._stream) for r in self.readers if not r._stream.closed)
 
     def _store_streams(self, path: Path) -> list[tuple[str, Iterator[Event]]]:
         from ledger.store.connect import open_store
@@ -89,3 +94,10 @@ class Inputs:
         store = open_store(str(path))
         self._stack.callback(store.close)
         return [(source, store.read(source=source)) for source in sorted(store.sources())]
+
+
+def _position(stream: IO[bytes]) -> int:
+    try:
+        return stream.tell()
+    except OSError:
+        return 0  # a pipe: no position

@@ -1,12 +1,14 @@
 """The incident-log interchange format: JSON Lines, one header line, then one event a line.
 
-Reading streams and checks every line; an error names the file, the line number
-and the field. With `skip_bad_lines` the reader reports what it skipped instead.
+Reading streams and checks every line against the one definition of a valid event
+(`ledger.valid`); an error names the file, the line number and the field. With
+`skip_bad_lines` the reader reports what it skipped instead.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Iterator
 from operator import attrgetter
 from pathlib import Path
@@ -15,7 +17,8 @@ from typing import IO, Any
 import msgspec
 
 from ledger.events import Event
-from ledger.limits import JSONL_CHUNK_BYTES, JSONL_LINE_BYTES_MAX
+from ledger.limits import JSONL_CHUNK_BYTES, JSONL_HEADER_DEPTH_MAX, JSONL_LINE_BYTES_MAX
+from ledger.valid import event_problem, json_chunk_valid
 
 FORMAT = "kvledger"
 VERSION = 1
@@ -43,9 +46,24 @@ _header_decoder = msgspec.json.Decoder(Header)
 _event_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event)
 _seq_of = attrgetter("seq")
 _encoder = msgspec.json.Encoder()
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, ValueError, RecursionError)
+"""What decoding untrusted JSON may raise (RecursionError only past `_nesting`'s check, as a backstop)."""
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
 
 
-def _describe(error: msgspec.DecodeError | msgspec.ValidationError | ValueError) -> str:
+def _nesting(raw: bytes) -> int:
+    """How deep the JSON text `raw` nests arrays and objects (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub(b'""', raw)):
+        depth += 1 if bracket in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, RecursionError):
+        return "nested too deep"
     text = str(error)
     # msgspec says "... - at `$.field`"; name the field in words.
     if " - at `$." in text:
@@ -59,13 +77,16 @@ class LogReader:
 
     `skipped` lists `(line number, message)` of bad lines passed over when
     `skip_bad_lines` is set; without it the first bad line raises
-    `LogFormatError`. The header is read at construction.
+    `LogFormatError`. The header is read at construction. Without `check`, events
+    that are well-typed but not valid (`ledger.valid`) are passed on: a writer's own
+    spill files, whose events the store itself then checks and quarantines.
     """
 
-    def __init__(self, stream: IO[bytes], name: str, *, skip_bad_lines: bool = False) -> None:
+    def __init__(self, stream: IO[bytes], name: str, *, skip_bad_lines: bool = False, check: bool = True) -> None:
         self._stream = stream
         self.name = name
         self.skip_bad_lines = skip_bad_lines
+        self.check = check
         self.skipped: list[tuple[int, str]] = []
         self.line = 0
         self.header = self._read_header()
@@ -75,9 +96,15 @@ class LogReader:
         self.line = 1
         if not raw:
             raise LogFormatError(self.name, 1, "empty file: expected the kvledger header line")
+        if _nesting(raw) > JSONL_HEADER_DEPTH_MAX:
+            # Events have no free-form field, so only the header's `meta` can nest: bounded here, before a
+            # decoder recurses into it.
+            raise LogFormatError(
+                self.name, 1, f"not a kvledger header (nested too deep: more than {JSONL_HEADER_DEPTH_MAX} levels)"
+            )
         try:
             header = _header_decoder.decode(raw)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except _DECODE_ERRORS as error:
             raise LogFormatError(
                 self.name,
                 1,
@@ -112,12 +139,13 @@ class LogReader:
                 chunk += readline(JSONL_LINE_BYTES_MAX + 1)
             try:
                 events = decode_lines(chunk)
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            except _DECODE_ERRORS:
                 yield list(self._line_by_line(chunk))
                 continue
             if (
                 (len(chunk) > JSONL_LINE_BYTES_MAX and max(map(len, chunk.split(b"\n"))) > JSONL_LINE_BYTES_MAX)
                 or (events and min(map(_seq_of, events)) < 1)
+                or (self.check and not json_chunk_valid(events, chunk))
             ):  # fmt: skip
                 yield list(self._line_by_line(chunk))
                 continue
@@ -135,12 +163,15 @@ class LogReader:
             else:
                 try:
                     event = decode(raw)
-                except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                except _DECODE_ERRORS as exc:
                     error = _describe(exc)
                     if not raw.endswith(b"\n"):
                         error = f"truncated last line ({error})"
                 else:
-                    if event.seq < 1:
+                    found = event_problem(event) if self.check else None
+                    if found is not None:
+                        error = f"field {found[0]!r}: {found[1]}"
+                    elif event.seq < 1:
                         error = f"field 'seq': must be >= 1, got {event.seq}"
                     else:
                         yield event
@@ -150,23 +181,25 @@ class LogReader:
             self.skipped.append((self.line, error))
 
 
-def open_log(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> LogReader:
+def open_log(path: str | os.PathLike[str], *, skip_bad_lines: bool = False, check: bool = True) -> LogReader:
     """Open a JSONL incident log for reading (the caller closes `reader._stream` via `read_events`)."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file")
-    return LogReader(open(p, "rb"), str(p), skip_bad_lines=skip_bad_lines)
+    return LogReader(open(p, "rb"), str(p), skip_bad_lines=skip_bad_lines, check=check)
 
 
-def read_events(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> Iterator[Event]:
+def read_events(path: str | os.PathLike[str], *, skip_bad_lines: bool = False, check: bool = True) -> Iterator[Event]:
     """Stream a log's events, closing the file when done."""
-    for chunk in read_chunks(path, skip_bad_lines=skip_bad_lines):
+    for chunk in read_chunks(path, skip_bad_lines=skip_bad_lines, check=check):
         yield from chunk
 
 
-def read_chunks(path: str | os.PathLike[str], *, skip_bad_lines: bool = False) -> Iterator[list[Event]]:
+def read_chunks(
+    path: str | os.PathLike[str], *, skip_bad_lines: bool = False, check: bool = True
+) -> Iterator[list[Event]]:
     """`read_events`, in the reader's decoded lists (see `LogReader.chunks`)."""
-    reader = open_log(path, skip_bad_lines=skip_bad_lines)
+    reader = open_log(path, skip_bad_lines=skip_bad_lines, check=check)
     try:
         yield from reader.chunks()
     finally:

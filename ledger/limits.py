@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+"""Every integer an event carries fits in 64 signed bits: the store's BIGINT seq column and its msgpack
+bodies hold no more, and the API's schema says so."""
+
+TS_MAX = 253_402_300_799.0
+"""The latest event time or map deadline (seconds since the epoch): 9999-12-31T23:59:59Z, the last second
+a calendar clock can print. Times are also >= 0; larger values are a unit mistake (milliseconds)."""
+
+SOURCE_CHARS_MAX = 200
+"""Longest `source` name an event may carry (engine and rank, e.g. 'prefill-0/tp0'); the events table's
+column is this wide."""
+
+TRANSFER_ID_CHARS_MAX = 200
+"""Longest transfer id an event may carry; the events table's column is this wide."""
+
 EVIDENCE_SEQS_MAX = 32
 """Seqs kept per transfer per kind of anomaly (late, duplicate, over-ack)."""
 
@@ -19,6 +35,10 @@ DEFAULT_CLOCK_SKEW_S = 0.5
 
 JSONL_LINE_BYTES_MAX = 1 << 20
 """An incident-log line longer than this is rejected (one event is a few hundred bytes)."""
+
+JSONL_HEADER_DEPTH_MAX = 64
+"""Nesting an incident log's header (its free-form `meta`) may have: deeper is a format error, decided
+before decoding, so the answer never depends on how deep the caller's own stack already is."""
 
 JSONL_CHUNK_BYTES = 1 << 17
 """Bytes of whole lines an incident-log reader decodes at once (a few hundred events: what they

@@ -10,7 +10,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
-from starlette.concurrency import run_in_threadpool
 
 from api.deps import LiveDep, StoreDep, require_token
 from api.errors import read_limited
@@ -35,7 +34,7 @@ async def tail(
     limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
 ) -> EventPage:
     check_limit(live, limit)
-    rows = await run_in_threadpool(store.tail, after_seq, limit)
+    rows = await live.store_call(store.tail, after_seq, limit)
     return EventPage(
         events=[EventRow(cursor=cursor, event=event_json(e)) for cursor, e in rows],
         next_after_seq=rows[-1][0] if rows else after_seq,
@@ -59,7 +58,7 @@ async def _frames(request: Request, live: Live, after_seq: int) -> AsyncIterator
     while time.monotonic() < deadline and not await request.is_disconnected():
         waiter = live.advanced
         store = live.store
-        rows = await run_in_threadpool(store.tail, cursor, batch) if store is not None else []
+        rows = await live.store_call(store.tail, cursor, batch) if store is not None else []
         for row_cursor, event in rows:
             yield f"id: {row_cursor}\nevent: event\ndata: {json.dumps(event_json(event))}\n\n"
             cursor = row_cursor
@@ -108,8 +107,8 @@ async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResu
         body = b"".join([chunk async for chunk in read_limited(request, live.settings.ingest_body_bytes_max)])
         events = decode_batch(body, live.settings.ingest_events_max)
         async with live.ingest_lock:
-            stored_max = await run_in_threadpool(store.sources)
-            inserted = await run_in_threadpool(store.append, events) if events else 0
+            stored_max = await live.store_call(store.sources)
+            inserted = await live.store_call(store.append, events) if events else 0
             gaps = find_gaps(events, stored_max)
             await live.catch_up()
     except Exception as error:

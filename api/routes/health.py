@@ -1,14 +1,18 @@
-"""Operations endpoints: liveness, readiness (store reachable, schema current) and Prometheus metrics."""
+"""Operations endpoints: liveness, readiness (store reachable, schema current), Prometheus metrics, and
+the store's quarantine (events it refused for their content)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+import asyncio
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.concurrency import run_in_threadpool
 
-from api.deps import LiveDep
-from api.schemas import Health, Ready
+from api.deps import LiveDep, StoreDep
+from api.routes.transfers import check_limit
+from api.schemas import Health, QuarantinedOut, QuarantineOut, Ready
 from api.views import display_url
 from ledger.store.base import StoreError
 
@@ -29,11 +33,16 @@ async def healthz() -> Health:
 async def readyz(live: LiveDep) -> Ready | JSONResponse:
     error = live.store_error
     if live.store is not None:
+        timeout_s = live.settings.ready_timeout_s
         try:
             # A round trip now, not the last poll's word: readiness must reflect the store this moment.
-            await run_in_threadpool(live.store.count)
+            # One indexed row at most (a count would scan), and bounded: a store that does not answer in
+            # time is not ready, and the probe never waits behind a lock for as long as the lock is held.
+            await asyncio.wait_for(live.store_call(live.store.tail, live.cursor, 1), timeout_s)
         except StoreError as failure:
             error = f"{type(failure).__name__}: {failure}"
+        except TimeoutError:
+            error = f"the store did not answer within {timeout_s:g} s"
     ready = Ready(ready=error is None, store=display_url(live.settings.db),
                   cursor=live.cursor, error=error)  # fmt: skip
     if error is None:
@@ -50,3 +59,26 @@ async def readyz(live: LiveDep) -> Ready | JSONResponse:
 async def metrics(request: Request) -> Response:
     registry: CollectorRegistry = request.app.state.registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get(
+    "/quarantine",
+    response_model=QuarantineOut,
+    summary="Events the store refused for their content (never retried), newest last",
+)
+async def get_quarantine(
+    live: LiveDep, store: StoreDep, limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100
+) -> QuarantineOut:
+    check_limit(live, limit)
+    total = await live.store_call(store.quarantined_count)
+    rows = await live.store_call(store.quarantined, limit=limit)
+    return QuarantineOut(
+        total=total,
+        events=[
+            QuarantinedOut(
+                id=q.id, created_ts=q.created_ts, source=q.source, seq=q.seq, reason=q.reason,
+                event=q.body.decode("utf-8", "replace"),
+            )
+            for q in rows
+        ],
+    )  # fmt: skip

@@ -1,4 +1,9 @@
-"""POST /replay: fold an uploaded incident log offline, never touching the live store."""
+"""POST /replay: fold an uploaded incident log offline, never touching the live store.
+
+No token is needed (it reads nothing of the store), so an upload must not be able to hold what
+others need: a replay slot (`replays_at_once_max`) is taken only once the upload is read, the
+body must arrive within `body_timeout_s` (api.guards), and at most `replay_uploads_at_once_max`
+uploads are read at once (each is a temporary file of up to `replay_body_bytes_max`)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from api.errors import read_limited
 from api.replay import replay_file
 from api.routes.transfers import check_limit
 from api.schemas import ReplayOut
+from ledger.limits import TS_MAX
 
 router = APIRouter(tags=["replay"])
 
@@ -31,25 +37,35 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
             "content": {"application/x-ndjson": _BINARY, "application/octet-stream": _BINARY},
         }
     },
-    responses={413: {"description": "Body too large"}, 429: {"description": "Too many replays at once"}},
+    responses={
+        408: {"description": "The body did not arrive in time"},
+        413: {"description": "Body too large"},
+        429: {"description": "Too many uploads or replays at once"},
+    },
 )
 async def replay(
     request: Request,
     live: LiveDep,
     until_seq: Annotated[int | None, Query(ge=0, le=1 << 62, description="Fold events with seq <= this")] = None,
-    until_ts: Annotated[float | None, Query(ge=0, le=1e12, description="Fold events with ts <= this")] = None,
+    until_ts: Annotated[float | None, Query(ge=0, le=TS_MAX, description="Fold events with ts <= this")] = None,
     limit: Annotated[int, Query(ge=1, le=1 << 30, description="Decisions and findings listed")] = 100,
 ) -> ReplayOut:
     check_limit(live, limit)
-    if live.replays_running >= live.settings.replays_at_once_max:
-        raise HTTPException(429, f"{live.replays_running} replays are running; try again shortly")
-    live.replays_running += 1
-    try:
-        with tempfile.TemporaryDirectory(prefix="kvledger-replay-") as folder:
-            path = Path(folder) / "upload"
+    if live.uploads_running >= live.settings.replay_uploads_at_once_max:
+        raise HTTPException(429, f"{live.uploads_running} uploads are being read; try again shortly")
+    with tempfile.TemporaryDirectory(prefix="kvledger-replay-") as folder:
+        path = Path(folder) / "upload"
+        live.uploads_running += 1
+        try:
             with open(path, "wb") as file:
                 async for chunk in read_limited(request, live.settings.replay_body_bytes_max):
                     file.write(chunk)
+        finally:
+            live.uploads_running -= 1
+        if live.replays_running >= live.settings.replays_at_once_max:
+            raise HTTPException(429, f"{live.replays_running} replays are running; try again shortly")
+        live.replays_running += 1
+        try:
             return await run_in_threadpool(
                 replay_file,
                 path,
@@ -58,5 +74,5 @@ async def replay(
                 limit=limit,
                 config=live.audit_config,
             )
-    finally:
-        live.replays_running -= 1
+        finally:
+            live.replays_running -= 1

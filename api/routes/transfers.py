@@ -7,7 +7,6 @@ from itertools import islice
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query
-from starlette.concurrency import run_in_threadpool
 
 from api.deps import LiveDep, StoreDep
 from api.errors import InvalidBody
@@ -17,12 +16,17 @@ from api.views import event_json, findings_of, transfer_out
 from ledger.decisions import Key
 from ledger.events import Event, TransferId
 from ledger.fold import PhaseName, TransferState
+from ledger.limits import TRANSFER_ID_CHARS_MAX, TS_MAX
 from ledger.store.base import EventStore
 
 SCAN_SIDES_MAX = 100_000
 """Transfer sides one page request looks at; a rare filter returns a short page and a cursor, not a stall."""
 
-Now = Annotated[float | None, Query(ge=0, le=1e12, description="Audit time (s since epoch); default: now")]
+Now = Annotated[float | None, Query(ge=0, le=TS_MAX, description="Audit time (s since epoch); default: now")]
+TransferIdPath = Annotated[
+    str, Path(min_length=1, max_length=TRANSFER_ID_CHARS_MAX, pattern="^[^\x00]*$", description="A transfer id")
+]
+"""What a valid event's transfer id may be (ledger.valid): anything else is 422, never a store error."""
 
 router = APIRouter(tags=["transfers"])
 
@@ -90,13 +94,13 @@ def _timeline(store: EventStore, transfer_id: str, events_max: int) -> list[Even
 async def get_transfer(
     live: LiveDep,
     store: StoreDep,
-    transfer_id: Annotated[str, Path(min_length=1, max_length=200)],
+    transfer_id: TransferIdPath,
     now: Now = None,
 ) -> TransferDetail:
     state = live.state
     sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
     events_max = live.settings.timeline_events_max
-    timeline = await run_in_threadpool(_timeline, store, transfer_id, events_max)
+    timeline = await live.store_call(_timeline, store, transfer_id, events_max)
     if not sides and not timeline:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
     findings = live.findings(now if now is not None else live.clock_now())

@@ -6,17 +6,16 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
-from starlette.concurrency import run_in_threadpool
 
 from api import timeline
 from api.board import Board, BoardKeeper
 from api.deps import LiveDep, StoreDep
 from api.limits import FINDINGS_PAGE_ROWS, GROUP_ROWS_SHOWN, GROUPS_SHOWN_MAX
 from api.live import Live
-from api.routes.transfers import Now, _timeline
+from api.routes.transfers import Now, TransferIdPath, _timeline
 from api.trust import TrustChecks
 from api.verdict import activity, verdict
 from api.views import display_url
@@ -109,12 +108,12 @@ async def transfer_page(
     request: Request,
     live: LiveDep,
     store: StoreDep,
-    transfer_id: Annotated[str, Path(min_length=1, max_length=200)],
+    transfer_id: TransferIdPath,
     now: Now = None,
 ) -> HTMLResponse:
     state = live.state
     sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
-    events = await run_in_threadpool(_timeline, store, transfer_id, live.settings.timeline_events_max)
+    events = await live.store_call(_timeline, store, transfer_id, live.settings.timeline_events_max)
     if not sides and not events:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
     # The same audit as the front page's, so a transfer reached from it tells the same story.

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 from ledger.events import Event, TransferId
+from ledger.store.limits import QUARANTINE_READ_MAX
 
 
 class StoreError(Exception):
@@ -32,6 +33,30 @@ class NotALedger(StoreError):
 
 class ConflictError(StoreError):
     """An event with the same (source, seq) but different content is already stored."""
+
+
+class UnstorableEvent(StoreError):
+    """An event the store refuses for its content: not valid (`ledger.valid`), or rejected by the database
+    (a value its columns cannot hold). `index` is its position in the batch, when known; nothing of the
+    batch was written. Retrying cannot help: a writer quarantines it."""
+
+    def __init__(self, message: str, index: int | None = None) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+class Quarantined(NamedTuple):
+    """An event the store refused for its content, kept aside with the reason (never retried)."""
+
+    id: int
+    created_ts: float
+    source: str
+    """The event's source (NUL characters replaced, so that every backend can hold it)."""
+    seq: int | None
+    """The event's seq, or None when that is not a 64-bit integer."""
+    reason: str
+    body: bytes
+    """The whole event as one JSON line (`ledger.events.to_json`): a person can read it, a tool reload it."""
 
 
 class StoredSnapshot(NamedTuple):
@@ -92,5 +117,17 @@ class EventStore(Protocol):
     def latest_snapshot(self, source: str, max_seq: int | None = None) -> StoredSnapshot | None:
         """The snapshot of `source` with the highest seq (at most `max_seq`), if any."""
         ...
+
+    def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:
+        """Keep `(event, reason)` pairs the store refused (`UnstorableEvent`, `ConflictError`) aside, in one
+        transaction; they are never part of the log. Idempotent: an event already quarantined (same source
+        and content) is not kept twice. Returns how many were new."""
+        ...
+
+    def quarantined(self, *, source: str | None = None, limit: int = QUARANTINE_READ_MAX) -> list[Quarantined]:
+        """Quarantined events, oldest first (of `source` only, when given)."""
+        ...
+
+    def quarantined_count(self) -> int: ...
 
     def close(self) -> None: ...

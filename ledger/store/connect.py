@@ -3,6 +3,11 @@
 URLs: `sqlite:///path/to/ledger.db` (or a bare file path), `postgresql+psycopg://user@host/db`
 (plain `postgresql://` and `postgres://` are rewritten to psycopg), with an optional
 `?schema=name` for PostgreSQL so that several ledgers share one database.
+
+Every PostgreSQL connection carries a `lock_timeout` and a `statement_timeout` (named in
+`limits.py`), so a lock held elsewhere or a stuck statement fails a call instead of
+hanging it; libpq's `options` in the URL (`?options=-c%20lock_timeout%3D500`) come after
+ours and win.
 """
 
 from __future__ import annotations
@@ -16,7 +21,12 @@ from sqlalchemy.engine import URL
 
 from ledger.store.base import EventStore, StoreUnavailable
 from ledger.store.errors import translate
-from ledger.store.limits import PG_CONNECT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_MS
+from ledger.store.limits import (
+    PG_CONNECT_TIMEOUT_S,
+    PG_LOCK_TIMEOUT_MS,
+    PG_STATEMENT_TIMEOUT_MS,
+    SQLITE_BUSY_TIMEOUT_MS,
+)
 
 SQLITE_SYNCHRONOUS = "NORMAL"
 """WAL + NORMAL: a commit survives a crash of the process (SIGKILL) but the last commits
@@ -105,11 +115,16 @@ def _sqlite_engine(url: URL) -> Engine:
 
 
 def _postgres_engine(url: URL, schema: str | None) -> Engine:
-    connect_args: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+    options = [f"-c lock_timeout={PG_LOCK_TIMEOUT_MS}", f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS}"]
     if schema:
         # search_path puts every statement (ours, Alembic's, raw SQL) in the ledger's schema.
-        connect_args["options"] = f"-c search_path={schema}"
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+        options.append(f"-c search_path={schema}")
+    query = dict(url.query)
+    extra = query.pop("options", None)
+    if isinstance(extra, str):
+        options.append(extra)  # the URL's own, last: PostgreSQL takes the last value of a setting
+    connect_args: dict[str, Any] = {"connect_timeout": PG_CONNECT_TIMEOUT_S, "options": " ".join(options)}
+    return create_engine(url.set(query=query), pool_pre_ping=True, connect_args=connect_args)
 
 
 def create_store_engine(store_url: StoreUrl) -> Engine:

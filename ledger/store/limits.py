@@ -35,12 +35,6 @@ TAIL_EVENTS_MAX = 10_000
 SNAPSHOT_TAIL_EVENTS_MAX = 100_000
 """Recovery writes a new snapshot when it had to refold more events than this."""
 
-SOURCE_CHARS_MAX = 200
-"""Longest `source` name the events table holds (engine and rank, e.g. 'prefill-0/tp0')."""
-
-TRANSFER_ID_CHARS_MAX = 200
-"""Longest transfer id the events table holds."""
-
 KIND_CHARS_MAX = 16
 """Longest event kind ('schedule')."""
 
@@ -50,5 +44,18 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 PG_CONNECT_TIMEOUT_S = 3
 """How long a PostgreSQL connection attempt may take before the batch fails and is retried."""
 
+PG_LOCK_TIMEOUT_MS = 5_000
+"""How long a PostgreSQL statement waits for a lock another session holds (a writer's table lock behind
+someone's ALTER TABLE): then it fails, the writer spills and retries, the service answers 503."""
+
+PG_STATEMENT_TIMEOUT_MS = 30_000
+"""The longest a PostgreSQL statement may run (one batch, one page of a read); a migration too."""
+
 SPILL_HEADER_PEEK_BYTES = 4096
 """Bytes read to see whether a spill file got its header line before a crash (a header is ~100 bytes)."""
+
+QUARANTINE_READ_MAX = 1_000
+"""Quarantined events one read returns (the service lists the newest; recovery reads one source's)."""
+
+QUARANTINE_REASON_CHARS_MAX = 2_000
+"""A quarantine reason is cut to this many characters (it quotes the store's error)."""

@@ -6,9 +6,9 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from ledger.events import Event, TransferId
-from ledger.store.base import ConflictError, StoredSnapshot, StoreError
-from ledger.store.limits import TAIL_EVENTS_MAX
-from ledger.store.rows import encode_row
+from ledger.store.base import ConflictError, Quarantined, StoredSnapshot, StoreError
+from ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
+from ledger.store.rows import encode_row, quarantine_row
 
 
 class MemoryStore:
@@ -20,6 +20,7 @@ class MemoryStore:
         self._bodies: dict[tuple[str, int], bytes] = {}
         self._max_seq: dict[str, int] = {}
         self._snapshots: dict[str, dict[int, StoredSnapshot]] = {}
+        self._quarantine: list[Quarantined] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -31,8 +32,8 @@ class MemoryStore:
         with self._lock:
             self._check_open()
             fresh: dict[tuple[str, int], tuple[Event, bytes]] = {}
-            for event in events:
-                row = encode_row(event)
+            for i, event in enumerate(events):
+                row = encode_row(event, i)
                 key = (event.source, event.seq)
                 stored = self._bodies.get(key)
                 if stored is None and key in fresh:
@@ -109,6 +110,28 @@ class MemoryStore:
             self._check_open()
             seqs = [s for s in self._snapshots.get(source, {}) if max_seq is None or s <= max_seq]
             return self._snapshots[source][max(seqs)] if seqs else None
+
+    def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:
+        with self._lock:
+            self._check_open()
+            before = len(self._quarantine)
+            for event, reason in items:
+                row = quarantine_row(event, reason)
+                if any(q.source == row[1] and q.body == row[4] for q in self._quarantine):
+                    continue  # idempotent, like append
+                self._quarantine.append(Quarantined(len(self._quarantine) + 1, *row))
+            return len(self._quarantine) - before
+
+    def quarantined(self, *, source: str | None = None, limit: int = QUARANTINE_READ_MAX) -> list[Quarantined]:
+        with self._lock:
+            self._check_open()
+            found = [q for q in self._quarantine if source is None or q.source == source]
+        return found[-min(limit, QUARANTINE_READ_MAX) :]
+
+    def quarantined_count(self) -> int:
+        with self._lock:
+            self._check_open()
+            return len(self._quarantine)
 
     def close(self) -> None:
         self._closed = True

@@ -1,7 +1,10 @@
 """Reopen a source's ledger from a store: latest snapshot plus a refold of the tail, seq continuing.
 
-Spill files a crashed writer left behind are loaded first: their events are part of
-the log, and the next seq must come after them.
+Spill files a killed writer left behind are loaded first, every durable event of them exactly
+once and in order: their events are part of the log, and the next seq must come after them.
+A hole in a source's seqs (an event quarantined as unstorable, or lost in a failed spill write)
+does not stop recovery: it is folded over and reported in `Recovered.gaps`, and no seq of a
+quarantined event is ever given out again.
 """
 
 from __future__ import annotations
@@ -10,17 +13,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from ledger.events import Event
 from ledger.fold import LedgerState
-from ledger.jsonl import LogReader, LogWriter, write_log
 from ledger.ledger import Ledger
 from ledger.limits import MAINTENANCE_INTERVAL_S
 from ledger.store import snapshot
-from ledger.store.base import EventStore, StoredSnapshot, StoreError, StoreUnavailable
-from ledger.store.limits import SNAPSHOT_TAIL_EVENTS_MAX, SPILL_HEADER_PEEK_BYTES, WRITER_CLOSE_TIMEOUT_S
-from ledger.store.writer import SPILL_GLOB, BackgroundWriter
+from ledger.store.base import EventStore, StoredSnapshot, StoreUnavailable
+from ledger.store.limits import SNAPSHOT_TAIL_EVENTS_MAX, WRITER_CLOSE_TIMEOUT_S
+from ledger.store.writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +28,15 @@ log = logging.getLogger(__name__)
 class Recovered:
     """The folded state of one source and how it was obtained."""
 
-    def __init__(self, state: LedgerState, last_seq: int, snapshot_seq: int, folded: int) -> None:
+    def __init__(
+        self, state: LedgerState, last_seq: int, snapshot_seq: int, folded: int, gaps: list[tuple[int, int]]
+    ) -> None:
         self.state = state
         self.last_seq = last_seq
         self.snapshot_seq = snapshot_seq
         self.folded = folded
+        self.gaps = gaps
+        """(first, last) seq ranges missing from the stored log after the snapshot, in order."""
 
 
 def load_state(
@@ -43,7 +47,8 @@ def load_state(
     retain_s: float | None = None,
     tombstones_max: int | None = None,
 ) -> Recovered:
-    """Fold `source`'s stored events (after its latest readable snapshot); checks the seqs are gapless.
+    """Fold `source`'s stored events (after its latest readable snapshot); seqs missing on the way are
+    reported in `gaps`, not fatal (the fold takes events in any order; what is missing is evidence).
 
     With `retain_s`, decided sides are forgotten as the refold goes, as the running ledger forgot them
     (`Ledger.maintain`: those decided `retain_s` before, every `MAINTENANCE_INTERVAL_S` of log time), so a
@@ -59,17 +64,31 @@ def load_state(
     if tombstones_max is not None:
         state.tombstones_max = tombstones_max
     expected = start + 1
+    folded = 0
+    gaps: list[tuple[int, int]] = []
     apply, forget = state.apply, state.forget_decided
     next_maintenance = float("-inf")
     for event in store.read(source=source, after_seq=start):
-        if event.seq != expected:
-            raise StoreError(f"{store.url}: {source!r} jumps from seq {expected - 1} to {event.seq}: the log has a gap")
+        seq = event.seq
+        if seq >= expected:
+            if seq > expected:
+                gaps.append((expected, seq - 1))
+            expected = seq + 1
+        else:
+            _filled(gaps, seq)  # stored after a later one (a remote appender filling a gap)
         apply(event)
-        expected += 1
+        folded += 1
         if retain_s is not None and event.ts >= next_maintenance:
             forget(event.ts - retain_s)
             next_maintenance = event.ts + MAINTENANCE_INTERVAL_S
-    return Recovered(state, expected - 1, start, expected - 1 - start)
+    return Recovered(state, expected - 1, start, folded, gaps)
+
+
+def _filled(gaps: list[tuple[int, int]], seq: int) -> None:
+    for i, (first, last) in enumerate(gaps):
+        if first <= seq <= last:
+            gaps[i : i + 1] = [r for r in ((first, seq - 1), (seq + 1, last)) if r[0] <= r[1]]
+            return
 
 
 def save_snapshot(store: EventStore, source: str, state: LedgerState, seq: int) -> StoredSnapshot:
@@ -85,59 +104,18 @@ def snapshot_source(store: EventStore, source: str) -> StoredSnapshot:
     return save_snapshot(store, source, recovered.state, recovered.last_seq)
 
 
-def quarantine_gaps(store: EventStore, spill_dir: str | os.PathLike[str]) -> int:
-    """Move spilled events that cannot follow the stored log into `orphaned-*.jsonl`; returns how many.
-
-    A writer spills only when its queue is full, and loads a spill file only after the
-    queue before it is written. A crash in between loses the queued events (they were
-    never durable) while the spill file after them survives: loading it would leave a
-    hole in the log. Those events stay on disk, set aside and reported, and the log
-    continues from its stored, gapless prefix.
-    """
-    folder = Path(spill_dir)
-    files = sorted(folder.glob(SPILL_GLOB)) if folder.is_dir() else []
-    if not files:
-        return 0
-    expected = {source: last + 1 for source, last in store.sources().items()}
-    broken: set[str] = set()
-    orphaned = 0
-    orphan_writer: LogWriter | None = None
-    for path in files:
-        kept: list[Event] = []
-        with open(path, "rb") as stream:
-            if b"\n" not in stream.read(SPILL_HEADER_PEEK_BYTES):
-                continue  # an empty file from a kill: the writer removes it
-            stream.seek(0)
-            for event in LogReader(stream, str(path), skip_bad_lines=True):
-                next_seq = expected.get(event.source, 1)
-                if event.source not in broken and event.seq <= next_seq:
-                    kept.append(event)
-                    expected[event.source] = max(next_seq, event.seq + 1)
-                    continue
-                broken.add(event.source)
-                if orphan_writer is None:
-                    orphan_writer = LogWriter(folder / f"orphaned-{time.time_ns():020d}.jsonl")
-                orphan_writer.write(event)
-                orphaned += 1
-        if orphaned:
-            write_log(path, kept)
-    if orphan_writer is not None:
-        orphan_writer.close()
-        log.error(
-            "kvledger: %d spilled events of %s follow events lost in a crash; set aside in %s",
-            orphaned, sorted(broken), folder,
-        )  # fmt: skip
-    return orphaned
-
-
 def drain_spill(store: EventStore, spill_dir: str | os.PathLike[str], timeout: float = WRITER_CLOSE_TIMEOUT_S) -> None:
-    """Load every spill file left in `spill_dir` into the store (events that would leave a hole are
-    set aside first, see `quarantine_gaps`); refuse to go on if it cannot."""
-    quarantine_gaps(store, spill_dir)
+    """Load every spill file left in `spill_dir` into the store; refuse to go on if it cannot (the
+    next seq would reuse theirs)."""
     if not BackgroundWriter(store, spill_dir).close(timeout):
         raise StoreUnavailable(
             f"{store.url}: could not load the spill files in {spill_dir}; recovering now would reuse their seqs"
         )
+
+
+def quarantined_max_seq(store: EventStore, source: str) -> int:
+    """The highest seq of `source` the store quarantined (0 if none): never to be given out again."""
+    return max((q.seq for q in store.quarantined(source=source) if q.seq is not None), default=0)
 
 
 def open_ledger(
@@ -154,11 +132,20 @@ def open_ledger(
     (with `retain_s` and `tombstones_max`, forgotten and bounded as the running ledger was: `load_state`).
 
     When the refold after the latest snapshot was longer than `snapshot_tail_events_max`
-    events, a new snapshot is written so that the next restart is short.
+    events, a new snapshot is written so that the next restart is short. Gaps in the stored
+    log are logged as errors (see `load_state`).
     """
     if spill_dir is not None:
         drain_spill(store, spill_dir)
     recovered = load_state(store, source, retain_s=retain_s, tombstones_max=tombstones_max)
+    if recovered.gaps:
+        shown = ", ".join(f"{first}..{last}" for first, last in recovered.gaps[:10])
+        log.error(
+            "kvledger: %s's stored log misses seqs %s%s (quarantined as unstorable, or lost with a failed spill "
+            "write: see the store's quarantine and the writer's log); folded without them",
+            source, shown, " and more" if len(recovered.gaps) > 10 else "",
+        )  # fmt: skip
+    next_seq = max(recovered.last_seq, quarantined_max_seq(store, source)) + 1
     if recovered.folded > snapshot_tail_events_max:
         save_snapshot(store, source, recovered.state, recovered.last_seq)
-    return Ledger(source, clock=clock, state=recovered.state, next_seq=recovered.last_seq + 1)
+    return Ledger(source, clock=clock, state=recovered.state, next_seq=next_seq)

@@ -13,12 +13,14 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     String,
     Table,
+    Text,
     UniqueConstraint,
 )
 
-from ledger.store.limits import KIND_CHARS_MAX, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
+from ledger.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
+from ledger.store.limits import KIND_CHARS_MAX
 
-SCHEMA_VERSION = "0001_initial"
+SCHEMA_VERSION = "0002_quarantine"
 """The Alembic revision this code reads and writes; any other is refused at open."""
 
 VERSION_TABLE = "kvledger_version"
@@ -56,3 +58,17 @@ snapshots = Table(
     PrimaryKeyConstraint("source", "seq", name="snapshots_pkey"),
 )
 """A source's folded LedgerState after its event `seq` (ledger.store.snapshot encodes it)."""
+
+quarantine = Table(
+    "quarantine",
+    metadata,
+    Column("id", _Cursor, primary_key=True, autoincrement=True),
+    Column("created_ts", Double, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("seq", BigInteger, nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("body", LargeBinary, nullable=False),  # the event as one JSON line (ledger.events.to_json)
+)
+"""Events a store refused for their content (invalid, or a (source, seq) stored with other content), with
+why: set aside by a background writer so that one bad event never stalls it, and shown by the service.
+Unbounded text columns: the event that did not fit the events table must fit here."""

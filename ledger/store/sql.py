@@ -13,12 +13,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Select, delete, func, insert, select
 
 from ledger.events import Event, TransferId, from_msgpack
-from ledger.store.base import ConflictError, StoredSnapshot, StoreError
+from ledger.store.base import ConflictError, Quarantined, StoredSnapshot, StoreError
 from ledger.store.connect import StoreUrl
 from ledger.store.errors import translate
-from ledger.store.limits import READ_CHUNK_ROWS, TAIL_EVENTS_MAX
-from ledger.store.rows import INSERT_COLUMNS, Row, encode_row
-from ledger.store.schema import events, snapshots
+from ledger.store.limits import QUARANTINE_READ_MAX, READ_CHUNK_ROWS, TAIL_EVENTS_MAX
+from ledger.store.rows import INSERT_COLUMNS, QUARANTINE_COLUMNS, Row, encode_rows, quarantine_row
+from ledger.store.schema import events, quarantine, snapshots
 
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 
@@ -45,7 +45,7 @@ class SqlStore:
         self._check_open()
         if not events_:
             return 0
-        rows = [encode_row(event) for event in events_]
+        rows = encode_rows(events_)
         try:
             with self.engine.connect() as conn:
                 conn = conn.execution_options(kvledger_write=True)  # BEGIN IMMEDIATE on SQLite
@@ -95,6 +95,30 @@ class SqlStore:
                     delete(snapshots).where(snapshots.c.source == snapshot.source, snapshots.c.seq == snapshot.seq)
                 )
                 conn.execute(insert(snapshots).values(**snapshot._asdict()))
+        except Exception as error:
+            raise translate(error, self.url) from error
+
+    def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:
+        self._check_open()
+        if not items:
+            return 0
+        rows = [dict(zip(QUARANTINE_COLUMNS, quarantine_row(event, reason), strict=True)) for event, reason in items]
+        try:
+            with self.engine.connect() as conn:
+                conn = conn.execution_options(kvledger_write=True)
+                with conn.begin():
+                    # Idempotent like append: the same event quarantined again (a spilled copy of a batch
+                    # that was in flight) is kept once.
+                    fresh = []
+                    for row in rows:
+                        query = select(quarantine.c.id).where(
+                            quarantine.c.source == row["source"], quarantine.c.body == row["body"]
+                        )
+                        if conn.execute(query.limit(1)).first() is None and row not in fresh:
+                            fresh.append(row)
+                    if fresh:
+                        conn.execute(insert(quarantine), fresh)
+                    return len(fresh)
         except Exception as error:
             raise translate(error, self.url) from error
 
@@ -186,6 +210,27 @@ class SqlStore:
         if row is None:
             return None
         return StoredSnapshot(row.source, int(row.seq), int(row.format), float(row.created_ts), bytes(row.body))
+
+    def quarantined(self, *, source: str | None = None, limit: int = QUARANTINE_READ_MAX) -> list[Quarantined]:
+        self._check_open()
+        query = select(quarantine).order_by(quarantine.c.id.desc()).limit(min(limit, QUARANTINE_READ_MAX))
+        if source is not None:
+            query = query.where(quarantine.c.source == source)
+        try:
+            with self.engine.connect() as conn:
+                rows = list(conn.execute(query).all())
+        except Exception as error:
+            raise translate(error, self.url) from error
+        rows.reverse()  # the newest `limit`, oldest first
+        return [Quarantined(int(r.id), float(r.created_ts), r.source, r.seq, r.reason, bytes(r.body)) for r in rows]
+
+    def quarantined_count(self) -> int:
+        self._check_open()
+        try:
+            with self.engine.connect() as conn:
+                return int(conn.execute(select(func.count()).select_from(quarantine)).scalar_one())
+        except Exception as error:
+            raise translate(error, self.url) from error
 
     def close(self) -> None:
         self._closed = True

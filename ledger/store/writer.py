@@ -4,13 +4,24 @@
 lock, so it never waits for the store: it appends to a deque or, when the queue is
 full (the store slow or down), to a local JSONL spill file. The thread writes
 batches (`WRITER_BATCH_EVENTS_MAX` events or `WRITER_BATCH_AGE_S_MAX` old), one
-transaction each, retrying with backoff while the store is down.
+transaction each, retrying with backoff while the store is unavailable.
 
-Order is kept exactly: once spilling starts every later event goes to the file
-until the queue (older events) is written; then the file is closed and loaded
-before the queue (newer events) is touched again. Spill files left by a crashed
-process are loaded first when a writer starts on the same directory; the store's
-idempotent append by (source, seq) makes every load exactly-once.
+What is durable is always a gapless prefix of what was put. Spilling starts by writing
+everything not yet in the store to a new spill file (the batch in flight, then the
+queue) before anything newer, so a spilled event is never durable while an older one
+exists only in memory; a kill loses a suffix, never a middle. The writer's thread
+starts spilling at the first failed batch, while the queue is short; when the store
+hangs instead of failing, the put that finds the queue full does it (writing up to
+`WRITER_QUEUE_EVENTS_MAX` events once: the one append of an outage that waits for a
+local disk). Every later event goes to that file until the queue is written; then the
+file is closed and loaded before the queue (newer events) is touched again. Spill
+files left by a killed process are loaded first when a writer starts on the same
+directory; the store's idempotent append by (source, seq) makes every load
+exactly-once (the in-flight batch copied to the file is a duplicate, skipped).
+
+An event the store refuses for its content (`UnstorableEvent`, `ConflictError`) is
+quarantined in the store (or, if even that fails, in `rejected.jsonl` here) and the
+rest of its batch goes on: one bad event never stalls the writer.
 """
 
 from __future__ import annotations
@@ -20,13 +31,13 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ledger.events import Event
-from ledger.jsonl import LogReader, LogWriter
-from ledger.store.base import ConflictError, EventStore
+from ledger.jsonl import LogFormatError, LogReader, LogWriter
+from ledger.store.base import ConflictError, EventStore, StoreError, StoreUnavailable, UnstorableEvent
 from ledger.store.limits import (
     SPILL_HEADER_PEEK_BYTES,
     SPILL_LOAD_EVENTS_MAX,
@@ -42,6 +53,10 @@ from ledger.store.limits import (
 log = logging.getLogger(__name__)
 
 SPILL_GLOB = "spill-*.jsonl"
+REJECTED_FILE = "rejected.jsonl"
+"""Where a refused event goes when the store's quarantine cannot take it either."""
+
+T = TypeVar("T")
 
 
 class _Deadline(Exception):
@@ -68,7 +83,7 @@ class BackgroundWriter:
         self.batch_events_max = batch_events_max
         self.batch_age_s_max = batch_age_s_max
         self._queue: deque[Event] = deque()
-        self._lock = threading.Lock()  # put vs. the writer's switch between queue and spill file
+        self._lock = threading.Lock()  # put vs. the writer: the queue, the batch in flight, the spill file
         self._spill: LogWriter | None = None
         self._spill_path: Path | None = None
         # Closed spill files, oldest first; always older than everything in the queue.
@@ -76,6 +91,8 @@ class BackgroundWriter:
         self._file_number = 0
         self._start_ns = time.time_ns()
         self._in_flight: list[Event] = []
+        self._first_seen: float | None = None
+        """When the oldest queued event not yet in a batch was first seen (monotonic)."""
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
         self._stopping = False
@@ -84,11 +101,12 @@ class BackgroundWriter:
         self._dumped = False
         self._counts = {
             "queued": 0, "spilled": 0, "written": 0, "duplicates": 0, "loaded_from_spill": 0,
-            "failed_attempts": 0, "batches": 0, "rejected": 0, "dropped": 0, "spill_bad_lines": 0,
+            "failed_attempts": 0, "batches": 0, "quarantined": 0, "dropped": 0, "spill_bad_lines": 0,
             "respilled": 0,
         }  # fmt: skip
-        # queued + spilled: every event put, each counted once at put time. respilled: queued
-        # events moved to a spill file at close. rejected: set aside in rejected-*.jsonl.
+        # queued + spilled: every event put, each counted once at put time. respilled: queued (or
+        # in-flight) events copied to a spill file when spilling began or at close. quarantined: set
+        # aside, never retried (in the store's quarantine table, or in rejected.jsonl).
         self._last_error: str | None = None
 
     # -- the hot path ------------------------------------------------------
@@ -96,10 +114,16 @@ class BackgroundWriter:
     def put(self, event: Event) -> None:
         """Queue one event; never blocks on the store (a deque append or a buffered file write)."""
         with self._lock:
-            if self._spill is None and not self._stopped and len(self._queue) < self.queue_events_max:
-                self._queue.append(event)
-                self._counts["queued"] += 1
-                return
+            if self._spill is None and not self._stopped:
+                if len(self._queue) < self.queue_events_max:
+                    self._queue.append(event)
+                    self._counts["queued"] += 1
+                    return
+                # The queue is full: the store is slow or down. Spilling starts with everything not yet
+                # in the store, oldest first, so that nothing durable ever follows what a kill would lose.
+                older = [*self._in_flight, *self._queue]
+                self._queue.clear()
+                self._spill_locked(older, "respilled")
             self._spill_locked((event,), "spilled")
 
     def _spill_locked(self, events: Iterable[Event], counter: str) -> None:
@@ -175,32 +199,49 @@ class BackgroundWriter:
     # -- the writer thread -------------------------------------------------
 
     def _run(self) -> None:
-        first_seen: float | None = None
-        try:
-            while True:
-                if self._pending_files:
-                    self._load_file(self._pending_files[0])
-                    with self._lock:
-                        self._pending_files.popleft()
-                    continue
-                queued = len(self._queue)
-                if queued:
-                    now = time.monotonic()
-                    first_seen = now if first_seen is None else first_seen
-                    if self._stopping or queued >= self.batch_events_max or now - first_seen >= self.batch_age_s_max:
-                        self._in_flight = [self._queue.popleft() for _ in range(min(queued, self.batch_events_max))]
-                        self._write(self._in_flight)
-                        self._in_flight = []
-                        first_seen = None if not self._queue else time.monotonic()
-                        continue
-                elif self._spill is not None:
-                    self._swap_spill()
-                    continue
-                elif self._stopping:
+        while True:
+            try:
+                if self._step():
                     return
-                self._wake.wait(WRITER_IDLE_POLL_S)
-        except _Deadline:
-            self._dump_remaining()
+            except _Deadline:
+                self._dump_remaining()
+                return
+            except Exception as error:  # never let the thread die: what it has not written would wait for ever
+                log.exception("kvledger writer: unexpected error; going on")
+                with self._lock:
+                    self._last_error = f"{type(error).__name__}: {error}"
+                if self._stopping and time.monotonic() >= self._deadline:
+                    self._dump_remaining()
+                    return
+                self._wake.wait(WRITER_RETRY_BACKOFF_S_MAX)
+
+    def _step(self) -> bool:
+        """One thing to do: load a spill file, write a batch, swap the spill file, or wait. True: done."""
+        if self._pending_files:
+            self._load_file(self._pending_files[0])
+            with self._lock:
+                self._pending_files.popleft()
+            return False
+        queued = len(self._queue)
+        if queued:
+            now = time.monotonic()
+            first_seen = self._first_seen = now if self._first_seen is None else self._first_seen
+            if self._stopping or queued >= self.batch_events_max or now - first_seen >= self.batch_age_s_max:
+                with self._lock:  # a put that starts spilling copies this batch: it must see all of it
+                    queued = len(self._queue)
+                    self._in_flight = [self._queue.popleft() for _ in range(min(queued, self.batch_events_max))]
+                self._write(self._in_flight)
+                with self._lock:
+                    self._in_flight = []
+                self._first_seen = None if not self._queue else time.monotonic()
+                return False
+        elif self._spill is not None:
+            self._swap_spill()
+            return False
+        elif self._stopping:
+            return True
+        self._wake.wait(WRITER_IDLE_POLL_S)
+        return False
 
     def _swap_spill(self) -> None:
         """The queue is written: close the spill file and make it the next thing to load."""
@@ -212,49 +253,97 @@ class BackgroundWriter:
             self._pending_files.append(self._spill_path)
             self._spill = None
 
-    def _write(self, batch: Sequence[Event], *, from_spill: bool = False) -> None:
-        """Append one batch in one transaction, retrying with backoff until it lands or the deadline."""
+    def _retrying(
+        self,
+        call: Callable[[], T],
+        retry_on: type[Exception] | tuple[type[Exception], ...],
+        on_failure: Callable[[], None] | None = None,
+    ) -> T:
+        """`call()`, again with backoff while it raises `retry_on`, until it succeeds or close()'s deadline."""
         backoff = WRITER_RETRY_BACKOFF_S_MIN
         while True:
             try:
-                inserted = self.store.append(batch)
-            except ConflictError as error:
-                if len(batch) == 1:
-                    self._reject(batch[0], error)
-                else:
-                    log.error("kvledger writer: %s; isolating the conflicting events", error)
-                    for event in batch:
-                        self._write([event], from_spill=from_spill)
-                return
-            except Exception as error:  # any failure of the store: count it, keep the batch, retry
+                return call()
+            except (ConflictError, UnstorableEvent):
+                raise  # about the events, not the store: retrying cannot help
+            except retry_on as error:
                 with self._lock:
                     self._counts["failed_attempts"] += 1
                     self._last_error = str(error)
-                log.warning("kvledger writer: batch of %d failed (%s); retrying", len(batch), error)
+                if on_failure is not None:
+                    on_failure()
+                log.warning("kvledger writer: store call failed (%s); retrying", error)
                 if self._stopping and time.monotonic() + backoff > self._deadline:
                     raise _Deadline from error
                 self._wake.wait(backoff)
                 backoff = min(backoff * 2, WRITER_RETRY_BACKOFF_S_MAX)
+
+    def _write(self, batch: Sequence[Event], *, from_spill: bool = False) -> None:
+        """Append `batch`, one transaction at a time, retrying while the store is unavailable (any failure
+        that is not about an event is taken as the store's: a generic error retries too, and the events
+        wait in the queue or the spill). Events refused for their content are quarantined; the rest land."""
+        rest = list(batch)
+        while rest:
+            try:
+                inserted = self._retrying(
+                    lambda: self.store.append(rest),  # noqa: B023
+                    Exception,
+                    None if from_spill else self._start_spilling,
+                )
+            except (ConflictError, UnstorableEvent) as error:
+                index = error.index if isinstance(error, UnstorableEvent) else None
+                if len(rest) == 1:
+                    self._quarantine(rest[0], error)
+                    return
+                if index is None:
+                    # Which one is unknown (a conflict, or the database's own refusal): one at a time.
+                    for event in rest:
+                        self._write([event], from_spill=from_spill)
+                    return
+                if index:
+                    self._write(rest[:index], from_spill=from_spill)
+                self._quarantine(rest[index], error)
+                rest = rest[index + 1 :]
                 continue
             with self._lock:
                 self._counts["written"] += inserted
-                self._counts["duplicates"] += len(batch) - inserted
+                self._counts["duplicates"] += len(rest) - inserted
                 self._counts["batches"] += 1
                 if from_spill:
-                    self._counts["loaded_from_spill"] += len(batch)
+                    self._counts["loaded_from_spill"] += len(rest)
             return
 
-    def _reject(self, event: Event, error: ConflictError) -> None:
-        """Set aside an event whose (source, seq) the store holds with other content; never retried."""
-        log.error("kvledger writer: %s; kept in %s", error, self.spill_dir / "rejected.jsonl")
-        try:
-            with LogWriter(self.spill_dir / "rejected.jsonl") as rejected:
-                rejected.write(event)
-        except OSError as io_error:
-            error = ConflictError(f"{error}; and rejected.jsonl failed: {io_error}")
+    def _start_spilling(self) -> None:
+        """The store failed a batch from the queue: spill from now on, starting here, off the hot path, while
+        the queue is still short (the put that would otherwise start it, on a full queue, writes all of it)."""
         with self._lock:
-            self._counts["rejected"] += 1
-            self._last_error = str(error)
+            if self._spill is None and not self._stopped:
+                older = [*self._in_flight, *self._queue]
+                self._queue.clear()
+                self._spill_locked(older, "respilled")
+
+    def _quarantine(self, event: Event, error: StoreError) -> None:
+        """Set aside an event the store refused: in its quarantine table, else in rejected.jsonl; never retried."""
+        reason = f"{type(error).__name__}: {error}"
+        where = f"{self.store.url} quarantine"
+        kept = 1
+        try:
+            kept = self._retrying(lambda: self.store.quarantine([(event, reason)]), StoreUnavailable)
+        except _Deadline:
+            raise  # the event stays with the batch in flight or its spill file, for the next writer
+        except Exception as failure:  # a store without the table, or one that refuses this too
+            where = str(self.spill_dir / REJECTED_FILE)
+            try:
+                with LogWriter(self.spill_dir / REJECTED_FILE) as rejected:
+                    rejected.write(event)
+            except (OSError, ValueError) as io_error:
+                where = f"nowhere ({failure}; {io_error})"
+        if not kept:
+            return  # already there: a spilled copy of a batch that was in flight when it was refused
+        log.error("kvledger writer: %s; set aside in %s", reason, where)
+        with self._lock:
+            self._counts["quarantined"] += 1
+            self._last_error = reason
 
     def _load_file(self, path: Path) -> None:
         with open(path, "rb") as stream:
@@ -267,7 +356,17 @@ class BackgroundWriter:
                     self._counts["spill_bad_lines"] += 1 if head else 0
                 path.unlink()
                 return
-            reader = LogReader(stream, str(path), skip_bad_lines=True)
+            # Not checked against `ledger.valid` here: the store checks, and quarantines what fails.
+            try:
+                reader = LogReader(stream, str(path), skip_bad_lines=True, check=False)
+            except LogFormatError as error:
+                aside = path.with_suffix(".unreadable")
+                log.error("kvledger writer: %s; the file is set aside as %s", error, aside)
+                with self._lock:
+                    self._counts["spill_bad_lines"] += 1
+                    self._last_error = str(error)
+                path.rename(aside)
+                return
             chunk: list[Event] = []
             for event in reader:
                 chunk.append(event)
@@ -281,23 +380,14 @@ class BackgroundWriter:
         path.unlink()
 
     def _dump_remaining(self) -> None:
-        """The deadline passed: put the in-flight batch and the queue on disk, before the open spill file."""
+        """The deadline passed: put the batch in flight and the queue on disk for the next writer."""
         with self._lock:
             self._dumped = True
-            fresh = [*self._in_flight, *self._queue]
+            if self._spill is None:
+                older = [*self._in_flight, *self._queue]
+                if older:
+                    self._spill_locked(older, "respilled")
+            # else: the open spill file began with the batch in flight and the queue (see `put`), and
+            # every later event went to it: it already holds all of them, in order.
             self._in_flight = []
             self._queue.clear()
-            newer: list[Event] = []
-            if self._spill is not None and self._spill_path is not None:
-                # The open spill file holds events newer than the queue: they follow it in the new file.
-                self._spill.close()
-                self._spill = None
-                with open(self._spill_path, "rb") as stream:
-                    newer = list(LogReader(stream, str(self._spill_path), skip_bad_lines=True))
-                self._spill_path.unlink()
-            if fresh or newer:
-                self._spill_locked(fresh, "respilled")
-            if newer:
-                assert self._spill is not None
-                self._spill.write_many(newer)
-                self._spill.flush()

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, make_url
 
 from api.app import create_app
+from api.server import server_config
 from api.settings import Settings
 from ledger.store.connect import open_store
 from tests.api.seed import incident_events
@@ -77,10 +78,11 @@ def client(seeded_url: str) -> Iterator[TestClient]:
 
 
 class ServerThread:
-    """uvicorn serving `app` on a free loopback port in a daemon thread."""
+    """uvicorn serving `app` on a free loopback port in a daemon thread, configured as `kvledger serve` is."""
 
     def __init__(self, app: FastAPI) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", timeout_graceful_shutdown=2)
+        config = server_config(app, app.state.settings, host="127.0.0.1", port=0, log_level="warning")
+        config.timeout_graceful_shutdown = 2
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.started = threading.Event()

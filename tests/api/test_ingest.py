@@ -110,6 +110,11 @@ def _valid_map() -> dict[str, object]:
         (json.dumps({"events": [_valid_map() | {"acks_expected": 0}]}).encode(), ["events", 0]),
         (json.dumps({"events": [_valid_map() | {"source": "x" * 500}]}).encode(), ["events", 0, "source"]),
         (json.dumps({"events": [_valid_map() | {"seq": 1 << 70}]}).encode(), ["events", 0, "seq"]),
+        (json.dumps({"events": [_valid_map() | {"block_ids": [1, 1 << 64]}]}).encode(), ["events", 0, "block_ids"]),
+        (json.dumps({"events": [_valid_map() | {"ts": 9e11}]}).encode(), ["events", 0, "ts"]),
+        (json.dumps({"events": [_valid_map() | {"deadline": -1.0}]}).encode(), ["events", 0, "deadline"]),
+        (json.dumps({"events": [_valid_map() | {"request_id": "r\x00"}]}).encode(), ["events", 0, "request_id"]),
+        (json.dumps({"events": [_valid_map() | {"transfer_id": ""}]}).encode(), ["events", 0, "transfer_id"]),
         (json.dumps({"events": [], "extra": 1}).encode(), []),
     ],
 )
@@ -121,6 +126,16 @@ def test_bad_bodies_are_422_naming_the_field(
     detail = response.json()["detail"][0]
     assert detail["loc"][: 1 + len(loc_suffix)] == ["body", *loc_suffix] and detail["msg"]
     assert stored(sqlite_url) == 0
+
+
+def test_an_escaped_backslash_before_u0000_is_text_not_a_nul(empty: TestClient, sqlite_url: str) -> None:
+    """The JSON string "C:\\\\u0000" is a backslash followed by `u0000`, six plain characters."""
+    event = Side("remote/tp0").map("tx-1", "C:\\u0000")
+    raw = json.dumps(body([event])).encode()
+    assert b"\\\\u0000" in raw
+    response = empty.post("/events", content=raw, headers=AUTH | {"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
+    assert empty.get("/requests/C:\\u0000").json()["sides"][0]["transfer_id"] == "tx-1"
 
 
 def test_oversized_body_is_413(sqlite_url: str) -> None:

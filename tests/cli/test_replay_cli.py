@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,9 @@ from tests.ledger.builders import Side
 
 runner = CliRunner()
 KVLEDGER = shutil.which("kvledger") or "kvledger"
+ROOT = Path(__file__).resolve().parents[2]
+CHECKOUT_CLI = [sys.executable, "-m", "ledger.cli"]
+"""The command of this checkout (the console script may run another install's code)."""
 
 
 def _incident(tmp_path: Path, seed: int = 5, **overrides: object) -> Path:
@@ -167,3 +172,46 @@ def test_merging_producer_and_consumer_logs_finds_a_premature_release(tmp_path: 
     result = runner.invoke(app, ["audit", str(tmp_path / "p.jsonl"), str(tmp_path / "c.jsonl"), "--json"])
     assert result.exit_code == 1
     assert [f["code"] for f in json.loads(result.stdout)] == ["premature_release"]
+
+
+def _checkout_cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([*CHECKOUT_CLI, *args], input=stdin, capture_output=True, cwd=ROOT, env=env, timeout=120)
+
+
+def test_a_pipe_is_read_as_a_log(tmp_path: Path) -> None:
+    """`cat log | kvledger replay /dev/stdin` once said "empty file": the SQLite sniff ate the pipe's start."""
+    path = _incident(tmp_path)
+    result = _checkout_cli("replay", "/dev/stdin", "--json", "--fail-on", "never", stdin=path.read_bytes())
+    assert result.returncode == 0, result.stderr
+    whole = runner.invoke(app, ["replay", str(path), "--json", "--fail-on", "never"])
+    assert json.loads(result.stdout)["events"] == json.loads(whole.stdout)["events"] > 0
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b'{"format":"kvledger","version":1,"meta":{"x":' + b"[" * 1000 + b"]" * 1000 + b"}}\n",
+         ":1: not a kvledger header (nested too deep: more than 64 levels)"),
+        (b'{"format":"kvledger","version":1}\n{"kind":"ack","seq":1,"ts":1,"source":"p","transfer_id":"t","what":"recv","rank":36893488147419103232}\n',
+         ":2: field 'rank': integer 36893488147419103232 does not fit in 64 bits"),
+    ],
+    ids=["header nested 1000 deep", "integer past 64 bits"],
+)  # fmt: skip
+def test_hostile_logs_exit_2_naming_file_and_line(tmp_path: Path, content: bytes, needle: str) -> None:
+    path = tmp_path / "hostile.jsonl"
+    path.write_bytes(content)
+    result = _checkout_cli("replay", str(path))
+    assert result.returncode == 2 and result.stdout == b""
+    assert result.stderr.decode().startswith(f"kvledger: error: {path}{needle}"), result.stderr
+
+
+def test_a_log_the_fold_once_crashed_on_replays_with_its_findings(tmp_path: Path) -> None:
+    """A map naming a block twice, two more claimants, then the first expired: replay exited 2 without a line."""
+    p = Side("prefill-0/tp0", start_ts=1000.0)
+    path = tmp_path / "poison.jsonl"
+    write_log(path, [p.map("a", "ra", blocks=(2, 2)), p.map("b", "rb", blocks=(2,)), p.map("c", "rc", blocks=(2,)),
+                     p.expire("a")])  # fmt: skip
+    result = runner.invoke(app, ["audit", str(path), "--json", "--now", "1001"])
+    assert result.exit_code == 0, result.output
+    assert "duplicate" in [f["code"] for f in json.loads(result.stdout)]  # the repeated block is evidence

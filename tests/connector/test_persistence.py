@@ -22,7 +22,7 @@ def _config(url: str) -> ConnectorConfig:
 def _map(ledger: Ledger, i: int) -> tuple[Event, Release | None]:
     return ledger.record(
         Map, transfer_id=TransferId(f"tx-{i}"), request_id=ReqId(f"p-{i}"), role="producer", mode="read",
-        block_ids=(i,), deadline=1e12, acks_expected=1,
+        block_ids=(i,), deadline=4e9, acks_expected=1,
     )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from connector.config import ConfigError, from_extra_config
 from connector.layout import LayoutError, block_ops, block_plan, geometry_of
 from connector.limits import MESSAGE_BYTES_MAX
 from connector.messages import ReleaseBlocks
+from connector.params import ParamsError, parse_params
 from connector.ports import engine_ports, free_loopback_ports, holder_ranks, rank_port, releases_expected
 from ledger.events import TransferId
 
@@ -160,6 +161,35 @@ def test_messages_round_trip_and_rejects() -> None:
     assert messages.decode(b"x" * (MESSAGE_BYTES_MAX + 1)).reason == "oversized"  # type: ignore[union-attr]
     old = messages.encode(ReleaseBlocks(transfer_id=TransferId("t"), rank=0, consumer_tp_size=1, version=99))
     assert messages.decode(old).reason == "version"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        ReleaseBlocks(transfer_id=TransferId("t" * 201), rank=0, consumer_tp_size=1),
+        ReleaseBlocks(transfer_id=TransferId("t\x00"), rank=0, consumer_tp_size=1),
+        ReleaseBlocks(transfer_id=TransferId("t"), rank=(1 << 64) - 1, consumer_tp_size=1),
+        messages.WriteDone(transfer_id=TransferId(""), rank=0),
+    ],
+    ids=["transfer id wider than the ledger's column", "NUL", "rank past 64 signed bits", "empty transfer id"],
+)
+def test_a_peer_cannot_make_this_process_record_an_invalid_event(message: messages.Message) -> None:
+    """Recorded, such a message's transfer id or rank would make an event the store refuses."""
+    rejected = messages.decode(messages.encode(message))
+    assert isinstance(rejected, messages.Rejected) and rejected.reason == "malformed"
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"transfer_id": "t" * 201, "do_remote_decode": True}, "transfer_id"),
+        ({"transfer_id": "t\x00", "do_remote_decode": True}, "transfer_id"),
+        ({"transfer_id": "t", "do_remote_prefill": True, "remote_block_ids": [1, 1 << 64]}, "remote_block_ids"),
+    ],
+)
+def test_transfer_params_that_would_make_an_invalid_event_are_refused(raw: dict[str, object], field: str) -> None:
+    with pytest.raises(ParamsError, match=f"kv_transfer_params.{field}"):
+        parse_params(raw)
 
 
 def _wait_for(predicate: object, rounds: int = 500) -> bool:

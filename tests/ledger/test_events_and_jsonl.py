@@ -9,6 +9,7 @@ import pytest
 
 from ledger.events import from_json, from_msgpack, to_json, to_msgpack
 from ledger.jsonl import LogFormatError, LogWriter, read_events, write_log
+from ledger.limits import JSONL_HEADER_DEPTH_MAX
 from ledger.merge import OverlapError, merge
 from ledger.synth import SynthConfig, generate
 from tests.ledger.builders import Side
@@ -65,6 +66,13 @@ def test_a_log_round_trips(tmp_path: Path) -> None:
          2, "expected"),
         (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":1,"source":"p","transfer_id":"t","expected":1}\n{"kind":"se',
          3, "truncated last line"),
+        (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":1,"source":"p","transfer_id":"t","expected":18446744073709551616}\n',
+         2, "field 'expected': integer 18446744073709551616 does not fit in 64 bits"),
+        (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":900000000000.0,"source":"p","transfer_id":"t","expected":1}\n',
+         2, "field 'ts': must be seconds since the epoch"),
+        (b'{"format":"kvledger","version":1}\n{"kind":"seal","seq":1,"ts":1,"source":"p\\u0000","transfer_id":"t","expected":1}\n',
+         2, "field 'source': must not contain NUL"),
+        (b'{"format":"kvledger","version":1,"meta":{"x":' + b"[" * 1000 + b"]" * 1000 + b"}}\n", 1, "nested too deep"),
     ],
 )  # fmt: skip
 def test_bad_logs_name_the_line_and_field(tmp_path: Path, content: bytes, line: int, needle: str) -> None:
@@ -104,3 +112,19 @@ def test_merge_orders_by_time_keeps_each_source_in_order_and_refuses_overlap() -
     assert [(e.source, e.seq) for e in merged] == [("p", 1), ("c", 1), ("p", 2), ("c", 2), ("p", 3)]
     with pytest.raises(OverlapError, match=r"appears in both a\.jsonl and b\.jsonl"):
         list(merge([left, left], names=["a.jsonl", "b.jsonl"]))
+
+
+def test_the_header_nesting_bound_does_not_depend_on_the_callers_stack(tmp_path: Path) -> None:
+    """The bound is counted before decoding: once, a header nested ~950 deep decoded in a shallow thread
+    (the service) and raised RecursionError in a deeper one (a test), as the fuzz found."""
+    path = tmp_path / "deep.jsonl"
+
+    def header(depth: int) -> bytes:
+        meta = b"[" * (depth - 2) + b'"]]"' + b"]" * (depth - 2)  # brackets in a string do not count
+        return b'{"format":"kvledger","version":1,"meta":{"x":' + meta + b"}}\n"
+
+    path.write_bytes(header(JSONL_HEADER_DEPTH_MAX))
+    assert list(read_events(path)) == []
+    path.write_bytes(header(JSONL_HEADER_DEPTH_MAX + 1))
+    with pytest.raises(LogFormatError, match="nested too deep"):
+        list(read_events(path))

@@ -108,6 +108,10 @@ class TcpProxy:
     def stop(self) -> None:
         with self._lock:
             if self._listener is not None:
+                # shutdown first: a bare close does not wake the thread blocked in accept(), which then
+                # went on accepting connections through an "outage".
+                with contextlib.suppress(OSError):
+                    self._listener.shutdown(socket.SHUT_RDWR)
                 self._listener.close()
                 self._listener = None
             for sock in self._sockets:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ledger.events import Ack, Event, TransferId
-from ledger.store.base import ConflictError, EventStore, StoredSnapshot, StoreError
+from ledger.events import Ack, Event, TransferId, from_json
+from ledger.store.base import ConflictError, EventStore, StoredSnapshot, StoreError, UnstorableEvent
 from ledger.synth import SynthConfig, generate
 
 
@@ -79,6 +79,37 @@ def test_unassigned_seq_is_refused(store: EventStore) -> None:
     event = Ack(ts=1.0, source="p/tp0", transfer_id=TransferId("t"), what="recv")
     with pytest.raises(StoreError, match="no seq"):
         store.append([event])
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"ts": 9e11}, {"source": "s" * 201}, {"transfer_id": "t\x00"}, {"seq": 1 << 64}],
+    ids=["ts past 9999", "source wider than its column", "NUL in an id", "seq past 64 bits"],
+)
+def test_an_invalid_event_is_refused_naming_it_and_nothing_of_its_batch_lands(
+    store: EventStore, change: dict[str, object]
+) -> None:
+    events = _events(5)
+    bad = msgspec.structs.replace(events[3], **change)
+    with pytest.raises(UnstorableEvent) as caught:
+        store.append([*events[:3], bad, *events[4:]])
+    assert caught.value.index == 3 and "field" in str(caught.value)
+    assert store.count() == 0
+
+
+def test_quarantine_keeps_refused_events_with_their_reason(store: EventStore) -> None:
+    events = _events(5)
+    odd = msgspec.structs.replace(events[1], source="p\x00/tp0", seq=1 << 70)
+    assert store.quarantine([(events[0], "conflict"), (odd, "field 'seq': too big")]) == 2
+    assert store.quarantine([(events[0], "conflict, seen again")]) == 0  # idempotent, like append
+    assert store.quarantined_count() == 2
+    first, second = store.quarantined()
+    assert (first.source, first.seq, first.reason) == (events[0].source, events[0].seq, "conflict")
+    assert from_json(first.body) == events[0]
+    assert (second.source, second.seq) == ("p\ufffd/tp0", None)  # what every backend can hold
+    assert b'"seq":1180591620717411303424' in second.body
+    assert [q.seq for q in store.quarantined(source=events[0].source)] == [events[0].seq]
+    assert store.count() == 0  # never part of the log
 
 
 def test_snapshots_latest_and_bounded(store: EventStore) -> None:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from ledger.cli import app
 from ledger.store import migrate, schema
 from ledger.store.base import SchemaMismatch, StoreError
-from ledger.store.connect import create_store_engine, open_store, parse_url
+from ledger.store.connect import create_store_engine, ensure_pg_schema, open_store, parse_url
 
 runner = CliRunner()
 
@@ -65,24 +65,40 @@ def test_newer_version_is_refused_naming_the_command(sql_url: str) -> None:
 
 
 def test_older_version_is_refused_then_upgraded(sql_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    open_store(sql_url, create=True).close()  # a database at 0001_initial
-    # A kvledger one version on: same history plus a 0002 revision.
+    open_store(sql_url, create=True).close()  # a database at this code's version
+    head = schema.SCHEMA_VERSION
+    # A kvledger one version on: same history plus one more revision.
     newer = tmp_path / "migrations"
     shutil.copytree(migrate.script_location(), newer, ignore=shutil.ignore_patterns("__pycache__"))
-    (newer / "versions" / "0002_note.py").write_text(
+    (newer / "versions" / "9999_note.py").write_text(
         '"""A test revision."""\nimport sqlalchemy as sa\nfrom alembic import op\n'
-        'revision = "0002_note"\ndown_revision = "0001_initial"\nbranch_labels = None\ndepends_on = None\n\n'
+        f'revision = "9999_note"\ndown_revision = "{head}"\nbranch_labels = None\ndepends_on = None\n\n'
         'def upgrade() -> None:\n    op.add_column("snapshots", sa.Column("note", sa.String(40)))\n\n'
         'def downgrade() -> None:\n    op.drop_column("snapshots", "note")\n'
     )
     monkeypatch.setattr(migrate, "script_location", lambda: newer)
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", "0002_note")
-    with pytest.raises(SchemaMismatch, match="older than 0002_note") as caught:
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", "9999_note")
+    with pytest.raises(SchemaMismatch, match="older than 9999_note") as caught:
         open_store(sql_url)
     assert "kvledger db upgrade --db" in str(caught.value)
     result = runner.invoke(app, ["db", "upgrade", "--db", sql_url])
     assert result.exit_code == 0, result.output
     open_store(sql_url).close()
+
+
+def test_the_quarantine_migration_upgrades_a_first_version_store(sql_url: str) -> None:
+    """A store made by the first kvledger (0001_initial) is refused, then upgraded in place, its events kept."""
+    store_url = parse_url(sql_url)
+    engine = create_store_engine(store_url)
+    ensure_pg_schema(engine, store_url, create=True)
+    migrate.upgrade_engine(engine, "0001_initial")
+    engine.dispose()
+    with pytest.raises(SchemaMismatch, match="0001_initial is older than 0002_quarantine"):
+        open_store(sql_url)
+    assert runner.invoke(app, ["db", "upgrade", "--db", sql_url]).exit_code == 0
+    store = open_store(sql_url)
+    assert store.quarantined_count() == 0
+    store.close()
 
 
 def test_create_upgrades_a_new_sqlite_file(tmp_path: Path) -> None:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+import msgspec
 
+from ledger.audit import audit
 from ledger.events import Event
 from ledger.fold import LedgerState, fold_all
-from ledger.jsonl import read_events, write_log
+from ledger.jsonl import write_log
 from ledger.ledger import Ledger
 from ledger.store import snapshot
-from ledger.store.base import EventStore, StoreError
+from ledger.store.base import EventStore
 from ledger.store.recovery import load_state, open_ledger, save_snapshot, snapshot_source
 from ledger.synth import SynthConfig, generate
+from tests.ledger.builders import Side
 
 PRODUCER = "prefill-0/tp0"
 
@@ -84,11 +86,34 @@ def test_unreadable_snapshot_falls_back_to_full_refold(store: EventStore) -> Non
     assert _view(load_state(store, PRODUCER).state) == _view(full)
 
 
-def test_gap_in_the_stored_log_is_an_error(store: EventStore) -> None:
+def test_a_gap_in_the_stored_log_is_reported_and_folded_over(store: EventStore) -> None:
     events = _producer_events(30)
-    store.append(events[:5] + events[6:10])
-    with pytest.raises(StoreError, match="gap"):
-        load_state(store, PRODUCER)
+    store.append(events[:5] + events[6:10] + events[12:15])
+    store.append([events[11]])  # a remote appender filling part of a hole later
+    recovered = load_state(store, PRODUCER)
+    assert recovered.gaps == [(6, 6), (11, 11)] and recovered.last_seq == 15 and recovered.folded == 13
+    ledger = open_ledger(store, PRODUCER)
+    assert ledger.log.next_seq == 16
+
+
+def test_a_stored_event_the_fold_finds_odd_does_not_stop_recovery(store: EventStore) -> None:
+    """The poison pill of issue 14: a map naming a block twice, two more claimants, then the first
+    decided. It once raised inside the fold, so the connector could not restart on its own store."""
+    p = Side(PRODUCER)
+    events = [p.map("a", "ra", blocks=(2, 2)), p.map("b", "rb", blocks=(2,)), p.map("c", "rc", blocks=(2,))]
+    store.append([*events, p.expire("a")])
+    ledger = open_ledger(store, PRODUCER)
+    assert ledger.log.next_seq == 5
+    assert sorted(ledger.state.claimants(PRODUCER, 2)) == [(PRODUCER, "b"), (PRODUCER, "c")]
+    assert {f.code for f in audit(ledger.state, p.ts)} >= {"duplicate"}
+
+
+def test_a_quarantined_seq_is_never_given_out_again(store: EventStore) -> None:
+    events = _producer_events(30)
+    store.append(events[:10])
+    store.quarantine([(msgspec.structs.replace(events[10], ts=9e11), "UnstorableEvent: field 'ts'")])
+    ledger = open_ledger(store, PRODUCER)
+    assert ledger.log.next_seq == 12  # seq 11 is the quarantined event's, even though the store never held it
 
 
 def test_fresh_store_gives_a_fresh_ledger(store: EventStore) -> None:
@@ -96,20 +121,19 @@ def test_fresh_store_gives_a_fresh_ledger(store: EventStore) -> None:
     assert isinstance(ledger, Ledger) and ledger.log.next_seq == 1 and not ledger.state.transfers
 
 
-def test_spilled_events_after_a_crash_hole_are_set_aside_and_the_log_continues(
-    store: EventStore, tmp_path: Path
-) -> None:
+def test_spilled_events_after_a_hole_are_loaded_and_the_gap_reported(store: EventStore, tmp_path: Path) -> None:
+    """Events lost before a durable spill file (only a failed spill write can do that now): every durable
+    spilled event is loaded exactly once, in order, and the hole is reported rather than fatal."""
     events = _producer_events()
     source = events[0].source
     mine = [e for e in events if e.source == source]
     store.append(mine[:10])
     spill = tmp_path / "spill"
     spill.mkdir()
-    # The crash lost seqs 11..14 (queued, never durable); the spill file after them survived.
-    write_log(spill / "spill-00000000000000000001-000001.jsonl", mine[14:20])
+    # Seqs 11..14 were lost; the spill file after them survived (its first event is already stored too).
+    write_log(spill / "spill-00000000000000000001-000001.jsonl", [mine[9], *mine[14:20]])
     ledger = open_ledger(store, source, spill_dir=spill)
-    assert [e.seq for e in store.read(source=source)] == list(range(1, 11))
-    assert ledger.log.next_seq == 11
-    orphaned = sorted(spill.glob("orphaned-*.jsonl"))
-    assert len(orphaned) == 1 and [e.seq for e in read_events(orphaned[0])] == list(range(15, 21))
-    assert not list(spill.glob("spill-*.jsonl"))
+    assert [e.seq for e in store.read(source=source)] == [*range(1, 11), *range(15, 21)]
+    assert load_state(store, source).gaps == [(11, 14)]
+    assert ledger.log.next_seq == 21
+    assert not list(spill.glob("*.jsonl"))

@@ -9,10 +9,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.events import Event
+from ledger.events import Event, from_json
 from ledger.jsonl import read_events
 from ledger.log import EventLog
-from ledger.store.base import EventStore, StoreUnavailable
+from ledger.store.base import EventStore, StoreError, StoreUnavailable
 from ledger.store.connect import open_store
 from ledger.store.writer import BackgroundWriter
 from ledger.synth import SynthConfig, generate
@@ -80,7 +80,7 @@ def test_store_down_spills_and_reloads_exactly_once_in_order(sqlite_store: Event
     flaky.down = True
     first = _append_all(events[:600], writer)  # far more than the queue holds
     stats = writer.stats()
-    assert stats["spilled"] > 0 and stats["spilling"]
+    assert stats["spilled"] > 0 and stats["spill_files_pending"] > 0
     assert stats["queued"] + stats["spilled"] == 600
     assert sqlite_store.count() == 0
     # Let the writer meet the outage at least once before the store comes back: on a
@@ -93,7 +93,9 @@ def test_store_down_spills_and_reloads_exactly_once_in_order(sqlite_store: Event
     assert list(sqlite_store.read()) == first
     stats = writer.stats()
     assert stats["failed_attempts"] > 0
-    assert stats["written"] == 600 and stats["loaded_from_spill"] == stats["spilled"]
+    # The queue and the batch in flight went to the spill file first, ahead of the events after them.
+    assert stats["respilled"] > 0 and stats["dropped"] == 0, stats
+    assert stats["written"] == 600 and stats["loaded_from_spill"] == stats["spilled"] + stats["respilled"]
     assert not list((tmp_path / "spill").glob("spill-*.jsonl"))
     assert writer.close(timeout=30)
 
@@ -116,7 +118,7 @@ def test_close_while_down_keeps_everything_for_the_next_writer(sqlite_store: Eve
     assert again.stats()["loaded_from_spill"] == len(appended)
 
 
-def test_conflicting_event_is_set_aside_and_counted(sqlite_store: EventStore, tmp_path: Path) -> None:
+def test_conflicting_event_is_quarantined_and_counted(sqlite_store: EventStore, tmp_path: Path) -> None:
     events = list(generate(SynthConfig(transfers=5), seed=1))
     sqlite_store.append(events[:3])
     clash = msgspec.structs.replace(events[1], ts=0.5)
@@ -125,9 +127,45 @@ def test_conflicting_event_is_set_aside_and_counted(sqlite_store: EventStore, tm
         writer.put(event)
     assert writer.close(timeout=30)
     stats = writer.stats()
-    assert stats["rejected"] == 1 and "different content" in str(stats["last_error"])
-    assert list(read_events(tmp_path / "spill" / "rejected.jsonl")) == [clash]
+    assert stats["quarantined"] == 1 and "different content" in str(stats["last_error"])
+    [kept] = sqlite_store.quarantined()
+    assert from_json(kept.body) == clash and "ConflictError" in kept.reason
     assert list(sqlite_store.read()) == events
+
+
+def test_an_event_the_store_cannot_take_is_quarantined_and_the_writer_goes_on(
+    sqlite_store: EventStore, tmp_path: Path
+) -> None:
+    """Once, an integer past 64 bits or a source wider than its column stalled the writer for ever."""
+    events = list(generate(SynthConfig(transfers=20), seed=1))
+    bad = {5: {"seq": 1 << 64}, 9: {"source": "s" * 300}, 10: {"ts": 9e11}}
+    stream = [msgspec.structs.replace(e, **bad[i]) if i in bad else e for i, e in enumerate(events)]
+    writer = BackgroundWriter(sqlite_store, tmp_path / "spill", batch_events_max=8).start()
+    for event in stream:
+        writer.put(event)
+    assert writer.close(timeout=30)
+    stats = writer.stats()
+    assert stats["quarantined"] == 3 and stats["written"] == len(events) - 3 and stats["failed_attempts"] == 0
+    assert list(sqlite_store.read()) == [e for i, e in enumerate(events) if i not in bad]
+    assert [from_json(q.body) for q in sqlite_store.quarantined()] == [stream[i] for i in sorted(bad)]
+
+
+def test_without_a_quarantine_table_a_refused_event_goes_to_rejected_jsonl(
+    sqlite_store: EventStore, tmp_path: Path
+) -> None:
+    class NoQuarantine(FlakyStore):
+        def quarantine(self, items: object) -> int:
+            raise StoreError("no such table: quarantine")
+
+    events = list(generate(SynthConfig(transfers=3), seed=1))
+    bad = msgspec.structs.replace(events[1], ts=-1.0)
+    writer = BackgroundWriter(NoQuarantine(sqlite_store), tmp_path / "spill").start()
+    for event in [events[0], bad, *events[2:]]:
+        writer.put(event)
+    assert writer.close(timeout=30)
+    assert writer.stats()["quarantined"] == 1
+    assert list(read_events(tmp_path / "spill" / "rejected.jsonl", check=False)) == [bad]
+    assert sqlite_store.count() == len(events) - 1
 
 
 def test_put_after_close_is_spilled_not_lost(sqlite_store: EventStore, tmp_path: Path) -> None:

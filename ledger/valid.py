@@ -1,0 +1,173 @@
+"""What a valid event is: the one definition that ingest, the JSONL reader, the connector's edges
+and the store all apply.
+
+An event's fields are typed by `ledger.events`; a *valid* event also fits everywhere an event
+goes (every store, both encodings, the clock a timeline prints):
+
+- every integer (seq, counts, ranks, and each member of a block or layer list) fits in 64 signed
+  bits, and `seq` is at least 1 once a log has assigned it;
+- `ts` and a map's `deadline` are seconds in [0, TS_MAX] (no NaN, no infinity);
+- `source` and `transfer_id` are 1 to their column's width of characters, and they and a map's
+  `request_id` are non-empty and hold no NUL (PostgreSQL's text cannot).
+
+Everything else (layer numbers past any model, ranks, duplicates, order) is the fold's business:
+valid but odd events are evidence for findings, never rejected here.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Annotated
+
+import msgspec
+
+from ledger.events import Ack, Event, Map, Schedule, Seal, TransferId
+from ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
+
+
+class InvalidEvent(ValueError):
+    """An event outside the definition above; `field` names the first field that is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"field {field!r}: {message}")
+
+
+Int64 = Annotated[int, msgspec.Meta(ge=INT64_MIN, le=INT64_MAX)]
+"""An integer field of a wire struct that ends up in an event (a peer's rank, a block id)."""
+
+TransferIdText = Annotated[
+    TransferId, msgspec.Meta(min_length=1, max_length=TRANSFER_ID_CHARS_MAX, pattern="^[^\x00]*$")
+]
+"""A transfer id as a wire struct outside the ledger (a peer's message) must carry it."""
+
+
+def _text(name: str, value: str, chars_max: int | None) -> tuple[str, str] | None:
+    if not value:
+        return name, "must not be empty"
+    if chars_max is not None and len(value) > chars_max:
+        return name, f"longer than {chars_max} characters ({len(value)})"
+    if "\x00" in value:
+        return name, "must not contain NUL characters"
+    return None
+
+
+def text_problem(name: str, value: str) -> tuple[str, str] | None:
+    """(field, why) when the identifier `value` of field `name` breaks the rules above, else None."""
+    return _text(name, value, _TEXT_CHARS_MAX.get(name))
+
+
+_TEXT_CHARS_MAX: dict[str, int | None] = {
+    "source": SOURCE_CHARS_MAX,
+    "transfer_id": TRANSFER_ID_CHARS_MAX,
+    "request_id": None,
+}
+
+
+def ints_problem(name: str, values: tuple[int, ...] | None) -> tuple[str, str] | None:
+    """(field, why) when a member of the integer list `values` of field `name` is not 64-bit, else None."""
+    return _ints(name, values)
+
+
+def _time(name: str, value: float) -> tuple[str, str] | None:
+    if 0.0 <= value <= TS_MAX:  # False for NaN too
+        return None
+    return name, f"must be seconds since the epoch in [0, {TS_MAX:.0f}] (9999-12-31), got {value!r}"
+
+
+def _int(name: str, value: int) -> tuple[str, str] | None:
+    if INT64_MIN <= value <= INT64_MAX:
+        return None
+    return name, f"integer {value} does not fit in 64 bits"
+
+
+def _ints(name: str, values: tuple[int, ...] | None) -> tuple[str, str] | None:
+    # min and max run in C: a block list of thousands costs a few microseconds, not a loop.
+    if values and (min(values) < INT64_MIN or max(values) > INT64_MAX):
+        bad = next(v for v in values if not INT64_MIN <= v <= INT64_MAX)
+        return name, f"integer {bad} does not fit in 64 bits"
+    return None
+
+
+def event_problem(event: Event, *, assigned: bool = True) -> tuple[str, str] | None:
+    """(field, why) for the first rule `event` breaks, or None when it is valid.
+
+    With `assigned` (the default) the seq must be one a log gave (>= 1); without, 0 (not yet
+    assigned) is accepted too. Cheap when the event is valid: a few comparisons per field.
+    """
+    seq = event.seq
+    if not (1 if assigned else 0) <= seq <= INT64_MAX:
+        return "seq", f"must be in [{1 if assigned else 0}, {INT64_MAX}], got {seq}"
+    found = (
+        _time("ts", event.ts)
+        or _text("source", event.source, SOURCE_CHARS_MAX)
+        or _text("transfer_id", event.transfer_id, TRANSFER_ID_CHARS_MAX)
+    )
+    if found is not None:
+        return found
+    kind = type(event)
+    if kind is Map:
+        m: Map = event  # type: ignore[assignment]
+        return (
+            _text("request_id", m.request_id, None)
+            or _ints("block_ids", m.block_ids)
+            or _ints("remote_block_ids", m.remote_block_ids)
+            or _time("deadline", m.deadline)
+            or _int("acks_expected", m.acks_expected)
+        )
+    if kind is Ack:
+        a: Ack = event  # type: ignore[assignment]
+        return _ints("layers", a.layers) or _int("rank", a.rank)
+    if kind is Schedule:
+        s: Schedule = event  # type: ignore[assignment]
+        return _ints("layers", s.layers) or _int("attempt", s.attempt)
+    if kind is Seal:
+        return _int("expected", event.expected)  # type: ignore[union-attr]
+    return None  # fail and expire carry no other number or identifier
+
+
+def check_event(event: Event, *, assigned: bool = True) -> None:
+    """Raise `InvalidEvent` naming the field when `event` is not valid (see `event_problem`)."""
+    found = event_problem(event, assigned=assigned)
+    if found is not None:
+        raise InvalidEvent(*found)
+
+
+_DIGITS_AS_ZERO = bytes.maketrans(b"0123456789", b"0000000000")
+_LONG_INTEGER = b"0" * 19
+"""Nineteen digits in a row (once every digit reads 0): the shortest JSON number that can exceed 64 bits."""
+_NUL_ESCAPE = b"\\u0000"
+"""The only way JSON can put a NUL in a string (raw control characters are malformed JSON)."""
+_seq, _ts, _source, _transfer_id = attrgetter("seq"), attrgetter("ts"), attrgetter("source"), attrgetter("transfer_id")
+_deadline, _request_id = attrgetter("deadline"), attrgetter("request_id")
+
+
+def json_chunk_valid(events: list[Event], raw: bytes) -> bool:
+    """True only if every event decoded from the JSON lines `raw` is valid; False means "look at each".
+
+    The whole chunk at once in C (min and max over the fields, two scans of the bytes) instead of
+    `event_problem` per event: a replay reads millions. It may answer False for a valid chunk (a
+    long digit run in a float, an escaped backslash before `u0000`), never True for an invalid one.
+    """
+    if not events:
+        return True
+    digits = raw.translate(_DIGITS_AS_ZERO)  # one pass in C; the escape below has only zeros as digits
+    if _NUL_ESCAPE in digits or _LONG_INTEGER in digits:
+        return False  # every integer is now below 10**18 in magnitude, no string holds NUL
+    times = list(map(_ts, events))
+    sources = list(map(len, map(_source, events)))
+    transfer_ids = list(map(len, map(_transfer_id, events)))
+    if (
+        min(map(_seq, events)) < 1
+        or not (min(times) >= 0.0 and max(times) <= TS_MAX)
+        or not (min(sources) >= 1 and max(sources) <= SOURCE_CHARS_MAX)
+        or not (min(transfer_ids) >= 1 and max(transfer_ids) <= TRANSFER_ID_CHARS_MAX)
+    ):
+        return False
+    maps = [e for e in events if type(e) is Map]
+    if maps:
+        deadlines = list(map(_deadline, maps))
+        if not (min(deadlines) >= 0.0 and max(deadlines) <= TS_MAX) or min(map(len, map(_request_id, maps))) < 1:
+            return False
+    return True
