@@ -23,6 +23,7 @@ never raises.
 from __future__ import annotations
 
 import heapq
+import struct
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Final, Literal, TypeAlias
@@ -889,8 +890,7 @@ class LedgerState:
                 continue
             if clean_only and self.has_evidence(key):
                 continue
-            self._forget(key, t)
-            dropped += 1
+            dropped += self._forget(key, t)
         if dropped:
             transfers = self.transfers
             self.decided = deque(item for item in self.decided if item[1] in transfers)
@@ -913,8 +913,7 @@ class LedgerState:
                 continue
             if keep_evidence and self.has_evidence(key):
                 continue
-            self._forget(key, t)
-            dropped += 1
+            dropped += self._forget(key, t)
         return dropped
 
     def has_evidence(self, key: Key) -> bool:
@@ -932,7 +931,15 @@ class LedgerState:
         tid = key[1]
         return any((source, tid) in expired for source in self.sources)
 
-    def _forget(self, key: Key, t: TransferState) -> None:
+    def _forget(self, key: Key, t: TransferState) -> bool:
+        """Compact one decided side; False (kept whole) when its numbers do not fit a tombstone."""
+        m, decision = t.map_event, t.decision
+        tomb: Compacted | None = None
+        if m is not None and decision is not None:
+            try:
+                tomb = compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
+            except (OverflowError, struct.error):
+                return False  # integers past 64 bits (no valid event has them): kept whole, as evidence
         del self.transfers[key]
         # The evidence indexes are usually empty: skip hashing the key into them.
         if self.anomalous:
@@ -941,14 +948,13 @@ class LedgerState:
             self.double_owned.pop(key, None)
         if self.orphans_expired:
             self.orphans_expired.pop(key, None)
-        m, decision = t.map_event, t.decision
-        if m is not None and decision is not None:
+        if tomb is not None:
             memory = self.id_memory
             if memory is None:
                 memory = self.id_memory = IdMemory()
             memory.add(key[0], key[1])
             tombstones = self.tombstones
-            tombstones[key] = compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
+            tombstones[key] = tomb
             if len(tombstones) >= self.tombstones_max // 2:
                 self._evict(self.tombstones_old)
                 self.tombstones_old, self.tombstones = tombstones, {}
@@ -963,6 +969,7 @@ class LedgerState:
         by_phase[phase] = by_phase.get(phase, 0) + 1
         mode = t.mode or "unmapped"
         by_mode[mode] = by_mode.get(mode, 0) + 1
+        return True
 
     def _evict(self, generation: dict[Key, Tombstone]) -> None:
         """The bound: the oldest tombstones go; from now on their keys are only in the id memory."""

@@ -18,6 +18,8 @@ def duration(seconds: float) -> str:
     """`350 µs`, `12 ms`, `1.2 s`, `42 s`, `4 min 10 s`, `3 h`, `2 d 4 h`; negative durations get a minus sign."""
     if seconds != seconds:  # NaN: say so rather than print a number that is not one
         return "unknown"
+    if seconds in (float("inf"), float("-inf")):
+        return "forever" if seconds > 0 else "-forever"  # an odd event's time; never a crash on a page
     if seconds < 0:
         return "-" + duration(-seconds)
     if seconds == 0:

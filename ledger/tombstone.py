@@ -35,21 +35,17 @@ class Compacted(msgspec.Struct, frozen=True, gc=False, array_like=True):
     reason: str
     packed: bytes
     """`_NUMBERS`, then the block ids as signed 64-bit ints."""
-    wide_blocks: tuple[int, ...] | None = None
-    """The block ids themselves when one does not fit a signed 64-bit int (then not in `packed`)."""
 
 
 def compacted(m: Map, decision: Release, arrived_ts: float | None, arrived_seq: int, events: int) -> Compacted:
+    """Raises OverflowError or struct.error for an integer past 64 bits (no valid event has one: the
+    fold then keeps that side whole)."""
     numbers = _NUMBERS.pack(
         m.deadline, m.ts, decision.ts, math.nan if arrived_ts is None else arrived_ts,
         m.acks_expected, m.seq, decision.seq, arrived_seq, events,
     )  # fmt: skip
-    try:
-        return Compacted(
-            m.request_id, m.role, m.mode, decision.cause, decision.reason, numbers + array("q", m.block_ids).tobytes()
-        )
-    except OverflowError:
-        return Compacted(m.request_id, m.role, m.mode, decision.cause, decision.reason, numbers, m.block_ids)
+    blocks = array("q", m.block_ids).tobytes()
+    return Compacted(m.request_id, m.role, m.mode, decision.cause, decision.reason, numbers + blocks)
 
 
 class Unpacked(msgspec.Struct, frozen=True, gc=False):
@@ -71,7 +67,7 @@ def unpack(c: Compacted) -> Unpacked:
     deadline, map_ts, decision_ts, arrived_ts, acks, map_seq, decision_seq, arrived_seq, events = _NUMBERS.unpack_from(
         c.packed
     )
-    blocks = c.wide_blocks if c.wide_blocks is not None else tuple(array("q", c.packed[_NUMBERS.size :]))
+    blocks = tuple(array("q", c.packed[_NUMBERS.size :]))
     arrived = None if math.isnan(arrived_ts) else arrived_ts
     return Unpacked(deadline, map_ts, decision_ts, arrived, acks, map_seq, decision_seq, arrived_seq, events, blocks)
 
