@@ -71,6 +71,12 @@ class SchedulerCore:
         """A second request naming a used transfer id: its map is recorded so that the fold refuses it
         (an id_reuse finding naming this request) and holds nothing for it."""
         self.counters["transfer_id_reused"] += 1
+        self._record_blockless_map(request_id, params, role, now)
+        # No transfer starts, so no release will ever drop the index entry the map made.
+        self.index.forget(request_id, params.transfer_id)
+
+    def _record_blockless_map(self, request_id: ReqId, params: TransferParams, role: Role, now: float) -> None:
+        """A side that holds no blocks (refused, or ended before its allocation): the log says what happened."""
         peer = params.peer()
         self._record(
             Map(
@@ -85,8 +91,6 @@ class SchedulerCore:
                 peer=peer.label if peer else None,
             )
         )
-        # No transfer starts, so no release will ever drop the index entry the map made.
-        self.index.forget(request_id, params.transfer_id)
 
     # -- hooks ----------------------------------------------------------------
 
@@ -278,19 +282,7 @@ class SchedulerCore:
         # Recorded as a failed, blockless side so that the log says what happened and replay agrees.
         tid = params.transfer_id
         peer = params.peer()
-        self._record(
-            Map(
-                ts=now,
-                source=self.source,
-                transfer_id=tid,
-                request_id=request_id,
-                role="consumer",
-                mode=self.config.mode,
-                block_ids=(),
-                deadline=now,
-                peer=peer.label if peer else None,
-            )
-        )
+        self._record_blockless_map(request_id, params, "consumer", now)
         self._record(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_ABORTED_BEFORE_ALLOCATION))
         if peer is not None and self._allowed_peer(peer):
             self._step.abort.append(AbortItem(transfer_id=tid, request_id=request_id, peer=peer))
