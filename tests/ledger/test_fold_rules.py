@@ -114,6 +114,26 @@ def test_write_mode_layer_dedupe_seal_and_completion() -> None:
     assert codes["duplicate"] == 1 and codes["over_ack"] == 0 and codes["leak"] == 0
 
 
+def test_write_acks_are_over_ack_evidence_on_a_read_producer_and_never_complete_it() -> None:
+    """A READ producer is freed by release acks only. Write acks of layers it happens to have scheduled
+    once took the WRITE producer's inline paths: counted silently, and with a seal they completed it."""
+    p = Side("prefill-0/tp0")
+    state = LedgerState()
+    events = [
+        p.map(T, "p-1", "producer", "read"),
+        p.schedule(T, (0,), op="write"),  # caches the layer tuple: the inline ack path is warm
+        p.ack(T, "write", (0,)),
+        p.schedule(T, (1,), op="write"),
+        p.seal(T, 2),
+        p.ack(T, "write", (1,)),
+    ]
+    assert [state.apply(e) for e in events] == [None] * len(events)
+    t = state.transfers[(p.source, T)]
+    assert t.live and t.over_ack_seqs == [3, 6]
+    release = state.apply(p.ack(T, "release"))
+    assert release is not None and release.cause == "completed"
+
+
 def test_all_writes_acked_before_seal_completes_at_seal() -> None:
     p = Side("prefill-0/tp0")
     events = [
