@@ -62,7 +62,8 @@ def test_retry_past_the_transfer_timeout_then_terminal_fail_releases() -> None:
     assert releases[0].seq == events[-1].seq
     assert failed_recving(releases) == {"c-1"} and finished_recving(releases) == {"c-1"}
     assert load_error_blocks(releases) == {1, 2}
-    assert state.transfers[("decode-0/tp0", T)].transient_failures == 5
+    t = state.transfers[("decode-0/tp0", T)]
+    assert t.transient_failures == 5 and t.retries == 5 and t.deferrals == 0
 
 
 def test_failed_write_releases_the_producer() -> None:
@@ -89,6 +90,27 @@ def test_deferred_write_expires_and_releases() -> None:
     assert [r.cause for r in releases] == ["expired"]
     assert state.transfers[("prefill-0/tp0", T)].deferrals == 1
     assert state.blocks_held == 0
+
+
+def test_deferred_and_retried_schedules_are_counted_when_their_layers_are_known() -> None:
+    """The inline schedule path (a layer tuple seen before) takes first tries only: a deferral or a
+    retry of fresh layers is counted, and is never a duplicate."""
+    p = Side("prefill-0/tp0")
+    state, _ = fold_all(
+        [
+            p.map("warm", "p-0", "producer", "write", blocks=(9,)),
+            p.schedule("warm", (0,), op="write"),  # the tuple (0,) is known from here on
+            p.map("deferred", "p-1", "producer", "write", blocks=(1,)),
+            p.schedule("deferred", (0,), op="write", deferred=True),
+            p.map("retried", "p-2", "producer", "write", blocks=(2,)),
+            p.schedule("retried", (0,), op="write", attempt=1),
+            p.schedule("retried", (0,), op="write", attempt=2),
+        ]
+    )
+    deferred, retried = state.transfers[(p.source, "deferred")], state.transfers[(p.source, "retried")]
+    assert (deferred.deferrals, deferred.retries, deferred.scheduled, deferred.phase) == (1, 0, {0}, "active")
+    assert (retried.deferrals, retried.retries, retried.scheduled) == (0, 2, {0})
+    assert not deferred.has_anomaly and not retried.has_anomaly
 
 
 def test_write_mode_layer_dedupe_seal_and_completion() -> None:
