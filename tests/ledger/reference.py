@@ -278,10 +278,12 @@ class Reference:
     claims: dict[Key, list[tuple[int, Key]]] = field(default_factory=dict)
     """Side -> (block, the longest-held live side of its source holding it too) at the side's map."""
     sources: list[str] = field(default_factory=list)
+    mapped_order: dict[Key, int] = field(default_factory=dict)
+    """Side -> the position in `events` of its accepted map."""
 
     def __post_init__(self) -> None:
         by_side: dict[Key, list[Event]] = {}
-        mapped_order: dict[Key, int] = {}
+        mapped_order = self.mapped_order
         for n, e in enumerate(self.events):
             key = (e.source, e.transfer_id)
             if e.source not in self.sources:
@@ -305,6 +307,15 @@ class Reference:
                 assert v.decision is not None
                 self.releases.append(v.decision)
             self.verdicts[key] = v
+
+    def holders(self, source: str) -> dict[int, list[Key]]:
+        """Block -> the live sides of `source` holding it, longest held first."""
+        out: dict[int, list[Key]] = {}
+        live = [v for v in self.verdicts.values() if v.key[0] == source and v.live]
+        for v in sorted(live, key=lambda v: self.mapped_order[v.key]):
+            for block in v.mapped.block_ids:  # type: ignore[union-attr]
+                out.setdefault(block, []).append(v.key)
+        return out
 
     def findings(self, now: float, *, transfer_timeout_s: float = 30.0, clock_skew_s: float = 0.5) -> list[Finding]:
         """Every finding at `now`, in no particular order (compare with `canonical`)."""

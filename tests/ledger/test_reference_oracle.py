@@ -33,7 +33,7 @@ SHAPES = st.builds(
 
 
 @settings(
-    max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=500, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )  # fmt: skip
 @given(seed=st.integers(0, 2**32 - 1), shape=SHAPES)
 def test_the_fold_and_the_audit_agree_with_the_reference(seed: int, shape: Shape) -> None:
@@ -41,6 +41,16 @@ def test_the_fold_and_the_audit_agree_with_the_reference(seed: int, shape: Shape
     state, releases = fold_all(events)
     reference = Reference(events)
     assert releases == reference.releases
+    assert state.releases_by_cause == {
+        c: sum(r.cause == c for r in releases) for c in ("completed", "failed", "expired")
+    }
+    live = [v for v in reference.verdicts.values() if v.live]
+    assert state.blocks_held == sum(len(v.mapped.block_ids) for v in live if v.mapped is not None)
+    for source in reference.sources:
+        holders = reference.holders(source)
+        assert state.held.get(source, set()) == set(holders)
+        for block in range(shape.block_pool + 1):
+            assert state.claimants(source, block) == holders.get(block, []), (source, block)
     for now in audit_moments(events, random.Random(seed)):
         findings = audit(state, now)
         assert canonical(findings) == canonical(reference.findings(now)), now
