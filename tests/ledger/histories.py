@@ -6,7 +6,8 @@ A history is a pure function of a seed and a `Shape` (Hypothesis draws both), so
 is replayed from two numbers. Times are multiples of 1/64 s: sums and differences of them are exact
 in floating point, so "exactly at a deadline" means exactly, whichever way a comparison is written.
 Events are ordered as a merged log is (by time; ties in a drawn order) and each source's seqs are
-gapless from 1 in that order, as a `Ledger` assigns them.
+gapless from 1 in that order, as a `Ledger` assigns them. Times never step back: the fold's orphan
+audit walks never-mapped sides in first-sight order and stops at the first one not yet due.
 """
 
 from __future__ import annotations

@@ -23,6 +23,17 @@ The rules, as README.md ("The decisions", "Audits") and the fold's docstrings st
 - Over-ack: a layer or rank number out of range; an ack kind the side does not receive; an ack of
   a layer not scheduled yet on a mapped side; a layered ack or a seal after which more layers are
   acked than sealed. One evidence entry per rule broken, so one event may appear twice.
+- Findings at `now`: a live side is a leak from its deadline on (deadline <= now), else stuck after
+  more than the transfer timeout without an event; a never-mapped side is an orphan from exactly the
+  transfer timeout after its first event, or once expired; two live sides of a source holding one
+  block are a double owner (on the later one, naming the longest-held other); a producer released by
+  expire is a premature release when a consumer of its transfer finished reading more than the clock
+  skew later; evidence lists give late, over-ack, id-reuse and duplicate findings.
+
+Where the README says less than the fold does, the reference follows the fold: an ack kind a side does
+not receive is over-ack evidence *and* still counts (a layered read ack towards a WRITE producer's
+layers, a whole write ack as a READ consumer's whole ack), and a READ consumer also completes when
+its sealed layer count is acked.
 """
 
 from __future__ import annotations
