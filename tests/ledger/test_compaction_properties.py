@@ -15,7 +15,7 @@ import random
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import ledger.fold as fold_module
@@ -71,6 +71,7 @@ def _replay(events: list[Event], chunk: int, compact_every: int | None) -> Repla
 def test_a_replay_with_compaction_decides_and_finds_what_one_without_does(
     seed: int, shape: Shape, chunk: int, every: int
 ) -> None:
+    note(f"history({seed}, {shape!r})")
     events = history(seed, shape)
     whole = _replay(events, chunk, None)
     compacted = _replay(events, chunk, every)
@@ -96,6 +97,7 @@ def _forgets(events: list[Event]) -> int:
 @PROPERTY
 @given(seed=SEEDS)
 def test_a_small_tombstone_bound_that_is_not_hit_changes_nothing(seed: int) -> None:
+    note(f"history({seed}, {LONG!r})")
     events = history(seed, LONG)
     forgets = _forgets(events)
     bound = 2 * (forgets // 2 + 1)  # one generation turns over, the second never fills
@@ -145,6 +147,7 @@ def _by_source(events: list[Event]) -> dict[str, list[Event]]:
 def test_a_running_ledger_that_forgets_decides_what_one_that_never_forgets_does(
     seed: int, shape: Shape, retain_s: float, every: int
 ) -> None:
+    note(f"history({seed}, {shape!r})")
     for source, events in _by_source(history(seed, shape)).items():
         keeping = Ledger(source)
         forgetting = Ledger(source)
@@ -175,6 +178,7 @@ def test_a_running_ledger_that_forgets_decides_what_one_that_never_forgets_does(
 def test_a_snapshot_taken_mid_history_continues_as_the_state_does(
     seed: int, shape: Shape, cut: float, keep_evidence: bool
 ) -> None:
+    note(f"history({seed}, {shape!r})")
     events = history(seed, shape)
     head, tail = events[: int(len(events) * cut)], events[int(len(events) * cut) :]
     state, _ = fold_all(head)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from ledger.audit import SEVERITY_RANK, audit
@@ -37,6 +37,7 @@ SHAPES = st.builds(
 )  # fmt: skip
 @given(seed=st.integers(0, 2**32 - 1), shape=SHAPES)
 def test_the_fold_and_the_audit_agree_with_the_reference(seed: int, shape: Shape) -> None:
+    note(f"events = history({seed}, {shape!r})")
     events = history(seed, shape)
     state, releases = fold_all(events)
     reference = Reference(events)
