@@ -46,6 +46,20 @@ def test_stuck_needs_more_than_the_transfer_timeout_without_an_event() -> None:
     assert audit(state, 12.0, config) == [] and _codes(audit(state, 12.0 + TICK, config)) == ["stuck"]
 
 
+def test_due_sides_come_earliest_deadline_first_and_the_running_ledger_expires_them_so() -> None:
+    p = Side(P, start_ts=0.0)
+    events = [
+        p.map("late", "p-1", blocks=(1,), deadline=20.0, ts=0.0),
+        p.map("early", "p-2", blocks=(2,), deadline=10.0, ts=0.0),
+        p.map("same", "p-3", blocks=(3,), deadline=10.0, ts=0.0),
+    ]
+    state, _ = fold_all(events)
+    assert [t.transfer_id for t in state.due(30.0)] == ["early", "same", "late"]
+    ledger = Ledger(P, clock=lambda: 0.0)
+    ledger.extend(events)
+    assert [r.transfer_id for r in ledger.expire_due(30.0, transfer_timeout_s=30.0)] == ["early", "same", "late"]
+
+
 def test_a_leak_is_not_also_stuck() -> None:
     p = Side(P, start_ts=0.0)
     state, _ = fold_all([p.map("a", "p-a", deadline=40.0, ts=0.0)])
@@ -152,6 +166,7 @@ def test_audit_config_rejects_what_cannot_be_a_timeout_or_a_skew() -> None:
     with pytest.raises(ValueError, match="clock_skew_s"):
         AuditConfig(clock_skew_s=-TICK)
     assert AuditConfig(clock_skew_s=0.0).clock_skew_s == 0.0
+    assert AuditConfig(transfer_timeout_s=TICK, clock_skew_s=TICK).transfer_timeout_s == TICK
 
 
 def test_an_empty_state_has_no_findings() -> None:

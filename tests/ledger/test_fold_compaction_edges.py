@@ -82,9 +82,9 @@ def test_events_past_the_bound_are_counted_by_kind() -> None:
         state.apply(event)
     state.forget_decided(before_ts=p.ts + 1)
     assert state.tombstones_evicted >= 2 and (P, "tx-0") not in state.tombstones_old
-    for event in (p.ack("tx-0", "release", rank=1), p.ack("tx-0", "release", rank=2), p.map("tx-0", "p-again")):
-        assert state.apply(event) is None
-    assert (state.late_after_eviction, state.reused_after_eviction) == (2, 1)
+    again = (p.map("tx-0", "p-again"), p.ack("tx-0", "release", rank=1), p.map("tx-0", "p-3rd"), p.ack("tx-0", "recv"))
+    assert [state.apply(event) for event in again] == [None] * 4
+    assert (state.late_after_eviction, state.reused_after_eviction) == (2, 2)
 
 
 def test_the_snapshot_view_names_every_field_and_the_values_read_from_events() -> None:
@@ -122,5 +122,46 @@ def test_a_recalled_side_is_the_decided_side_again_and_snapshots_round_trip() ->
     view = recalled.snapshot()
     for field in ("request_id", "block_ids", "acks_expected", "decision", "phase", "role", "mode", "map_seq"):
         assert view[field] == whole[field], field
+    assert view["first_seq"] == whole["first_seq"] == 1 and view["events"] == whole["events"] + 1 == 4
     restored = snapshot.decode(snapshot.encode(state))
     assert snapshot.encode(restored) == snapshot.encode(state)
+
+
+def test_compact_takes_what_is_persisted_even_behind_a_side_that_is_not() -> None:
+    p = Side(P)
+    events = [*_clean(p, 2), p.ack("tx-0", "release", rank=1)]  # tx-0's late event is seq 5, not persisted
+    state, _ = fold_all(events)
+    assert state.compact({P: 4}) == 1 and list(state.transfers) == [(P, "tx-0")]
+
+
+def test_forget_decided_keeps_a_side_whose_last_event_is_exactly_at_the_cut() -> None:
+    p = Side(P, start_ts=0.0, step_s=1.0)
+    state, _ = fold_all([*_clean(p, 1), p.ack("tx-0", "release", rank=1, ts=10.0)])
+    assert state.forget_decided(before_ts=10.0) == 0 and (P, "tx-0") in state.transfers
+    assert state.forget_decided(before_ts=10.0 + 1 / 64) == 1
+
+
+def test_an_evicted_expired_producer_is_no_premature_release_candidate_any_more() -> None:
+    p = Side(P)
+    state = LedgerState()
+    state.tombstones_max = 2
+    events = [p.map("gone", "p-0", blocks=(1,)), p.expire("gone"), *_clean(p, 3)]
+    for event in events:
+        state.apply(event)
+    assert list(state.expired_producers) == [(P, "gone")]
+    state.forget_decided(before_ts=p.ts + 1)
+    assert state.tombstones_evicted and (P, "gone") not in state.tombstones_old
+    assert state.expired_producers == {}
+
+
+def test_fold_all_continues_the_state_it_is_given() -> None:
+    p = Side(P)
+    state, first = fold_all([p.map(T, "p-1", acks=2), p.ack(T, "release", rank=0)])
+    same, second = fold_all([p.ack(T, "release", rank=1)], state)
+    assert same is state and first == [] and [r.cause for r in second] == ["completed"]
+
+
+def test_compact_takes_old_sides_even_behind_one_with_a_recent_event() -> None:
+    p = Side(P, start_ts=0.0, step_s=1.0)
+    state, _ = fold_all([*_clean(p, 2), p.ack("tx-0", "release", rank=1, ts=20.0)])
+    assert state.compact(decided_before_ts=10.0) == 1 and list(state.transfers) == [(P, "tx-0")]
