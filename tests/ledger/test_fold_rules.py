@@ -156,6 +156,24 @@ def test_write_acks_are_over_ack_evidence_on_a_read_producer_and_never_complete_
     assert release is not None and release.cause == "completed"
 
 
+def test_a_write_mode_consumer_completes_on_recv_only() -> None:
+    """Layer writes landing on a WRITE consumer (scheduled and sealed, even) are not all its KV: only
+    `recv` says the transfer arrived."""
+    c = Side("decode-0/tp0")
+    state = LedgerState()
+    events = [
+        c.map(T, "c-1", "consumer", "write", remote=(1, 2, 3)),
+        c.schedule(T, (0,), op="write", deferred=True),
+        c.seal(T, 1),
+        c.ack(T, "write", (0,)),
+    ]
+    assert [state.apply(e) for e in events] == [None] * len(events)
+    t = state.transfers[(c.source, T)]
+    assert t.live and t.acked == {0} and not t.has_anomaly
+    release = state.apply(c.ack(T, "recv"))
+    assert release is not None and release.cause == "completed"
+
+
 def test_all_writes_acked_before_seal_completes_at_seal() -> None:
     p = Side("prefill-0/tp0")
     events = [

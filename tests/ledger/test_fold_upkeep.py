@@ -161,6 +161,7 @@ def test_sides_with_transient_failures_are_indexed_until_decided() -> None:
     for event in (p.map(T, "c-1", "consumer", "read", remote=(1, 2, 3)), p.fail(T, "queue full", retryable=True)):
         state.apply(event)
     assert list(state.retrying) == [(p.source, "orphan"), (p.source, T)]
+    assert all(state.retrying[key] is state.transfers[key] for key in state.retrying)
     restored = snapshot.decode(snapshot.encode(state))
     assert restored.retrying == {k: restored.transfers[k] for k in state.retrying}
     assert state.apply(p.ack(T, "read")) is not None
