@@ -106,6 +106,19 @@ def _premature_at(gap: float, skew: float) -> list[Finding]:
     return [f for f in audit(state, 100.0, AuditConfig(clock_skew_s=skew)) if f.code == "premature_release"]
 
 
+def test_a_premature_release_is_found_when_the_consumers_log_starts_before_its_map() -> None:
+    p, c = Side(P, start_ts=0.0), Side(C, start_ts=0.0)
+    events = [
+        p.map("t", "p-t", deadline=5.0, ts=0.0),
+        p.expire("t", ts=5.0),
+        c.ack("t", "read", ts=7.0),  # the consumer's first event anywhere: before its map
+        c.map("t", "c-t", "consumer", "read", remote=(1, 2, 3), ts=7.0),
+    ]
+    state, releases = fold_all(events)
+    assert [(r.role, r.cause) for r in releases] == [("producer", "expired"), ("consumer", "completed")]
+    assert [(f.code, f.evidence) for f in audit(state, 8.0)] == [("premature_release", (2, 1))]
+
+
 @pytest.mark.parametrize("skew", [0.0, 0.5, 2.0])
 def test_a_premature_release_needs_a_gap_beyond_the_clock_skew(skew: float) -> None:
     assert _premature_at(skew, skew) == []

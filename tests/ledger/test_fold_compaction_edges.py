@@ -4,8 +4,9 @@ holds for any size."""
 
 from __future__ import annotations
 
+from ledger.audit import audit
 from ledger.events import Event
-from ledger.fold import LedgerState, fold_all
+from ledger.fold import LedgerState, fold, fold_all
 from ledger.store import snapshot
 from tests.ledger.builders import Side
 
@@ -123,6 +124,7 @@ def test_a_recalled_side_is_the_decided_side_again_and_snapshots_round_trip() ->
     for field in ("request_id", "block_ids", "acks_expected", "decision", "phase", "role", "mode", "map_seq"):
         assert view[field] == whole[field], field
     assert view["first_seq"] == whole["first_seq"] == 1 and view["events"] == whole["events"] + 1 == 4
+    assert view["decision"]["cause"] == "completed" and view["decision"]["seq"] == 3
     restored = snapshot.decode(snapshot.encode(state))
     assert snapshot.encode(restored) == snapshot.encode(state)
 
@@ -165,3 +167,24 @@ def test_compact_takes_old_sides_even_behind_one_with_a_recent_event() -> None:
     p = Side(P, start_ts=0.0, step_s=1.0)
     state, _ = fold_all([*_clean(p, 2), p.ack("tx-0", "release", rank=1, ts=20.0)])
     assert state.compact(decided_before_ts=10.0) == 1 and list(state.transfers) == [(P, "tx-0")]
+
+
+def test_compact_takes_sides_with_evidence_unless_told_to_keep_them() -> None:
+    p = Side(P)
+    state, _ = fold_all([*_clean(p, 1), p.ack("tx-0", "release")])  # a late ack: evidence
+    assert state.compact() == 1 and not state.transfers and not state.anomalous
+
+
+def test_a_recalled_orphan_is_an_orphan_finding_again() -> None:
+    p = Side(P)
+    state, _ = fold_all([p.ack(T, "release"), p.expire(T, "transfer")])
+    assert [f.code for f in audit(state, p.ts)] == ["orphan_ack"]
+    assert state.forget_decided(before_ts=p.ts + 1) == 1 and audit(state, p.ts) == []
+    state.apply(p.ack(T, "release", rank=1))  # late: recalls the whole orphan
+    assert sorted(f.code for f in audit(state, p.ts)) == ["late_event", "orphan_ack"]
+
+
+def test_fold_applies_one_event_to_the_state_it_returns() -> None:
+    p = Side(P)
+    state = LedgerState()
+    assert fold(state, p.map(T, "p-1")) is state and list(state.live) == [(P, T)]
