@@ -119,6 +119,19 @@ def test_a_premature_release_is_found_when_the_consumers_log_starts_before_its_m
     assert [(f.code, f.evidence) for f in audit(state, 8.0)] == [("premature_release", (2, 1))]
 
 
+def test_a_write_mode_consumer_has_its_kv_at_recv_not_at_a_write_ack() -> None:
+    p, c = Side(P, start_ts=0.0), Side(C, start_ts=0.0)
+    events = [
+        p.map("t", "p-t", "producer", "write", deadline=5.0, ts=0.0),
+        c.map("t", "c-t", "consumer", "write", remote=(1, 2, 3), ts=0.0),
+        p.expire("t", ts=5.0),
+        c.ack("t", "write", ts=5.25),  # the whole transfer written: within the skew
+        c.ack("t", "recv", ts=7.0),  # arrived: beyond it
+    ]
+    state, _ = fold_all(events)
+    assert [(f.code, f.evidence) for f in audit(state, 8.0)] == [("premature_release", (2, 3))]
+
+
 @pytest.mark.parametrize("skew", [0.0, 0.5, 2.0])
 def test_a_premature_release_needs_a_gap_beyond_the_clock_skew(skew: float) -> None:
     assert _premature_at(skew, skew) == []
