@@ -83,9 +83,10 @@ def test_events_past_the_bound_are_counted_by_kind() -> None:
         state.apply(event)
     state.forget_decided(before_ts=p.ts + 1)
     assert state.tombstones_evicted >= 2 and (P, "tx-0") not in state.tombstones_old
-    again = (p.map("tx-0", "p-again"), p.ack("tx-0", "release", rank=1), p.map("tx-0", "p-3rd"), p.ack("tx-0", "recv"))
-    assert [state.apply(event) for event in again] == [None] * 4
-    assert (state.late_after_eviction, state.reused_after_eviction) == (2, 2)
+    again = [p.map("tx-0", "p-again"), p.map("tx-0", "p-3rd")]
+    again += [p.ack("tx-0", "release", rank=1), p.ack("tx-0", "recv"), p.expire("tx-0")]
+    assert [state.apply(event) for event in again] == [None] * 5
+    assert (state.late_after_eviction, state.reused_after_eviction) == (3, 2)
 
 
 def test_the_snapshot_view_names_every_field_and_the_values_read_from_events() -> None:
