@@ -432,7 +432,7 @@ class LedgerState:
         # here when they decide nothing and need no evidence; the handlers take every other case.
         if kind is Ack:
             layers = event.layers  # type: ignore[union-attr]
-            if layers is not None and event.what == "write" and t.role == "producer":  # type: ignore[union-attr]
+            if layers is not None and event.what == "write" and t.role == "producer" and t.mode == "write":  # type: ignore[union-attr]
                 mask = self.layer_masks.get(layers)
                 if mask is not None:
                     acked = t.acked_mask
@@ -588,8 +588,9 @@ class LedgerState:
     def _on_ack(self, t: TransferState, e: Ack) -> Release | None:
         what = e.what
         layers = e.layers
-        if what == "write" and layers is not None and t.role == "producer":
-            # The hot path (write acks of a mapped producer): same rules, fewer steps.
+        if what == "write" and layers is not None and t.role == "producer" and t.mode == "write":
+            # The hot path (write acks of a mapped WRITE producer): same rules, fewer steps. A READ
+            # producer does not receive write acks: over-ack evidence, never its completion.
             mask = self.layer_masks.get(layers)
             if mask is None:
                 mask = self._mask_of(layers)

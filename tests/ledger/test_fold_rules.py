@@ -62,7 +62,8 @@ def test_retry_past_the_transfer_timeout_then_terminal_fail_releases() -> None:
     assert releases[0].seq == events[-1].seq
     assert failed_recving(releases) == {"c-1"} and finished_recving(releases) == {"c-1"}
     assert load_error_blocks(releases) == {1, 2}
-    assert state.transfers[("decode-0/tp0", T)].transient_failures == 5
+    t = state.transfers[("decode-0/tp0", T)]
+    assert t.transient_failures == 5 and t.retries == 5 and t.deferrals == 0
 
 
 def test_failed_write_releases_the_producer() -> None:
@@ -91,6 +92,27 @@ def test_deferred_write_expires_and_releases() -> None:
     assert state.blocks_held == 0
 
 
+def test_deferred_and_retried_schedules_are_counted_when_their_layers_are_known() -> None:
+    """The inline schedule path (a layer tuple seen before) takes first tries only: a deferral or a
+    retry of fresh layers is counted, and is never a duplicate."""
+    p = Side("prefill-0/tp0")
+    state, _ = fold_all(
+        [
+            p.map("warm", "p-0", "producer", "write", blocks=(9,)),
+            p.schedule("warm", (0,), op="write"),  # the tuple (0,) is known from here on
+            p.map("deferred", "p-1", "producer", "write", blocks=(1,)),
+            p.schedule("deferred", (0,), op="write", deferred=True),
+            p.map("retried", "p-2", "producer", "write", blocks=(2,)),
+            p.schedule("retried", (0,), op="write", attempt=1),
+            p.schedule("retried", (0,), op="write", attempt=2),
+        ]
+    )
+    deferred, retried = state.transfers[(p.source, "deferred")], state.transfers[(p.source, "retried")]
+    assert (deferred.deferrals, deferred.retries, deferred.scheduled, deferred.phase) == (1, 0, {0}, "active")
+    assert (retried.deferrals, retried.retries, retried.scheduled) == (0, 2, {0})
+    assert not deferred.has_anomaly and not retried.has_anomaly
+
+
 def test_write_mode_layer_dedupe_seal_and_completion() -> None:
     p = Side("prefill-0/tp0")
     state = LedgerState()
@@ -112,6 +134,44 @@ def test_write_mode_layer_dedupe_seal_and_completion() -> None:
     assert release is not None and release.cause == "completed"
     codes = counts_by_code(audit(state, now=p.ts))
     assert codes["duplicate"] == 1 and codes["over_ack"] == 0 and codes["leak"] == 0
+
+
+def test_write_acks_are_over_ack_evidence_on_a_read_producer_and_never_complete_it() -> None:
+    """A READ producer is freed by release acks only. Write acks of layers it happens to have scheduled
+    once took the WRITE producer's inline paths: counted silently, and with a seal they completed it."""
+    p = Side("prefill-0/tp0")
+    state = LedgerState()
+    events = [
+        p.map(T, "p-1", "producer", "read"),
+        p.schedule(T, (0,), op="write"),  # caches the layer tuple: the inline ack path is warm
+        p.ack(T, "write", (0,)),
+        p.schedule(T, (1,), op="write"),
+        p.seal(T, 2),
+        p.ack(T, "write", (1,)),
+    ]
+    assert [state.apply(e) for e in events] == [None] * len(events)
+    t = state.transfers[(p.source, T)]
+    assert t.live and t.over_ack_seqs == [3, 6]
+    release = state.apply(p.ack(T, "release"))
+    assert release is not None and release.cause == "completed"
+
+
+def test_a_write_mode_consumer_completes_on_recv_only() -> None:
+    """Layer writes landing on a WRITE consumer (scheduled and sealed, even) are not all its KV: only
+    `recv` says the transfer arrived."""
+    c = Side("decode-0/tp0")
+    state = LedgerState()
+    events = [
+        c.map(T, "c-1", "consumer", "write", remote=(1, 2, 3)),
+        c.schedule(T, (0,), op="write", deferred=True),
+        c.seal(T, 1),
+        c.ack(T, "write", (0,)),
+    ]
+    assert [state.apply(e) for e in events] == [None] * len(events)
+    t = state.transfers[(c.source, T)]
+    assert t.live and t.acked == {0} and not t.has_anomaly
+    release = state.apply(c.ack(T, "recv"))
+    assert release is not None and release.cause == "completed"
 
 
 def test_all_writes_acked_before_seal_completes_at_seal() -> None:

@@ -45,6 +45,15 @@ def test_layer_and_rank_numbers_out_of_range_are_evidence_not_state() -> None:
     assert release is not None and release.cause == "completed"
 
 
+def test_an_ack_or_a_schedule_naming_no_layers_changes_nothing_and_is_no_evidence() -> None:
+    c = Side("decode-0/tp0")
+    state = LedgerState()
+    events = [c.map(T, "c-1", "consumer", "read", remote=(1, 2, 3)), c.schedule(T, ()), c.ack(T, "read", ())]
+    assert [state.apply(e) for e in events] == [None] * 3
+    t = state.transfers[(c.source, T)]
+    assert t.live and t.phase == "active" and t.acked == set() and not t.has_anomaly
+
+
 def test_the_inline_write_path_and_the_handlers_agree() -> None:
     """Acks that complete, duplicate or run ahead of their schedule leave the fast path for the
     handler: the outcome is the same as one event at a time through the general rules."""
@@ -152,6 +161,7 @@ def test_sides_with_transient_failures_are_indexed_until_decided() -> None:
     for event in (p.map(T, "c-1", "consumer", "read", remote=(1, 2, 3)), p.fail(T, "queue full", retryable=True)):
         state.apply(event)
     assert list(state.retrying) == [(p.source, "orphan"), (p.source, T)]
+    assert all(state.retrying[key] is state.transfers[key] for key in state.retrying)
     restored = snapshot.decode(snapshot.encode(state))
     assert restored.retrying == {k: restored.transfers[k] for k in state.retrying}
     assert state.apply(p.ack(T, "read")) is not None

@@ -1,0 +1,187 @@
+"""Mutation testing of the fold and the audit: how many small wrong versions of `ledger/fold.py` and
+`ledger/audit.py` (a flipped comparison, a dropped guard, a constant off by one, a string changed)
+the ledger tests catch. Prints the figures and every survivor, then one JSON line.
+
+Run:
+    python benchmarks/mutation.py                # every 4th mutant of both files (deterministic), 2 workers
+    python benchmarks/mutation.py --offset 1     # another quarter (--offset 0 to 3 cover them all)
+    python benchmarks/mutation.py --every 1      # all of them (about 1,400: over an hour on 2 cores)
+    python benchmarks/mutation.py --jobs 8 --keep /tmp/mutation   # keep the work folder (`mutmut show NAME` there)
+
+Needs mutmut 3 (`pip install "mutmut==3.8.1"`; it is installed with pip when missing). mutmut rather
+than cosmic-ray: it forks one worker per mutant from a process that has imported pytest and the tests,
+switches mutants by trampoline (no file rewrite per mutant) and runs only the tests that reach the
+mutated function, stopping at the first failure; cosmic-ray starts a fresh interpreter and the whole
+test command per mutant, several times slower here.
+
+What runs: a scratch copy of `ledger/` and `tests/ledger/` (the fast tests that kill fold and audit
+mutants: rules, properties against the reference oracle, compaction, boundaries), so the working tree
+is never touched. Hypothesis runs without shrinking there (the `mutation` profile in
+tests/ledger/conftest.py): a property that fails kills the mutant at its first failing example.
+
+The sample: mutants sorted by file, function and mutmut's number, then every `--every`-th (the 1st,
+the k+1-th, ...): every function keeps its share, and the same source gives the same sample. A
+mutant that hangs past its time limit counts as killed (the tests noticed); one reached by no test
+counts as survived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MUTMUT_VERSION = "3.8.1"
+MUTATED = ("ledger/fold.py", "ledger/audit.py")
+TESTS = "tests/ledger"
+DEFAULT_EVERY = 4
+FIRST_BATCH = "ledger.audit.x_counts_by_code__mutmut_*"
+"""A few quick mutants run first: mutmut generates every mutant and measures the tests on its way to them."""
+
+KILLED = {1, 3}
+TIMEOUT = {24, -24, 36, 152, 255}
+CRASHED = {-11, -9}
+"""mutmut's exit codes (mutmut/stats.py); 0 is survived, 33 and 5 no tests, None not run."""
+
+SETUP_CFG = f"""[mutmut]
+source_paths = ledger/
+only_mutate = {MUTATED[0]}
+    {MUTATED[1]}
+pytest_add_cli_args_test_selection = {TESTS}
+pytest_add_cli_args = -p
+    no:cacheprovider
+    -W
+    ignore
+timeout_multiplier = 10.0
+timeout_constant = 5.0
+use_git_change_detection = false
+"""
+
+
+def _ensure_mutmut() -> str:
+    """mutmut's command, installed with pip when missing or not version 3."""
+    found = shutil.which("mutmut")
+    version = ""
+    if found:
+        probe = subprocess.run([sys.executable, "-m", "pip", "show", "mutmut"], capture_output=True, text=True)
+        version = next((line.split()[-1] for line in probe.stdout.splitlines() if line.startswith("Version:")), "")
+    if not found or not version.startswith("3."):
+        print(f"installing mutmut=={MUTMUT_VERSION} ...", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"mutmut=={MUTMUT_VERSION}"], check=True)
+        found = shutil.which("mutmut") or str(Path(sys.executable).with_name("mutmut"))
+    return found
+
+
+def _scratch(work: Path) -> None:
+    """The code and the tests, copied: mutmut writes its `mutants/` folder next to them."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    shutil.copytree(ROOT / "ledger", work / "ledger", ignore=ignore)
+    (work / "tests").mkdir()
+    shutil.copy2(ROOT / "tests" / "__init__.py", work / "tests" / "__init__.py")
+    shutil.copytree(ROOT / TESTS, work / TESTS, ignore=ignore)
+    (work / "setup.cfg").write_text(SETUP_CFG)
+
+
+def _mutmut(command: str, work: Path, args: list[str], log: Path) -> None:
+    env = dict(os.environ, KVLEDGER_HYPOTHESIS_PROFILE="mutation")
+    with log.open("ab") as out:
+        done = subprocess.run([command, *args], cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise SystemExit(f"mutmut {' '.join(args[:3])} ... failed ({done.returncode}); its log ends:\n{tail}")
+
+
+def _results(work: Path) -> dict[str, int | None]:
+    """Every mutant's name and exit code, from mutmut's per-file records."""
+    out: dict[str, int | None] = {}
+    for path in MUTATED:
+        meta = json.loads((work / "mutants" / f"{path}.meta").read_text())
+        out.update(meta["exit_code_by_key"])
+    return out
+
+
+def _order(name: str) -> tuple[str, int]:
+    function, _, number = name.rpartition("__mutmut_")
+    return function, int(number)
+
+
+def _location(work: Path, name: str) -> str:
+    """The mutated line: `file:line: original -> mutant`, from the diff mutmut shows."""
+    done = subprocess.run(
+        [shutil.which("mutmut") or "mutmut", "show", name], cwd=work, capture_output=True, text=True
+    )  # fmt: skip
+    minus = [
+        line[1:].strip() for line in done.stdout.splitlines() if line.startswith("-") and not line.startswith("---")
+    ]
+    plus = [
+        line[1:].strip() for line in done.stdout.splitlines() if line.startswith("+") and not line.startswith("+++")
+    ]
+    return f"{' | '.join(minus)} -> {' | '.join(plus)}" if minus or plus else done.stdout.strip()[:200]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--every", type=int, default=DEFAULT_EVERY, help="test every k-th mutant (1: all)")
+    parser.add_argument("--offset", type=int, default=0, help="start the sample at this mutant (0 to k-1)")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once")
+    parser.add_argument("--keep", type=Path, default=None, help="work in (and keep) this folder")
+    args = parser.parse_args()
+    if args.every < 1 or args.jobs < 1 or not 0 <= args.offset < args.every:
+        parser.error("--every and --jobs must be >= 1, --offset in [0, --every)")
+    command = _ensure_mutmut()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="kvledger-mutation-"))
+    if work.exists() and any(work.iterdir()):
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    _scratch(work)
+    log = work / "mutmut.log"
+    started = time.perf_counter()
+    jobs = ["--max-children", str(args.jobs)]
+    print(f"mutmut {MUTMUT_VERSION} over {', '.join(MUTATED)} against {TESTS} in {work} ...", flush=True)
+    _mutmut(command, work, ["run", *jobs, FIRST_BATCH], log)
+    every = sorted(_results(work), key=_order)
+    sample = every[args.offset :: args.every]
+    print(f"{len(every)} mutants; testing every {args.every}: {len(sample)}", flush=True)
+    _mutmut(command, work, ["run", *jobs, *sample], log)
+    results = _results(work)
+    codes = [results[name] for name in sample]
+    killed = sum(code in KILLED for code in codes)
+    timeouts = sum(code in TIMEOUT for code in codes)
+    crashed = sum(code in CRASHED for code in codes)
+    survivors = [name for name, code in zip(sample, codes, strict=True) if code not in KILLED | TIMEOUT | CRASHED]
+    caught = killed + timeouts + crashed
+    by_file = {path: sum(name.startswith(path[:-3].replace("/", ".")) for name in sample) for path in MUTATED}
+    per_file = ", ".join(f"{path}: {n}" for path, n in by_file.items())
+    print(f"tested {len(sample)} ({per_file}) in {time.perf_counter() - started:.0f} s")
+    print(f"killed {killed}, timed out {timeouts}, crashed {crashed}, survived {len(survivors)}")
+    for name in survivors:
+        status = "no tests" if results[name] in (5, 33) else "survived"
+        short = name.removeprefix("ledger.")
+        print(f"  {status}: {short}: {_location(work, name)}")
+    if args.keep is None:
+        shutil.rmtree(work, ignore_errors=True)
+    figures = {
+        "mutants": len(sample),
+        "mutants_generated": len(every),
+        "killed": caught,
+        "timeouts": timeouts,
+        "survived": len(survivors),
+        "score": round(caught / len(sample), 4) if sample else 0.0,
+        "sampled": f"every {args.every}th from {args.offset} by file, function, number" if args.every > 1 else False,
+        "files": list(MUTATED),
+        "tests": TESTS,
+        "mutmut": MUTMUT_VERSION,
+    }
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
