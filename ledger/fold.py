@@ -167,6 +167,8 @@ class TransferState(msgspec.Struct, gc=False):
     """A terminal fail seen before the map: applied when the map arrives."""
     fail_reason: str = ""
     transient_failures: int = 0
+    transient_since: float | None = None
+    """The ts of the first transient failure: a retry window counts from here, not from the map."""
     retries: int = 0
     deferrals: int = 0
     arrived_ts: float | None = None
@@ -638,6 +640,8 @@ class LedgerState:
     def _on_fail(self, t: TransferState, e: Fail) -> Release | None:
         if e.retryable:
             t.transient_failures += 1
+            if t.transient_since is None:
+                t.transient_since = e.ts
             self.retrying[(t.source, t.transfer_id)] = t
             return None
         if t.role is None:
