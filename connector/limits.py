@@ -92,3 +92,20 @@ MORI_POLL_INTERVAL_S = 0.001
 
 MORI_CLOSE_GRACE_S = 2.0
 """How long close waits for in-flight batches before deregistering memory the NIC may still be writing."""
+
+HOOK_CALL_BOUND_S = 0.005
+"""The longest any vLLM hook may take, whatever the peers do: no hook waits on a peer (handshakes run on
+the linker's threads, sends never block, transport ops are asynchronous), so a hook's time is its own CPU
+work. The storm and the benchmark measure it against this bound (`hook_us_max_dead_peer`)."""
+
+LINK_BACKOFF_MIN_S = 0.1
+LINK_BACKOFF_MAX_S = 5.0
+"""After a failed handshake the next attempt to that peer waits, doubling from the minimum to the maximum
+(never longer than the transfer timeout): a dead peer costs one background attempt per backoff, not one
+per layer per transfer per step."""
+
+LINK_WAIT_MAX = 65536
+"""Transfers that may wait at once for their peer to link; beyond this a new one fails at once."""
+
+HMAC_KEY_BYTES_MIN = 16
+"""The shortest control-message key accepted (a shorter one is a configuration error)."""
