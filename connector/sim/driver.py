@@ -437,6 +437,9 @@ class Storm:
         """Messages every engine, past incarnations included, handed to ZMQ for `address`."""
         return sum(e.channel.sent_to[address] for e in (*self.engines, *self.retired))
 
+    def _peer_dead(self, peer: tuple[str, int]) -> bool:
+        return self.network.is_dead(*peer)
+
     def _settle(self, next_round: int) -> None:
         """End the round: send what is due, wait until every real byte and message landed, then show them."""
         alive = [e for e in self.engines if e.alive]
@@ -446,6 +449,13 @@ class Storm:
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         for engine in alive:
             engine.transport.settle(deadline, time.monotonic)
+        dead = self._peer_dead
+        for engine in alive:
+            # Handshakes with live peers finish within the round; one with a dead peer runs its timeout out
+            # on its thread, and whatever it ends with reads as a failure (no answer reaches a dead process).
+            if not engine.worker.linker.settle(deadline, dead):
+                raise SimulationError(f"{engine.name}: handshakes with live peers did not finish")
+            engine.worker.linker.admit(dead)
         for engine in alive:
             channel = engine.channel
             expected = self._sent_to(channel.address) - self._sent_before[channel.address]

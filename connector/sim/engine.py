@@ -129,7 +129,7 @@ class SimEngine:
                 ledger.close()
             raise
         self.transport = FaultyTransport(tcp, network, self._owner_at)
-        self.worker = WorkerCore(config, ledgers[1], self.transport, self.channel)
+        self.worker = WorkerCore(config, ledgers[1], self.transport, self.channel, gated_links=True)
         self.worker.register_kv_caches(self.caches, storm.blocks)
 
     def _owner_at(self, layer: str, offset: int) -> TransferId | None:

@@ -115,9 +115,11 @@ class FaultyChannel(Channel):
         self, host: str, port: int, sender: RankAddress, timeout_s: float = HANDSHAKE_TIMEOUT_S
     ) -> HandshakeMetadata | None:
         if self.network.is_dead(host, port):
-            # A dead peer never answers: the real call would return None after `timeout_s` of real time;
-            # the simulated clock has no use for that wait.
+            # A dead peer never answers: the real call waits `timeout_s` of real time for nothing, and so
+            # does this one (on the linker's thread, never the step's). A restarted engine on the same port
+            # may pick the old request up; its answer is not taken, as no answer reached a dead process.
             self.counters["sim_handshake_to_dead"] += 1
+            super().handshake(host, port, sender, timeout_s)
             return None
         # A live peer always answers in the simulated world, however slow the machine is: wait as long as a
         # round may take, so that a loaded host never turns into a handshake failure (and another run).
