@@ -46,6 +46,7 @@ import msgspec
 from ledger.audit import Finding
 from ledger.decisions import Release
 from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
+from ledger.humanize import duration, utc
 from ledger.limits import EVIDENCE_SEQS_MAX, LAYERS_MAX, RANKS_MAX
 
 Key = tuple[str, str]
@@ -365,11 +366,15 @@ class Reference:
                     "premature_release",
                     producer,
                     (d.seq, arrived_seq),
-                    f"released by expire at {d.ts:.6f}; consumer {source} finished "
-                    f"reading at {arrived_ts:.6f} (seq {arrived_seq} there)",
+                    f"released by expire at {utc(d.ts, digits=6)}; consumer {source} finished "
+                    f"reading {duration(arrived_ts - d.ts)} later (seq {arrived_seq} there)",
                 )
             )
         return out
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _finding(code: str, v: Verdict, evidence: tuple[int, ...], detail: str) -> Finding:
@@ -397,7 +402,8 @@ def _side_findings(v: Verdict, now: float, timeout: float) -> list[Finding]:
                     "leak",
                     v,
                     (m.seq,),
-                    f"{len(m.block_ids)} blocks held {now - m.deadline:.3f}s past the deadline, no decision",
+                    f"{_count(len(m.block_ids), 'block')} held {duration(now - m.deadline)} past the deadline, "
+                    "no decision",
                 )
             )
         elif now - last.ts > timeout:
@@ -406,20 +412,22 @@ def _side_findings(v: Verdict, now: float, timeout: float) -> list[Finding]:
                     "stuck",
                     v,
                     (m.seq, last.seq),
-                    f"no event for {now - last.ts:.3f}s (> transfer timeout {timeout}s) in phase {v.phase}",
+                    f"no event for {duration(now - last.ts)} (over the transfer timeout, {duration(timeout)}) "
+                    f"in phase {v.phase}",
                 )
             )
-    never_mapped = f"{len(v.events)} events for a transfer never mapped"
+    never_mapped = f"{_count(len(v.events), 'event')} for a transfer never mapped"
     if v.orphan_expired:
         out.append(_finding("orphan_ack", v, (first.seq, last.seq), f"{never_mapped}: expired before any map"))
     elif m is None and now - first.ts >= timeout:
         out.append(
-            _finding("orphan_ack", v, (first.seq, last.seq), f"{never_mapped}: unmapped for {now - first.ts:.3f}s")
+            _finding("orphan_ack", v, (first.seq, last.seq), f"{never_mapped}: unmapped for {duration(now - first.ts)}")
         )
     if v.late:
         cause = v.decision.cause if v.decision is not None else "expired"
         hint = "; an ack after an expire means the timeout is too short" if cause == "expired" else ""
-        out.append(_finding("late_event", v, tuple(v.late), f"{len(v.late)} events after the {cause} decision{hint}"))
+        late = f"{_count(len(v.late), 'event')} after the {cause} decision{hint}"
+        out.append(_finding("late_event", v, tuple(v.late), late))
     if v.over_ack:
         out.append(
             _finding(
