@@ -55,6 +55,9 @@ class SchedulerCore:
         self.counters: Counter[str] = Counter()
         self._step = StepMetadata()
         self._sending: set[ReqId] = set()
+        self._handed: set[ReqId] = set()
+        """Consumer requests whose failure this half decided and handed to the workers to report: their
+        report passes through update_connector_output as the workers made it."""
         """Producer releases decided by a tick outside update_connector_output, reported at the next one."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
@@ -314,7 +317,15 @@ class SchedulerCore:
         # vLLM hands over sets: sorting makes the log's order independent of string hashing, so
         # the same run gives the same log byte for byte in every process.
         failed = sorted(set(failed_recving))
+        out = WorkerOutcome()
+        for request_id in sorted(set(finished_recving) & self._handed):
+            self._handed.discard(request_id)
+            out.finished_recving.add(request_id)
+            if request_id in failed:
+                out.failed_recving.add(request_id)
         for request_id in failed:
+            if request_id in out.finished_recving:
+                continue
             tid = index.get(request_id)
             if tid is None:
                 self.counters["unknown_request"] += 1
@@ -323,7 +334,7 @@ class SchedulerCore:
         failed_set = set(failed)
         for request_id in sorted(finished_recving):
             tid = index.get(request_id)
-            if request_id in failed_set:
+            if request_id in failed_set or request_id in out.finished_recving:
                 continue
             if tid is None:
                 self.counters["unknown_request"] += 1
@@ -337,7 +348,6 @@ class SchedulerCore:
             events.append(Ack(ts=now, source=source, transfer_id=tid, what="release"))
         if events:
             self.ledger.extend(events)
-        out = WorkerOutcome()
         self._route(self.ledger.take_releases(), reported=True, out=out)
         self.tick(now)
         self._route(self.ledger.take_releases(), reported=False, out=out)
@@ -364,6 +374,7 @@ class SchedulerCore:
             if release.reason == REASON_ABORTED_BEFORE_ALLOCATION:
                 continue  # vLLM already freed the request: reporting it would be a KeyError there
             if not reported:
+                self._handed.add(release.request_id)
                 self._step.failed.append(
                     FailItem(
                         transfer_id=release.transfer_id,
