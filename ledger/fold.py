@@ -31,11 +31,12 @@ from typing import Final, Literal, TypeAlias
 import msgspec
 
 from ledger.decisions import Cause, Key, Release
-from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
+from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
 from ledger.idmemory import IdMemory
 from ledger.limits import (
     DEADLINE_HEAP_SLACK,
     EVIDENCE_SEQS_MAX,
+    FORGED_KEPT_MAX,
     LAYER_MASKS_CACHED_MAX,
     LAYERS_MAX,
     ORPHAN_TOMBSTONES_MAX,
@@ -385,6 +386,10 @@ class LedgerState:
         self.compacted_by_phase: dict[str, int] = {}
         self.compacted_by_mode: dict[str, int] = {}
         self.releases_by_cause: dict[Cause, int] = {"completed": 0, "failed": 0, "expired": 0}
+        self.forged_by_reason: dict[str, int] = {}
+        """Control messages refused as unproven (`drop` events), by reason: what the service counts."""
+        self.forged_recent: deque[Drop] = deque(maxlen=FORGED_KEPT_MAX)
+        """The latest `drop` events, the audit's evidence (a snapshot keeps the counts, not these)."""
         self.blocks_held = 0
         self.layer_masks: dict[tuple[int, ...], int] = {}
         """A cache of `layers_mask` (not state: a refold rebuilds it)."""
@@ -401,9 +406,12 @@ class LedgerState:
 
     def apply(self, event: Event) -> Release | None:
         """Fold one event; return the release it caused, if any."""
+        kind = type(event)
+        if kind is Drop:
+            self._on_drop(event)  # type: ignore[arg-type]  # about a peer, not a transfer side
+            return None
         key = (event.source, event.transfer_id)
         t = self.transfers.get(key)
-        kind = type(event)
         if t is None:
             if (
                 (self.tombstones or self.tombstones_old) and (key in self.tombstones or key in self.tombstones_old)
@@ -454,6 +462,10 @@ class LedgerState:
                     return None
             return self._on_schedule(t, event)  # type: ignore[arg-type]
         return self._handlers[kind](t, event)
+
+    def _on_drop(self, e: Drop) -> None:
+        self.forged_by_reason[e.reason] = self.forged_by_reason.get(e.reason, 0) + 1
+        self.forged_recent.append(e)
 
     def _first_sight(self, event: Event) -> TransferState:
         key: Key = (event.source, event.transfer_id)
