@@ -29,8 +29,11 @@ well-known services such as PostgreSQL on 5432)."""
 EPHEMERAL_PORT_LOW_DEFAULT = 32_768
 """Linux's default start of the ephemeral range, where `ip_local_port_range` cannot be read."""
 
-MESSAGE_VERSION = 2
-"""Wire version of every notification message; a message with another version is dropped."""
+MESSAGE_VERSION = 3
+"""Wire version of every notification message; a message with another version is dropped (3: the `mac`)."""
+
+FORGED_RECORDS_MAX = 1024
+"""Dropped (forged or unlisted) control messages a channel keeps for the worker's next poll to record."""
 
 MESSAGE_BYTES_MAX = 1 << 20
 """A notification larger than this is counted and dropped (a block list of 100k ids is ~500 KB)."""

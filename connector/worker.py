@@ -46,7 +46,7 @@ from connector.store import abandon_inherited
 from connector.transports.base import Op, TransferHandle, Transport
 from connector.waiting import WaitingRoom
 from ledger.decisions import Release
-from ledger.events import Ack, Event, Fail, Map, ReqId, Schedule, Seal, TransferId
+from ledger.events import Ack, Drop, Event, Fail, Map, ReqId, Schedule, Seal, TransferId
 from ledger.fold import TransferState
 from ledger.ledger import Ledger
 
@@ -364,6 +364,19 @@ class WorkerCore:
     def poll(self, now: float) -> None:
         self.linker.adopt(now)
         events: list[Event] = []
+        for dropped in self.channel.take_dropped():
+            # Unproven control messages: recorded (the audit's forged_message), never acted on.
+            self.counters["forged_messages_dropped"] += 1
+            events.append(
+                Drop(
+                    ts=now,
+                    source=self.source,
+                    transfer_id=TransferId(dropped.transfer_id or "-"),
+                    message=dropped.message_type,
+                    sender=dropped.sender,
+                    reason=dropped.reason,
+                )
+            )
         for message in self.channel.drain():
             self._on_message(message, now, events)
         self._collect(now, events)

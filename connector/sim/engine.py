@@ -116,6 +116,8 @@ class SimEngine:
                 config.my_port(config.notify_port),
                 config.may_dial,
                 network=network,
+                key=config.control_key,
+                may_receive_from=config.may_receive_from,
             )
         except BaseException:
             for ledger in ledgers:

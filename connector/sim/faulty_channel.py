@@ -45,8 +45,12 @@ class FaultyChannel(Channel):
         *,
         network: SimNetwork,
         context: zmq.Context[Any] | None = None,
+        key: bytes | None = None,
+        may_receive_from: Callable[[str], bool] | None = None,
     ) -> None:
-        super().__init__(host, handshake_port, notify_port, may_dial, context=context)
+        super().__init__(
+            host, handshake_port, notify_port, may_dial, context=context, key=key, may_receive_from=may_receive_from
+        )
         self.address = (host, self.notify_port)
         self.network = network
         self.round = 0
