@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq
 
-from connector.channel import Channel, PeerNotAllowed
+from connector.channel import Channel, Dropped, PeerNotAllowed
 from connector.limits import CHANNEL_INBOX_MAX, HANDSHAKE_TIMEOUT_S
 from connector.messages import HandshakeMetadata, Message, RankAddress
 from connector.sim.errors import SimulationError
@@ -62,6 +62,7 @@ class FaultyChannel(Channel):
         self._held: list[tuple[int, str, int, Message, str]] = []
         self._faulted: set[tuple[TransferId, str]] = set()
         self._admitted: deque[Message] = deque()
+        self._admitted_dropped: list[Dropped] = []
 
     # -- out --------------------------------------------------------------------
 
@@ -142,6 +143,7 @@ class FaultyChannel(Channel):
 
         A message naming a transfer this storm never issued came from another program on the host that
         dialed a port the kernel has since given us: counted and dropped, so it cannot change the run."""
+        self._admitted_dropped.extend(super().take_dropped())
         transfers = self.network.transfers
         for message in super().drain():
             tid: TransferId | None = getattr(message, "transfer_id", None)
@@ -149,6 +151,11 @@ class FaultyChannel(Channel):
                 self.counters["sim_foreign_dropped"] += 1
                 continue
             self._admitted.append(message)
+
+    def take_dropped(self) -> list[Dropped]:
+        """The refused messages admitted at the last round boundary (when they are seen depends on rounds)."""
+        out, self._admitted_dropped = self._admitted_dropped, []
+        return out
 
     @property
     def unread(self) -> int:
