@@ -25,7 +25,7 @@ from connector.params import parse_params
 from connector.ports import free_loopback_ports
 from ledger.audit import audit
 from ledger.events import Drop, ReqId, TransferId
-from tests.connector.pd import EnginePorts, Side, make_config, run_until
+from tests.connector.pd import EnginePorts, Side, Ticks, make_config, run_until
 
 KEY = b"k" * 32
 OTHER_KEY = b"x" * 32
@@ -134,12 +134,7 @@ def test_a_forged_release_never_frees_the_producer_and_shows_in_the_audit() -> N
     producer = Side.build(make_config("producer", "read", prod, cons, control_key=KEY), fill=True, seed=1)
     consumer = Side.build(make_config("consumer", "read", cons, prod, control_key=KEY), fill=False, seed=2)
     try:
-        now = [1000.0]
-
-        def clock() -> float:
-            now[0] += 0.01
-            return now[0]
-
+        clock = Ticks()
         params = parse_params({"transfer_id": "tx-auth", "do_remote_decode": True})
         _, kv = producer.scheduler.on_request_finished(ReqId("p-a"), params, (0, 1, 2, 3), clock())
         producer.finished_pending.add(ReqId("p-a"))
@@ -149,7 +144,7 @@ def test_a_forged_release_never_frees_the_producer_and_shows_in_the_audit() -> N
         assert not producer.reported_sending  # the forged release freed nothing
         (drop,) = [e for e in producer.worker.ledger.log.since(0) if isinstance(e, Drop)]
         assert (drop.transfer_id, drop.message, drop.reason) == ("tx-auth", "release", "bad_mac")
-        findings = [f for f in audit(producer.worker.state, now[0]) if f.code == "forged_message"]
+        findings = [f for f in audit(producer.worker.state, clock.now) if f.code == "forged_message"]
         assert [(f.transfer_id, f.evidence) for f in findings] == [("tx-auth", (drop.seq,))]
         assert producer.worker.state.forged_by_reason == {"bad_mac": 1}
         # The real consumer, with the key, reads and releases: the transfer completes as usual.

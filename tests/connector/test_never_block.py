@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -23,7 +23,7 @@ from connector.ports import free_loopback_ports
 from connector.transports.base import Code, Op, TransferHandle, TransportEndpoint, failed
 from connector.worker import REASON_LAYOUT, REASON_NOT_SENT, REASON_PEER_UNLINKED
 from ledger.events import Event, Fail, ReqId, Schedule, TransferId
-from tests.connector.pd import EnginePorts, Side, make_config, run_until
+from tests.connector.pd import EnginePorts, Side, Ticks, make_config, run_until
 
 TRANSFER_TIMEOUT_S = 5.0
 
@@ -116,18 +116,13 @@ def test_a_handshake_naming_a_transport_port_outside_the_allow_list_is_refused()
         make_config("consumer", "read", cons, elsewhere, transfer_timeout_s=TRANSFER_TIMEOUT_S), fill=False, seed=2
     )
     try:
-        now = [1000.0]
-
-        def clock() -> float:
-            now[0] += 0.01
-            return now[0]
-
+        clock = Ticks()
         params = parse_params({"transfer_id": "tx-redirect", "do_remote_decode": True})
         _, kv = producer.scheduler.on_request_finished(ReqId("p-r"), params, (0, 1, 2, 3), clock())
         consumer.scheduler.on_alloc(ReqId("c-r"), parse_params(kv), (8, 9, 10, 11), 13, clock())
         run_until([producer, consumer], lambda: consumer.worker.counters["handshake_redirect_refused"] > 0, clock=clock)
         assert not _events(consumer, Schedule)  # nothing read from the refused endpoint
-        now[0] += TRANSFER_TIMEOUT_S
+        clock.now += TRANSFER_TIMEOUT_S
         run_until([producer, consumer], lambda: bool(consumer.failed_recving), clock=clock)
         (fail,) = _fails(consumer)
         assert fail.reason.startswith(REASON_PEER_UNLINKED)
@@ -220,6 +215,30 @@ def test_the_backoff_never_exceeds_the_transfer_timeout() -> None:
     assert peer.calls == 8
 
 
+class Writes:
+    """Wraps a transport's writes and counts them; `instead(n)`, given the write's number, may raise or return
+    a handle (a failed status) in place of the real write."""
+
+    def __init__(self, inner: Any, instead: Callable[[int], TransferHandle | None] | None = None) -> None:
+        self.inner, self.backend, self.instead, self.writes = inner, inner.backend, instead, 0
+
+    def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+        self.writes += 1
+        handle = self.instead(self.writes) if self.instead is not None else None
+        return handle if handle is not None else self.inner.write(session, local, remote, ops)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _raise(n: int) -> TransferHandle | None:
+    raise RuntimeError("QP in error state")
+
+
+def _queue_full_once(n: int) -> TransferHandle | None:
+    return TransferHandle(failed(Code.SEND_QUEUE_FULL, "SQ full", transient=True)) if n == 1 else None
+
+
 # -- WRITE: faults are fails, at once -----------------------------------------------------------
 
 
@@ -239,56 +258,43 @@ def _address(ports: EnginePorts, engine: str) -> dict[str, Any]:
     }
 
 
+def _write_both_sides(producer: Side, consumer: Side, tid: str, consumer_blocks: tuple[int, ...], clock: Ticks) -> None:
+    """The proxy hands both sides the transfer: the consumer allocates; the producer prefills blocks (0, 1)
+    and its request finishes (it holds them for the write)."""
+    prod, cons = producer.scheduler.config, consumer.scheduler.config
+    to_producer = _address(EnginePorts(prod.handshake_port, prod.notify_port, prod.transport_port), "prefill-0")
+    to_consumer = _address(EnginePorts(cons.handshake_port, cons.notify_port, cons.transport_port), "decode-0")
+    c_params = parse_params({"transfer_id": tid, "do_remote_prefill": True, **to_producer})
+    consumer.scheduler.on_alloc(ReqId(f"c-{tid}"), c_params, consumer_blocks, 40, clock())
+    p_params = parse_params({"transfer_id": tid, "do_remote_decode": True, **to_consumer})
+    producer.scheduler.on_save(ReqId(f"p-{tid}"), p_params, (0, 1), clock())
+    producer.scheduler.on_request_finished(ReqId(f"p-{tid}"), p_params, (0, 1), clock())
+    producer.finished_pending.add(ReqId(f"p-{tid}"))
+
+
 def test_a_write_consumer_with_more_blocks_than_the_producer_fails_at_once() -> None:
-    producer, consumer, prod, cons = _write_pair()
+    producer, consumer, _prod, _cons = _write_pair()
     try:
-        now = [1000.0]
-
-        def clock() -> float:
-            now[0] += 0.01
-            return now[0]
-
-        c_params = parse_params({"transfer_id": "tx-big", "do_remote_prefill": True, **_address(prod, "prefill-0")})
-        consumer.scheduler.on_alloc(ReqId("c-big"), c_params, (8, 9, 10), 40, clock())
-        p_params = parse_params({"transfer_id": "tx-big", "do_remote_decode": True, **_address(cons, "decode-0")})
-        producer.scheduler.on_save(ReqId("p-big"), p_params, (0, 1), clock())
-        producer.scheduler.on_request_finished(ReqId("p-big"), p_params, (0, 1), clock())
-        producer.finished_pending.add(ReqId("p-big"))
+        clock = Ticks()
+        _write_both_sides(producer, consumer, "tx-big", (8, 9, 10), clock)
         run_until(
             [consumer, producer], lambda: bool(consumer.failed_recving and producer.reported_sending), clock=clock
         )
         (fail,) = _fails(producer)
         assert fail.reason.startswith(REASON_LAYOUT) and "consumer has 3 blocks, producer 2" in fail.reason
         assert not fail.retryable and fail.ts < 1000.0 + producer.scheduler.config.defer_timeout_s
-        assert consumer.failed_recving == {"c-big"} and consumer.invalid_blocks == {8, 9, 10}
+        assert consumer.failed_recving == {"c-tx-big"} and consumer.invalid_blocks == {8, 9, 10}
     finally:
         producer.close()
         consumer.close()
 
 
-class CountingWrites:
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.backend, self.writes = inner, inner.backend, 0
-
-    def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
-        self.writes += 1
-        return self.inner.write(session, local, remote, ops)  # type: ignore[no-any-return]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
-def test_a_layer_saved_twice_is_written_once_and_a_raising_write_is_a_fail() -> None:
+def test_a_layer_saved_twice_is_written_once() -> None:
     producer, consumer, prod, cons = _write_pair()
-    counting = CountingWrites(producer.worker.transport)
+    counting = Writes(producer.worker.transport)
     producer.worker.transport = counting  # type: ignore[assignment]
     try:
-        now = [1000.0]
-
-        def clock() -> float:
-            now[0] += 0.01
-            return now[0]
-
+        clock = Ticks()
         c_params = parse_params({"transfer_id": "tx-twice", "do_remote_prefill": True, **_address(prod, "prefill-0")})
         consumer.scheduler.on_alloc(ReqId("c-2"), c_params, (8, 9), 40, clock())
         # The consumer's remote_blocks reach the producer, and its link completes, before the forward.
@@ -311,39 +317,18 @@ def test_a_layer_saved_twice_is_written_once_and_a_raising_write_is_a_fail() -> 
         consumer.close()
 
 
-class RaisingWrites:
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.backend = inner, inner.backend
-
-    def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
-        raise RuntimeError("QP in error state")
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 def test_a_transport_write_that_raises_fails_the_transfer_and_the_hook_returns() -> None:
-    producer, consumer, prod, cons = _write_pair()
-    producer.worker.transport = RaisingWrites(producer.worker.transport)  # type: ignore[assignment]
+    producer, consumer, _prod, _cons = _write_pair()
+    producer.worker.transport = Writes(producer.worker.transport, _raise)  # type: ignore[assignment]
     try:
-        now = [1000.0]
-
-        def clock() -> float:
-            now[0] += 0.01
-            return now[0]
-
-        c_params = parse_params({"transfer_id": "tx-raise", "do_remote_prefill": True, **_address(prod, "prefill-0")})
-        consumer.scheduler.on_alloc(ReqId("c-3"), c_params, (8, 9), 40, clock())
-        p_params = parse_params({"transfer_id": "tx-raise", "do_remote_decode": True, **_address(cons, "decode-0")})
-        producer.scheduler.on_save(ReqId("p-3"), p_params, (0, 1), clock())
-        producer.scheduler.on_request_finished(ReqId("p-3"), p_params, (0, 1), clock())
-        producer.finished_pending.add(ReqId("p-3"))
+        clock = Ticks()
+        _write_both_sides(producer, consumer, "tx-raise", (8, 9), clock)
         run_until(
             [consumer, producer], lambda: bool(consumer.failed_recving and producer.reported_sending), clock=clock
         )
         (fail,) = _fails(producer)
         assert "QP in error state" in fail.reason and not fail.retryable
-        assert consumer.failed_recving == {"c-3"}
+        assert consumer.failed_recving == {"c-tx-raise"}
     finally:
         producer.close()
         consumer.close()
@@ -367,39 +352,18 @@ def test_a_refused_remote_blocks_send_fails_the_write_consumer_at_once() -> None
 # -- retries: the window counts from the first transient failure ---------------------------------------
 
 
-class FullOnce:
-    """The first write fails with send-queue-full; every later one goes through."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.backend, self.full = inner, inner.backend, 1
-
-    def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
-        if self.full:
-            self.full -= 1
-            return TransferHandle(failed(Code.SEND_QUEUE_FULL, "SQ full", transient=True))
-        return self.inner.write(session, local, remote, ops)  # type: ignore[no-any-return]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 def test_a_write_deferred_past_the_transfer_timeout_is_still_retried_after_one_queue_full() -> None:
     producer, consumer, prod, cons = _write_pair()
-    producer.worker.transport = FullOnce(producer.worker.transport)  # type: ignore[assignment]
+    producer.worker.transport = Writes(producer.worker.transport, _queue_full_once)  # type: ignore[assignment]
     timeout = producer.scheduler.config.transfer_timeout_s
     try:
-        now = [1000.0]
-
-        def clock() -> float:
-            now[0] += 0.01
-            return now[0]
-
+        clock = Ticks()
         p_params = parse_params({"transfer_id": "tx-slow", "do_remote_decode": True, **_address(cons, "decode-0")})
         producer.scheduler.on_save(ReqId("p-5"), p_params, (0, 1), clock())
         producer.scheduler.on_request_finished(ReqId("p-5"), p_params, (0, 1), clock())
         producer.finished_pending.add(ReqId("p-5"))
         producer.step(clock())  # mapped and sealed; the consumer has not said where to write yet
-        now[0] += timeout + 10  # a slow consumer: its remote_blocks come after a transfer timeout
+        clock.now += timeout + 10  # a slow consumer: its remote_blocks come after a transfer timeout
         c_params = parse_params({"transfer_id": "tx-slow", "do_remote_prefill": True, **_address(prod, "prefill-0")})
         consumer.scheduler.on_alloc(ReqId("c-5"), c_params, (8, 9), 40, clock())
         run_until(
