@@ -30,6 +30,7 @@ import zmq  # noqa: E402
 
 from connector.assemble import build_scheduler, build_worker  # noqa: E402
 from connector.config import ConnectorConfig, PeerEngine  # noqa: E402
+from connector.limits import HOOK_CALL_BOUND_S  # noqa: E402
 from connector.messages import ReleaseBlocks, encode  # noqa: E402
 from connector.params import parse_params  # noqa: E402
 from connector.ports import free_loopback_ports  # noqa: E402
@@ -342,7 +343,11 @@ def main() -> None:
     print(f"one scheduler hook call at {LIVE_TRANSFERS} live: median {median_us:.1f} us, p99 {p99_us:.1f} us")
     print(f"a step's scheduler hooks together: median {step_median_us:.1f} us, p99 {step_p99_us:.1f} us")
     dead_max_us, calls = dead_peer_hook_max()
-    print(f"dead consumer, {LIVE_TRANSFERS} live WRITE transfers: longest of {calls} hook calls {dead_max_us:.0f} us")
+    bound_us = HOOK_CALL_BOUND_S * 1e6
+    print(
+        f"dead consumer, {LIVE_TRANSFERS} live WRITE transfers: longest of {calls} hook calls {dead_max_us:.0f} us "
+        f"(bound {bound_us:.0f} us{'' if dead_max_us <= bound_us else ': OVER'})"
+    )
     forged = forged_messages_accepted()
     print(f"forged releases accepted: {forged}")
     raw_trials, moved_trials = [], []
