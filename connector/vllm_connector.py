@@ -24,7 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 
 from connector.assemble import build_scheduler, build_worker
 from connector.config import from_extra_config
-from connector.guard import guarded, hook_errors, nothing
+from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
 from connector.hooks_for_tests import corrupt_blocks
 from connector.incident_log import IncidentLog
 from connector.metadata import StepMetadata
@@ -206,7 +206,9 @@ class LedgerConnector(KVConnectorBase_V1):
         core = self.scheduler
         if core is None:
             return None  # the scheduler's fold is the one that decides; workers' counters stay local
-        return LedgerStats(data={**core.stats(), **{f"hook_errors_{k}": v for k, v in hook_errors.items()}})
+        guard = {f"hook_errors_{k}": v for k, v in hook_errors.items()}
+        guard.update({f"hooks_over_bound_{k}": v for k, v in hooks_over_bound.items()})
+        return LedgerStats(data={**core.stats(), **guard})
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:

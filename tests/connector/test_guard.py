@@ -52,3 +52,17 @@ def test_every_vllm_hook_of_the_connector_is_guarded() -> None:
 
     unguarded = [name for name in HOOKS if not hasattr(getattr(LedgerConnector, name), "__wrapped__")]
     assert unguarded == []
+
+
+def test_a_hook_slower_than_the_bound_is_counted() -> None:
+    import time
+
+    from connector.limits import HOOK_CALL_BOUND_S
+
+    @guard.guarded(guard.nothing)
+    def wait_for_save() -> None:
+        time.sleep(2 * HOOK_CALL_BOUND_S)  # what a hook must never do: wait
+
+    before = guard.hooks_over_bound["wait_for_save"]
+    wait_for_save()
+    assert guard.hooks_over_bound["wait_for_save"] == before + 1
