@@ -1,12 +1,16 @@
 """The worker half of the connector core: moves KV for one rank and records what it sees.
 
-Called from the worker's one thread; the channel's listener and the transport's
-I/O threads only hand it messages and handle statuses, which `poll(now)` turns
-into events of this rank's ledger (`<engine>/tp<r>`). What to report to vLLM
-(finished sends and receives, load errors) and what to tell peers (write_done,
-write_failed, release) follows from the releases the fold decides. Besides the
-ledger it keeps only I/O state: in-flight transport handles, sessions from
-completed handshakes, and (WRITE producer) where the consumer wants its bytes.
+Called from the worker's one thread; the channel's listener, the linker's
+handshake threads and the transport's I/O threads only hand it messages, link
+results and handle statuses, which `poll(now)` turns into events of this rank's
+ledger (`<engine>/tp<r>`). No call here waits on a peer: a transfer whose peer is
+not linked yet waits in the waiting room and fails, naming the peer, at its
+deadline; whatever a transport raises is that transfer's `fail`. What to report
+to vLLM (finished sends and receives, load errors) and what to tell peers
+(write_done, write_failed, release) follows from the releases the fold decides.
+Besides the ledger it keeps only I/O state: in-flight transport handles, the
+linker's links, the waiting room, and (WRITE producer) where the consumer wants
+its bytes; each transfer's part of it goes with the transfer's decision.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ log = logging.getLogger(__name__)
 REASON_LAYOUT = "layout_mismatch"
 REASON_TRANSIENT_TIMEOUT = "transient_failures_past_transfer_timeout"
 REASON_PEER_UNLINKED = "peer_not_linked"
-"""A transfer waited a transfer timeout for its peer's handshake: the reason names the peer and why."""
+"""A transfer waited a transfer timeout for its peer's handshake: the reason names the peer (the log says why)."""
 REASON_PEER_NOT_ALLOWED = "peer_not_allowed"
 REASON_TRANSPORT = "transport_error"
 """The transport raised (connect, read or write) instead of returning a failed status."""
