@@ -4,7 +4,9 @@ Key names follow MoRIIO where the meaning is the same (`read_mode`,
 `transfer_timeout`, `defer_timeout`, `recv_abort_timeout`, `handshake_port`,
 `notify_port`, `backend`, `host_ip`); kvledger adds `ledger_url`, `source_name`,
 `transport_port`, `peers`, `peer_tp_size`, `incident_log_dir` (each process appends
-its events to a JSONL incident log there) and one test hook,
+its events to a JSONL incident log there), `control_key_env` / `control_key_file`
+(where the HMAC key of control messages is: an environment variable's name, or a
+file) and one test hook,
 `test_hook_corrupt_received_kv` (overwrites received KV with noise: never in production).
 A bad value raises `ConfigError` naming the key, so a typo stops the engine at start instead of in the first transfer.
 """
