@@ -167,10 +167,10 @@ class Channel:
         self.dropped.append(Dropped(_type_of(message), messages.transfer_of(message), sender, reason))
         log.warning("%s from %s dropped: %s", _type_of(message), sender, reason)
 
-    def take_dropped(self) -> list[Dropped]:
-        """The refused messages since the last call (the worker records each as a `drop` event)."""
+    def take_dropped(self, limit: int = FORGED_RECORDS_MAX) -> list[Dropped]:
+        """The refused messages since the last call, `limit` at most (the worker records each as a `drop`)."""
         out: list[Dropped] = []
-        while self.dropped:
+        while self.dropped and len(out) < limit:
             try:
                 out.append(self.dropped.popleft())
             except IndexError:

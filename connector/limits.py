@@ -107,6 +107,10 @@ LINK_BACKOFF_MAX_S = 5.0
 (never longer than the transfer timeout): a dead peer costs one background attempt per backoff, not one
 per layer per transfer per step."""
 
+POLL_MESSAGES_MAX = 4096
+"""Notifications (and refused messages) one poll takes from the channel; the rest wait for the next poll, so a
+flood from peers, forged or not, costs each hook a bounded amount of work."""
+
 LINK_WAIT_MAX = 65536
 """Transfers that may wait at once for their peer to link; beyond this a new one fails at once."""
 

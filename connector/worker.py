@@ -29,6 +29,7 @@ from connector.layout import Geometry, LayerDescriptor, LayoutError, block_ops, 
 from connector.limits import (
     HANDSHAKE_TIMEOUT_S,
     LINK_WAIT_MAX,
+    POLL_MESSAGES_MAX,
     REMOTE_DIRECTORY_MAX,
     RETRY_BACKOFF_MAX_S,
     RETRY_BACKOFF_MIN_S,
@@ -368,7 +369,7 @@ class WorkerCore:
     def poll(self, now: float) -> None:
         self.linker.adopt(now)
         events: list[Event] = []
-        for dropped in self.channel.take_dropped():
+        for dropped in self.channel.take_dropped(POLL_MESSAGES_MAX):
             # Unproven control messages: recorded (the audit's forged_message), never acted on.
             self.counters["forged_messages_dropped"] += 1
             events.append(
@@ -381,7 +382,7 @@ class WorkerCore:
                     reason=dropped.reason,
                 )
             )
-        for message in self.channel.drain():
+        for message in self.channel.drain(POLL_MESSAGES_MAX):
             self._on_message(message, now, events)
         self._collect(now, events)
         if events:

@@ -19,7 +19,7 @@ from typing import Any
 import zmq
 
 from connector.channel import Channel, Dropped, PeerNotAllowed
-from connector.limits import CHANNEL_INBOX_MAX, HANDSHAKE_TIMEOUT_S
+from connector.limits import CHANNEL_INBOX_MAX, FORGED_RECORDS_MAX, HANDSHAKE_TIMEOUT_S
 from connector.messages import HandshakeMetadata, Message, RankAddress
 from connector.sim.errors import SimulationError
 from connector.sim.limits import SETTLE_TIMEOUT_S
@@ -152,9 +152,9 @@ class FaultyChannel(Channel):
                 continue
             self._admitted.append(message)
 
-    def take_dropped(self) -> list[Dropped]:
+    def take_dropped(self, limit: int = FORGED_RECORDS_MAX) -> list[Dropped]:
         """The refused messages admitted at the last round boundary (when they are seen depends on rounds)."""
-        out, self._admitted_dropped = self._admitted_dropped, []
+        out, self._admitted_dropped = self._admitted_dropped[:limit], self._admitted_dropped[limit:]
         return out
 
     @property

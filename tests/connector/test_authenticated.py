@@ -193,3 +193,27 @@ def test_without_a_key_the_channel_says_at_start_that_control_messages_are_unaut
         channel = Channel("127.0.0.1", hs, notify, lambda host, port: True, key=KEY)
     channel.close()
     assert not any("unauthenticated" in r.getMessage() for r in caplog.records)
+
+
+def test_a_flood_of_forged_messages_is_taken_a_bounded_number_per_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    import connector.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "POLL_MESSAGES_MAX", 2)
+    p = free_loopback_ports(6)
+    prod, cons = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
+    producer = Side.build(make_config("producer", "read", prod, cons, control_key=KEY), fill=True, seed=1)
+    try:
+        for i in range(5):
+            _raw_send(prod.notify, ReleaseBlocks(transfer_id=TransferId(f"tx-{i}"), rank=0, consumer_tp_size=1))
+        assert _wait_for(lambda: producer.worker.channel.counters["dropped_bad_mac"] == 5)
+
+        def drops() -> int:
+            return sum(1 for e in producer.worker.ledger.log.since(0) if isinstance(e, Drop))
+
+        counts = []
+        for step in range(3):
+            producer.worker.poll(1000.0 + step)
+            counts.append(drops())
+        assert counts == [2, 4, 5]
+    finally:
+        producer.close()
