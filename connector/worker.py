@@ -28,6 +28,7 @@ from connector.index import RequestIndex
 from connector.layout import Geometry, LayerDescriptor, LayoutError, block_ops, geometry_of
 from connector.limits import (
     HANDSHAKE_TIMEOUT_S,
+    LEASE_IDS_PER_MESSAGE_MAX,
     LINK_WAIT_MAX,
     POLL_MESSAGES_MAX,
     REMOTE_DIRECTORY_MAX,
@@ -38,6 +39,7 @@ from connector.linker import Linker
 from connector.links import PeerKey, PeerLink
 from connector.messages import (
     HandshakeMetadata,
+    LeaseRenew,
     Message,
     RankAddress,
     ReleaseBlocks,
@@ -45,14 +47,14 @@ from connector.messages import (
     WriteDone,
     WriteFailed,
 )
-from connector.metadata import FailItem, PeerRef, StepMetadata
+from connector.metadata import FailItem, LeaseItem, PeerRef, StepMetadata
 from connector.ports import holder_ranks, rank_port, releases_expected
 from connector.store import abandon_inherited
-from connector.transports.base import Op, TransferHandle, Transport
+from connector.transports.base import Code, Op, TransferHandle, Transport
 from connector.waiting import WaitingRoom
 from ledger.decisions import Release
 from ledger.events import Ack, Drop, Event, Fail, Map, ReqId, Schedule, Seal, TransferId
-from ledger.fold import TransferState
+from ledger.fold import REASON_READ_REFUSED, TransferState
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,8 @@ class WorkerCore:
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
+        if config.role == "producer" and config.refuse_released_reads:
+            transport.set_hold_check(self._holds)
 
     # -- setup ----------------------------------------------------------------
 
@@ -252,6 +256,33 @@ class WorkerCore:
             self._tell_holders(
                 abort.peer, ReleaseBlocks(transfer_id=abort.transfer_id, rank=c.tp_rank, consumer_tp_size=c.tp_size)
             )
+        if meta.lease:
+            self._renew(meta.lease)
+
+    def _renew(self, items: list[LeaseItem]) -> None:
+        """Consumer: tell each waiting transfer's holder ranks to hold on (one message per peer, batched). Never
+        waits: a renewal the channel could not queue is counted, and the next one comes a sixth of a lease on."""
+        by_peer: dict[PeerRef, list[TransferId]] = {}
+        for item in items:
+            tid = item.transfer_id
+            if self.state.was_mapped((self.source, tid)) and self._live(tid) is None:
+                continue  # this side decided (read or failed): nothing to hold for
+            by_peer.setdefault(item.peer, []).append(tid)
+        rank = self.config.tp_rank
+        for peer, tids in by_peer.items():
+            for start in range(0, len(tids), LEASE_IDS_PER_MESSAGE_MAX):
+                chunk = tuple(tids[start : start + LEASE_IDS_PER_MESSAGE_MAX])
+                if self._tell_holders(peer, LeaseRenew(transfer_ids=chunk, rank=rank)):
+                    self.counters["lease_renewals_sent"] += len(chunk)
+                else:
+                    self.counters["lease_renewals_not_sent"] += len(chunk)
+
+    def _holds(self, transfer_id: str) -> bool:
+        """The tcp transport's server thread asks: does this producer rank still hold `transfer_id`? A dict
+        lookup, atomic under the GIL: a side leaves `live` at its decision, before vLLM hears of it (and
+        frees its blocks), and never comes back."""
+        t = self.state.live.get((self.source, TransferId(transfer_id)))
+        return t is not None and t.role == "producer"
 
     def _scheduler_failed(self, failed: FailItem, now: float) -> None:
         """The scheduler half decided a receive failed: report it to vLLM from here (failed_recving and load
@@ -402,18 +433,61 @@ class WorkerCore:
         elif isinstance(message, WriteDone):
             events.append(Ack(ts=now, source=source, transfer_id=message.transfer_id, what="recv", rank=message.rank))
         elif isinstance(message, WriteFailed):
+            refused = message.reason.startswith(REASON_READ_REFUSED)
             events.append(
                 Fail(
                     ts=now,
                     source=source,
                     transfer_id=message.transfer_id,
-                    reason=f"write_failed from rank {message.rank}: {message.reason}",
+                    reason=(f"{REASON_READ_REFUSED}: " if refused else "")
+                    + f"write_failed from rank {message.rank}: {message.reason}",
                 )
             )
         elif isinstance(message, RemoteBlocks):
             self._on_remote_blocks(message, now)
+        elif isinstance(message, LeaseRenew):
+            self._on_lease(message, now, events)
         else:
             self.counters["unexpected_message"] += 1
+
+    def _on_lease(self, message: LeaseRenew, now: float, events: list[Event]) -> None:
+        """Producer: a consumer rank still waits for these transfers; each side this rank holds is held one
+        lease from now (an `ack` what=lease the fold moves the deadline with), never past kv_lease_max from
+        its map. Renewals for sides not held (decided, or never mapped here) are counted and not recorded: a
+        renewal cannot create a side."""
+        c = self.config
+        if c.role != "producer" or not c.leases:
+            self.counters["lease_renewals_ignored"] += len(message.transfer_ids)
+            return
+        hold_max = max(c.defer_timeout_s, c.kv_lease_max_s) - c.defer_timeout_s
+        for tid in message.transfer_ids:
+            t = self._live(TransferId(tid))
+            m = t.map_event if t is not None else None
+            if t is None or m is None or t.role != "producer":
+                self.counters["lease_renewals_for_unheld"] += 1
+                continue
+            # The map's deadline is the scheduler's map time + defer_timeout: the cap is the scheduler
+            # half's backstop, so the worker never holds longer than the scheduler keeps the blocks.
+            until = min(now + c.kv_lease_duration_s, m.deadline + hold_max)
+            self.counters["lease_renewals"] += 1
+            events.append(
+                Ack(
+                    ts=now,
+                    source=self.source,
+                    transfer_id=TransferId(tid),
+                    what="lease",
+                    rank=message.rank,
+                    until=until,
+                )
+            )
+
+    def _released_unread(self, tid: TransferId) -> bool:
+        """Whether this rank let `tid` go by expiry or failure (not by completing it: a duplicate remote_blocks
+        after write_done changes nothing)."""
+        if self._live(tid) is not None:
+            return False
+        side = self.state.side((self.source, tid))
+        return side is not None and side.decision is not None and side.decision.cause != "completed"
 
     def _on_remote_blocks(self, message: RemoteBlocks, now: float) -> None:
         sender = message.sender
@@ -428,6 +502,14 @@ class WorkerCore:
             )
             return
         target = RemoteTarget(message.block_ids, sender, message.prompt_digest)
+        tid = message.transfer_id
+        if self.config.refuse_released_reads and self._released_unread(tid):
+            # Released (expired, failed, completed) before the consumer said where to write: its blocks may
+            # hold another request's KV now. The consumer is told at once (a load error; vLLM recomputes).
+            self.counters["late_reads_refused"] += 1
+            reason = f"{REASON_READ_REFUSED}: the producer released this transfer before remote_blocks came"
+            self._send(sender.host, port, WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason=reason))
+            return
         if not self._same_prompt(message.transfer_id, target):
             self._refuse_other_prompt(message.transfer_id, target)
             return
@@ -454,12 +536,16 @@ class WorkerCore:
                         done_layers.append(layer)
                 else:
                     flight.read_failed = flight.read_failed or layer is None
+                    reason = f"{status.code.name}: {status.message}"
+                    if status.code == Code.REFUSED:
+                        self.counters["reads_refused"] += 1
+                        reason = f"{REASON_READ_REFUSED}: {reason}"
                     events.append(
                         Fail(
                             ts=now,
                             source=source,
                             transfer_id=tid,
-                            reason=f"{status.code.name}: {status.message}",
+                            reason=reason,
                             retryable=status.transient,
                         )
                     )
@@ -672,7 +758,7 @@ class WorkerCore:
                     raise LayoutError(f"peer has no layer {name!r}")
                 ops = _cached_ops(layer.geometry, remote_geometry, t.block_ids, t.remote_block_ids or ())
                 if ops:
-                    flight.handles.append((None, self.transport.read(link.session, name, name, ops)))
+                    flight.handles.append((None, self.transport.read(link.session, name, name, ops, transfer_id=tid)))
         except LayoutError as error:
             self._fail(tid, f"{REASON_LAYOUT}: {error}", now)
             return

@@ -11,7 +11,7 @@ backoff) or terminal; the caller decides what to do, the transport never retries
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any, Protocol, TypeAlias
@@ -55,6 +55,9 @@ class Code(IntEnum):
     REMOTE_ERROR = 4
     CLOSED = 5
     TIMEOUT = 6
+    REFUSED = 7
+    """The producer no longer holds the transfer the read named (released or expired): its blocks may hold
+    another request's KV, so no byte of them was sent. Terminal: the consumer reports a load error."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,10 @@ class TransferHandle:
         return self._done.wait(timeout_s)
 
 
+HoldCheck: TypeAlias = Callable[[str], bool]
+"""Whether this process still holds the named transfer's blocks (safe to call from any thread)."""
+
+
 class Session(Protocol):
     endpoint: TransportEndpoint
 
@@ -151,8 +158,18 @@ class Transport(Protocol):
         """A session with a peer whose regions were learnt in a completed handshake."""
         ...
 
-    def read(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
-        """Copy remote region bytes into the local region, op by op; returns at once."""
+    def read(
+        self, session: Session, local: str, remote: str, ops: Sequence[Op], *, transfer_id: str = ""
+    ) -> TransferHandle:
+        """Copy remote region bytes into the local region, op by op; returns at once. `transfer_id` names the
+        transfer the bytes belong to: a peer that serves reads refuses one for a transfer it no longer holds."""
+        ...
+
+    def set_hold_check(self, held: HoldCheck | None) -> None:
+        """Serve a peer's read only while `held(transfer_id)` is true, checked before the bytes are copied
+        and again after (a hold is never taken back once let go, so a true answer after the copy means the
+        blocks were held throughout it). Called from the transport's own threads. A one-sided transport
+        (mori) cannot refuse a read: there the consumer confirms with the producer instead."""
         ...
 
     def write(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:

@@ -37,6 +37,7 @@ from connector.limits import (
 from connector.transports.base import (
     SUCCEEDED,
     Code,
+    HoldCheck,
     Op,
     RegionDescriptor,
     TransferHandle,
@@ -254,8 +255,15 @@ class MoriTransport:
             self._remote_engines[engine_desc.key] = engine_desc
         return MoriSession(endpoint, engine_desc.key, {r.name: r for r in regions})
 
-    def read(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+    def read(
+        self, session: Any, local: str, remote: str, ops: Sequence[Op], *, transfer_id: str = ""
+    ) -> TransferHandle:
+        # One-sided: the producer's CPU never sees this read, so it cannot refuse it. The worker confirms the
+        # hold with the producer before and after instead (`transfer_id` is not sent anywhere).
         return self._submit(session, local, remote, ops, read=True)
+
+    def set_hold_check(self, held: HoldCheck | None) -> None:
+        """Nothing to check on this side: an RDMA read never reaches the producer's CPU."""
 
     def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
         return self._submit(session, local, remote, ops, read=False)
