@@ -277,12 +277,16 @@ class WorkerCore:
                 else:
                     self.counters["lease_renewals_not_sent"] += len(chunk)
 
-    def _holds(self, transfer_id: str) -> bool:
-        """The tcp transport's server thread asks: does this producer rank still hold `transfer_id`? A dict
-        lookup, atomic under the GIL: a side leaves `live` at its decision, before vLLM hears of it (and
-        frees its blocks), and never comes back."""
-        t = self.state.live.get((self.source, TransferId(transfer_id)))
-        return t is not None and t.role == "producer"
+    def _holds(self, transfer_id: str) -> bool | None:
+        """The tcp transport's server thread asks: does this producer rank still hold `transfer_id`? True: held;
+        False: let go (never held again); None: not mapped here yet (the metadata comes with the next step,
+        while the scheduler half already holds the blocks). Dict lookups, atomic under the GIL: a side leaves
+        `live` at its decision, before vLLM hears of it (and frees its blocks), and never comes back."""
+        key = (self.source, TransferId(transfer_id))
+        t = self.state.live.get(key)
+        if t is not None:
+            return t.role == "producer"
+        return False if self.state.was_mapped(key) else None
 
     def _scheduler_failed(self, failed: FailItem, now: float) -> None:
         """The scheduler half decided a receive failed: report it to vLLM from here (failed_recving and load
@@ -535,6 +539,8 @@ class WorkerCore:
                     if layer is not None:
                         done_layers.append(layer)
                 else:
+                    if layer is None and flight.read_failed:
+                        continue  # one read, one failure: its other layers' failures say nothing more
                     flight.read_failed = flight.read_failed or layer is None
                     reason = f"{status.code.name}: {status.message}"
                     if status.code == Code.REFUSED:

@@ -58,6 +58,8 @@ class Code(IntEnum):
     REFUSED = 7
     """The producer no longer holds the transfer the read named (released or expired): its blocks may hold
     another request's KV, so no byte of them was sent. Terminal: the consumer reports a load error."""
+    NOT_HELD_YET = 8
+    """The producer rank has not mapped the transfer yet (its metadata comes with its next step): transient."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +137,9 @@ class TransferHandle:
         return self._done.wait(timeout_s)
 
 
-HoldCheck: TypeAlias = Callable[[str], bool]
-"""Whether this process still holds the named transfer's blocks (safe to call from any thread)."""
+HoldCheck: TypeAlias = Callable[[str], bool | None]
+"""Whether this process holds the named transfer's blocks: True held, False let go (for good), None not known
+here yet. Safe to call from any thread."""
 
 
 class Session(Protocol):
@@ -166,10 +169,11 @@ class Transport(Protocol):
         ...
 
     def set_hold_check(self, held: HoldCheck | None) -> None:
-        """Serve a peer's read only while `held(transfer_id)` is true, checked before the bytes are copied
-        and again after (a hold is never taken back once let go, so a true answer after the copy means the
-        blocks were held throughout it). Called from the transport's own threads. A one-sided transport
-        (mori) cannot refuse a read: there the consumer confirms with the producer instead."""
+        """Serve a peer's read only while `held(transfer_id)` is True, checked before the bytes are copied and
+        again after (False: refused, REFUSED; None: refused for now, NOT_HELD_YET, transient). A hold is never
+        taken back once let go, so True after the copy means the blocks were held throughout it. Called from
+        the transport's own threads. A one-sided transport (mori) cannot refuse a read: there the consumer
+        confirms with the producer instead."""
         ...
 
     def write(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:

@@ -90,7 +90,10 @@ class LoopbackTransport:
         if mine is None or theirs is None or remote not in session.regions:
             return TransferHandle(failed(Code.BAD_REQUEST, f"unknown region {local!r} or {remote!r}"))
         held = peer._hold_check
-        if into_local and held is not None and not (transfer_id and held(transfer_id)):
+        answer = (held(transfer_id) if transfer_id else False) if into_local and held is not None else True
+        if answer is None:
+            return TransferHandle(failed(Code.NOT_HELD_YET, "transfer not held yet", transient=True))
+        if answer is False:
             return TransferHandle(failed(Code.REFUSED, "transfer not held by the producer: no bytes sent"))
         try:
             for lo, ro, size in ops:

@@ -269,7 +269,8 @@ class TcpTransport:
         self._done_one()
         if reply.code != Code.OK:
             self._drain(sock)
-            job.handle.finish(failed(Code(reply.code), reply.message, transient=reply.code == Code.SEND_QUEUE_FULL))
+            transient = reply.code in (Code.SEND_QUEUE_FULL, Code.NOT_HELD_YET)
+            job.handle.finish(failed(Code(reply.code), reply.message, transient=transient))
             return
         if job.read_into is None:
             self._drain(sock)
@@ -342,10 +343,12 @@ class TcpTransport:
                 # Checked before a byte is copied and again after: holds are never taken back, so a side held
                 # after the copy was held throughout it, and the copy (not the tensor, which vLLM may reuse
                 # once the hold ends) is what goes on the wire.
-                if not (request.transfer and held(request.transfer)):
-                    return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.REFUSED, _NOT_HELD))]
+                answer = held(request.transfer) if request.transfer else False
+                if answer is not True:
+                    code = Code.NOT_HELD_YET if answer is None else Code.REFUSED
+                    return [identity, msgspec.msgpack.encode(_Reply(request.id, code, _NOT_HELD))]
                 copies = [bytes(region.view(offset, size)) for offset, size in request.spans]
-                if not held(request.transfer):
+                if held(request.transfer) is not True:
                     return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.REFUSED, _NOT_HELD))]
                 return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK)), *copies]
             if request.op == "write":
