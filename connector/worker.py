@@ -89,6 +89,8 @@ class Inflight:
 
     handles: list[tuple[int | None, TransferHandle]] = field(default_factory=list)
     read_failed: bool = False
+    read_failed_terminally: bool = False
+    """A terminal failure of this read was recorded (a second one would be a late event)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -539,9 +541,11 @@ class WorkerCore:
                     if layer is not None:
                         done_layers.append(layer)
                 else:
-                    if layer is None and flight.read_failed:
-                        continue  # one read, one failure: its other layers' failures say nothing more
+                    if layer is None and flight.read_failed_terminally:
+                        continue  # the read already failed for good: its other layers' failures add nothing
                     flight.read_failed = flight.read_failed or layer is None
+                    if layer is None and not status.transient:
+                        flight.read_failed_terminally = True
                     reason = f"{status.code.name}: {status.message}"
                     if status.code == Code.REFUSED:
                         self.counters["reads_refused"] += 1

@@ -89,7 +89,9 @@ def late_delay_rounds(config: StormConfig) -> int:
 def horizon_s(config: StormConfig) -> float:
     """Simulated seconds after a request's arrival by which every fault on it has played out (every deadline
     passed, every held notification sent): what is unresolved then is hung."""
-    late_reader_s = (late_reader_base_rounds(config) + LATE_READER_PAST_DEADLINE_ROUNDS_MAX) * config.step_s
+    late_reader_s = 0.0
+    if "late_reader" in config.faults:
+        late_reader_s = (late_reader_base_rounds(config) + LATE_READER_PAST_DEADLINE_ROUNDS_MAX) * config.step_s
     return 2 * (config.recv_abort_timeout_s + config.transfer_timeout_s) + max(
         late_delay_rounds(config) * config.step_s, late_reader_s
     )
