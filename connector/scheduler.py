@@ -98,7 +98,11 @@ class SchedulerCore:
         self, params: TransferParams | None, num_prompt_tokens: int, num_computed_tokens: int
     ) -> tuple[int, bool]:
         """get_num_new_matched_tokens: side-effect free. Loads are asynchronous in both modes (the
-        request waits in WAITING_FOR_REMOTE_KVS), and the last prompt token is recomputed locally.
+        request waits in WAITING_FOR_REMOTE_KVS). The answer is what the remote KV covers: the whole
+        prompt beyond what vLLM holds, as vLLM's own connectors answer (vLLM itself recomputes the last
+        prompt token of a whole-prompt hit, so that the next one can be sampled). Answering one token
+        less undercounted hits, and when the prompt ends one token into a block it allocated one block
+        fewer than the producer filled, so the tail pairing of `layout.pair_blocks` shifted every block.
 
         A re-ask (vLLM preempted the request, or recomputes it after a failed load) is answered from
         the request's own params: `on_alloc` had them say the remote KV was taken, as vLLM's NIXL and
@@ -110,7 +114,7 @@ class SchedulerCore:
             return 0, False
         if self._refused(params.transfer_id):
             return 0, False
-        count = num_prompt_tokens - num_computed_tokens - 1
+        count = num_prompt_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def on_alloc(
