@@ -143,6 +143,13 @@ class LedgerConnector(KVConnectorBase_V1):
         assert self.worker is not None, "a worker-side hook called on a scheduler connector"
         return self.worker
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """vLLM 0.33 asks before it allows sleep mode (0.32 never does). No: the transports hold the KV
+        caches registered at start (mori pins their memory), and a remap at wake-up would leave a peer
+        reading or writing the old pages. vLLM then refuses the configuration at start, by name."""
+        return False
+
     # -- scheduler side ---------------------------------------------------------
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.e2e.tiny_model import write_tiny_model
@@ -10,3 +12,13 @@ from tests.e2e.tiny_model import write_tiny_model
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(write_tiny_model(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def expected_vllm() -> None:
+    """scripts/test_vllm033.sh runs these tests on another vLLM than site-packages': make sure it loaded."""
+    wanted = os.environ.get("KVLEDGER_EXPECT_VLLM")
+    if wanted:
+        import vllm
+
+        assert vllm.__version__ == wanted, f"vLLM {vllm.__version__} from {vllm.__file__}, not {wanted}"
