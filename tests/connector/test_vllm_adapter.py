@@ -140,7 +140,7 @@ def test_connector_module_imports_no_vllm_eagerly() -> None:
 
 def test_transfer_through_vllm_types(engines: tuple[Engine, Engine, str]) -> None:
     producer, consumer, mode = engines
-    p_blocks, c_blocks = [0, 1, 2, 3], [10, 11, 12, 13]
+    p_blocks, c_blocks = [1, 2, 3, 4], [10, 11, 12, 13]  # block 0 is vLLM's null block, never a request's
     p_cfg, c_cfg = producer.scheduler.config, consumer.scheduler.config  # type: ignore[attr-defined]
     if mode == "read":
         p_req = _request("p-0", {"transfer_id": "tx-0", "do_remote_decode": True})

@@ -18,6 +18,7 @@ from vllm.v1.request import RequestStatus
 
 from connector.params import consumer_params
 from tests.e2e.sched_harness import (
+    Clock,
     assert_empty,
     blocks_of,
     make_request,
@@ -26,35 +27,10 @@ from tests.e2e.sched_harness import (
     model_output,
     step,
 )
-from tests.e2e.tiny_model import write_tiny_model
 
 PRODUCER_PORTS = {"handshake_port": 17100, "notify_port": 17200, "transport_port": 17300}
 DEFER_TIMEOUT_S = 30.0
 PROMPT_TOKENS = 40  # three 16-token blocks
-
-
-class Clock:
-    """The connector's clock (`time.time` in the adapter), moved by hand: no test waits for time to pass."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    import connector.vllm_connector as adapter
-
-    fake = Clock()
-    monkeypatch.setattr(adapter.time, "time", fake)  # type: ignore[attr-defined]
-    return fake
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
 def producer(model: str) -> Any:
