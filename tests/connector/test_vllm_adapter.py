@@ -41,7 +41,9 @@ def _extra(mode: str, mine: EnginePorts, theirs: EnginePorts) -> dict[str, Any]:
 class Engine:
     """One engine's scheduler-role and worker-role connectors, created by vLLM's factory."""
 
-    def __init__(self, role: str, mode: str, mine: EnginePorts, theirs: EnginePorts, fill: bool) -> None:
+    def __init__(
+        self, role: str, mode: str, mine: EnginePorts, theirs: EnginePorts, fill: bool, kv_cache_config: Any = None
+    ) -> None:
         from vllm.config import KVTransferConfig, VllmConfig
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -54,8 +56,8 @@ class Engine:
             kv_connector_extra_config=_extra(mode, mine, theirs),
         )
         config = VllmConfig(kv_transfer_config=transfer)
-        self.scheduler = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, None)  # type: ignore[arg-type]
-        self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, None)  # type: ignore[arg-type]
+        self.scheduler = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
         self.caches = make_caches(fill, seed=1 if fill else 2)
         self.worker.register_kv_caches(self.caches)
         self.finished: set[str] = set()
