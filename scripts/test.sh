@@ -21,5 +21,5 @@ pip_install -e '.[test]'
 
 # vLLM 0.32 (site-packages, the CPU build): the whole suite, real engines included.
 python -m pytest "$@"
-# vLLM 0.33 (the CUDA wheel's Python scheduler, on this CPU): the scheduler contract tests.
+# vLLM 0.33 (the CUDA wheel's Python scheduler, on this CPU): the scheduler contract and adapter tests.
 bash scripts/test_vllm033.sh -q

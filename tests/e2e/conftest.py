@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import pytest
@@ -30,13 +29,3 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Any:
     fake = Clock()
     monkeypatch.setattr(adapter.time, "time", fake)
     return fake
-
-
-@pytest.fixture(scope="session", autouse=True)
-def expected_vllm() -> None:
-    """scripts/test_vllm033.sh runs these tests on another vLLM than site-packages': make sure it loaded."""
-    wanted = os.environ.get("KVLEDGER_EXPECT_VLLM")
-    if wanted:
-        import vllm
-
-        assert vllm.__version__ == wanted, f"vLLM {vllm.__version__} from {vllm.__file__}, not {wanted}"
