@@ -7,8 +7,9 @@ import pytest
 
 from ledger.audit import audit, counts_by_code
 from ledger.decisions import failed_recving, finished_recving, finished_sending, load_error_blocks
-from ledger.events import block_groups_of
+from ledger.events import block_groups_of, from_json, from_msgpack, to_json, to_msgpack
 from ledger.fold import REASON_LOCAL_EXCEEDS_REMOTE, TRANSITIONS, LedgerState, Phase, fold_all
+from ledger.valid import event_problem
 from tests.ledger.builders import Side
 
 T = "tx-1"
@@ -242,6 +243,11 @@ def test_map_block_groups_must_add_up_to_the_blocks() -> None:
         msgspec.structs.replace(mapped, block_groups=(1, 1))
     assert block_groups_of((1, 2, 3, 4), (1, 0, 3)) == ((1,), (), (2, 3, 4))
     assert block_groups_of((1, 2), None) == ((1, 2),)
+    grouped = msgspec.structs.replace(mapped, block_groups=(2, 1), remote_block_groups=(1, 2), seq=1)
+    # Stored and exported as any other field (both encodings), and an old log without it reads as one group.
+    assert from_json(to_json(grouped)) == grouped and from_msgpack(to_msgpack(grouped)) == grouped
+    assert event_problem(grouped) is None
+    assert from_json(to_json(msgspec.structs.replace(grouped, block_groups=None))).block_groups is None
 
 
 def test_consumer_local_blocks_shorter_than_remote_is_accepted() -> None:
