@@ -22,7 +22,7 @@ from api.live import Live
 from ledger.advice import late_after_expire, percentiles, verdict
 from ledger.audit import CODES, SEVERITY_RANK, Finding, audit, found_at
 from ledger.fold import TransferState
-from ledger.sources import SourceHealth, judge_sources
+from ledger.sources import SourceHealth
 
 CODE_ORDER = {code: i for i, code in enumerate(CODES)}
 
@@ -99,9 +99,7 @@ def build(live: Live, now: float, *, explicit: bool = False) -> Board:
     started = time.perf_counter()
     settings, state = live.settings, live.state
     board = Board(now=now, explicit=explicit, version=live.version, cursor=live.cursor)
-    health = judge_sources(
-        state, live.last_ts, now, transfer_timeout_s=settings.transfer_timeout_s, dead=settings.dead_engines
-    )
+    health = live.health(now)
     board.sources = sorted(health.values(), key=lambda h: (not h.lost, h.source))
     findings = audit(state, now, live.audit_config)
     board.findings_total = len(findings)

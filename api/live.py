@@ -32,6 +32,7 @@ from ledger.decisions import Key, Release
 from ledger.events import KINDS, Event, Map, kind_of
 from ledger.fold import LedgerState
 from ledger.series import HoldingSeries
+from ledger.sources import SourceHealth, judge_sources
 from ledger.store.base import EventStore, StoreError
 from ledger.store.connect import open_store
 from ledger.store.limits import TAIL_EVENTS_MAX
@@ -186,6 +187,16 @@ class Live:
             self._audit_key = key
             self._finding_keys = None
         return self._audit
+
+    def health(self, now: float) -> dict[str, SourceHealth]:
+        """Every source's health at `now`: which are lost (silent while holding blocks, or known dead)."""
+        return judge_sources(
+            self.state,
+            self.last_ts,
+            now,
+            transfer_timeout_s=self.settings.transfer_timeout_s,
+            dead=self.settings.dead_engines,
+        )
 
     def keys_with_findings(self, now: float) -> set[Key]:
         findings = self.findings(now)

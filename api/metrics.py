@@ -10,7 +10,6 @@ from prometheus_client.registry import Collector
 
 from api.live import Live
 from ledger.audit import CODES, counts_by_code
-from ledger.sources import judge_sources
 
 RELEASE_LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
@@ -89,9 +88,7 @@ def _by_phase_and_lost(live: Live) -> Iterator[Metric]:
     for phase, count in sorted(counts.items()):
         phases.add_metric([phase], count)
     yield phases
-    settings = live.settings
-    health = judge_sources(live.state, live.last_ts, live.clock_now(),
-                           transfer_timeout_s=settings.transfer_timeout_s, dead=settings.dead_engines)  # fmt: skip
+    health = live.health(live.clock_now())
     lost = [h for h in health.values() if h.lost]
     yield GaugeMetricFamily("kvledger_sources_lost", "Sources lost (silent while holding blocks, or known dead)",
                             value=len(lost))  # fmt: skip

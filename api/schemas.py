@@ -161,7 +161,13 @@ class AuditSummary(BaseModel):
     findings_total: int
     live_transfers: int
     blocks_held: int
-    oldest_held: OldestHeld | None
+    """Every live side's blocks, lost engines' included (what the fold holds)."""
+    oldest_held: OldestHeld | None = Field(description="The oldest side held on an engine not lost")
+    lost_sources: dict[str, str] = Field(
+        description="Sources lost (silent while holding blocks, or known dead), with why: what they held is gone "
+        "with the engine, not leaked"
+    )
+    blocks_lost: int = Field(description="Blocks held by lost sources (part of blocks_held)")
     releases_by_cause: dict[str, int]
     ack_latency_s: dict[str, float | None] = Field(description="Completed releases: first event to the ack")
     release_latency_s: dict[str, float | None] = Field(description="All releases, any cause")

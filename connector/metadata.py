@@ -35,6 +35,9 @@ class RecvItem(msgspec.Struct, frozen=True, kw_only=True):
     deadline: float
     prompt_digest: str | None = None
     """WRITE: the request's prompt digest, sent with remote_blocks for the producer to check."""
+    block_groups: tuple[int, ...] | None = None
+    """Hybrid models: `block_ids` per KV cache group, as counts (`ledger.events.Map.block_groups`)."""
+    remote_block_groups: tuple[int, ...] | None = None
 
 
 class SendItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -44,6 +47,7 @@ class SendItem(msgspec.Struct, frozen=True, kw_only=True):
     request_id: ReqId
     block_ids: tuple[int, ...]
     deadline: float
+    block_groups: tuple[int, ...] | None = None
 
 
 class SaveItem(msgspec.Struct, frozen=True, kw_only=True):

@@ -29,6 +29,8 @@ class TransferParams(msgspec.Struct, frozen=True, kw_only=True):
     do_remote_decode: bool = False
     do_remote_prefill: bool = False
     remote_block_ids: tuple[int, ...] | None = None
+    remote_block_groups: tuple[int, ...] | None = None
+    """Hybrid models: how many of `remote_block_ids` belong to each KV cache group (None: one group)."""
     remote_engine_id: str = ""
     remote_host: str | None = None
     remote_handshake_port: int | None = None
@@ -69,6 +71,9 @@ def parse_params(raw: Mapping[str, Any] | None) -> TransferParams | None:
     found = text_problem("transfer_id", params.transfer_id) or ints_problem("remote_block_ids", params.remote_block_ids)
     if found is not None:
         raise ParamsError(f"kv_transfer_params.{found[0]}: {found[1]}")
+    groups = params.remote_block_groups
+    if groups is not None and (min(groups, default=0) < 0 or sum(groups) != len(params.remote_block_ids or ())):
+        raise ParamsError(f"kv_transfer_params.remote_block_groups: must add up to remote_block_ids, got {groups}")
     if params.remote_tp_size < 1:
         raise ParamsError(f"kv_transfer_params.remote_tp_size: must be >= 1, got {params.remote_tp_size}")
     return params
@@ -102,9 +107,12 @@ def consumer_params(
     notify_port: int,
     tp_size: int,
     dp_rank: int,
+    block_groups: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
     """What a producer's `request_finished` returns for the consumer (through the proxy)."""
+    groups = {} if block_groups is None else {"remote_block_groups": list(block_groups)}
     return {
+        **groups,
         "do_remote_prefill": True,
         "do_remote_decode": False,
         "transfer_id": transfer_id,

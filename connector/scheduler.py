@@ -110,7 +110,11 @@ class SchedulerCore:
         self, params: TransferParams | None, num_prompt_tokens: int, num_computed_tokens: int
     ) -> tuple[int, bool]:
         """get_num_new_matched_tokens: side-effect free. Loads are asynchronous in both modes (the
-        request waits in WAITING_FOR_REMOTE_KVS), and the last prompt token is recomputed locally.
+        request waits in WAITING_FOR_REMOTE_KVS). The answer is what the remote KV covers: the whole
+        prompt beyond what vLLM holds, as vLLM's own connectors answer (vLLM itself recomputes the last
+        prompt token of a whole-prompt hit, so that the next one can be sampled). Answering one token
+        less undercounted hits, and when the prompt ends one token into a block it allocated one block
+        fewer than the producer filled, so the tail pairing of `layout.pair_blocks` shifted every block.
 
         A re-ask (vLLM preempted the request, or recomputes it after a failed load) is answered from
         the request's own params: `on_alloc` had them say the remote KV was taken, as vLLM's NIXL and
@@ -124,7 +128,7 @@ class SchedulerCore:
             return 0, False
         if not self._allowed_peer(params.peer()):
             return 0, False  # known before the load: the request prefills locally (on_alloc records why)
-        count = num_prompt_tokens - num_computed_tokens - 1
+        count = num_prompt_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def on_new_request(self, request_id: ReqId, params: TransferParams | None, now: float) -> None:
@@ -168,6 +172,7 @@ class SchedulerCore:
         now: float,
         *,
         prompt_digest: str | None = None,
+        block_groups: tuple[int, ...] | None = None,
     ) -> bool:
         """update_state_after_alloc: the consumer maps the transfer onto its freshly allocated blocks.
         `prompt_digest` (WRITE) goes with remote_blocks, for the producer to check it holds this prompt.
@@ -201,6 +206,8 @@ class SchedulerCore:
                 remote_block_ids=params.remote_block_ids,
                 peer=peer.label if peer else None,
                 deadline=now + self.config.recv_abort_timeout_s,
+                block_groups=block_groups,
+                remote_block_groups=params.remote_block_groups,
             )
         )
         if peer is None or not self._allowed_peer(peer):
@@ -225,6 +232,8 @@ class SchedulerCore:
                 peer=peer,
                 deadline=now + self.config.recv_abort_timeout_s,
                 prompt_digest=prompt_digest,
+                block_groups=block_groups,
+                remote_block_groups=params.remote_block_groups,
             )
         )
         return True
@@ -257,13 +266,20 @@ class SchedulerCore:
         )
 
     def on_request_finished(
-        self, request_id: ReqId, params: TransferParams | None, block_ids: Iterable[int], now: float
+        self,
+        request_id: ReqId,
+        params: TransferParams | None,
+        block_ids: Iterable[int],
+        now: float,
+        *,
+        block_groups: tuple[int, ...] | None = None,
     ) -> tuple[bool, dict[str, Any] | None]:
-        """request_finished: True while the producer keeps blocks for a remote decode."""
+        """request_finished: True while the producer keeps blocks for a remote decode (in every KV cache
+        group: `block_ids` is their concatenation, `block_groups` their counts, None for one group)."""
         if params is None:
             return False, None
         if self.config.role == "producer":
-            return self._producer_finished(request_id, params, tuple(block_ids), now)
+            return self._producer_finished(request_id, params, tuple(block_ids), now, block_groups)
         self._leases.pop(params.transfer_id, None)
         if params.do_remote_prefill and not self._refused(params.transfer_id):
             self._consumer_aborted(request_id, params, now)  # ended before its first allocation
@@ -271,7 +287,12 @@ class SchedulerCore:
         return False, None
 
     def _producer_finished(
-        self, request_id: ReqId, params: TransferParams, blocks: tuple[int, ...], now: float
+        self,
+        request_id: ReqId,
+        params: TransferParams,
+        blocks: tuple[int, ...],
+        now: float,
+        block_groups: tuple[int, ...] | None,
     ) -> tuple[bool, dict[str, Any] | None]:
         if not params.do_remote_decode or not blocks:
             return False, None
@@ -293,6 +314,7 @@ class SchedulerCore:
                 block_ids=blocks,
                 peer=peer.label if peer else None,
                 deadline=config.producer_deadline(now, scheduler=True),
+                block_groups=block_groups,
             )
         )
         if config.mode == "read":
@@ -302,6 +324,7 @@ class SchedulerCore:
                     request_id=request_id,
                     block_ids=blocks,
                     deadline=now + config.defer_timeout_s,
+                    block_groups=block_groups,
                 )
             )
             return True, consumer_params(
@@ -313,6 +336,7 @@ class SchedulerCore:
                 notify_port=config.notify_port,
                 tp_size=config.tp_size,
                 dp_rank=config.dp_rank,
+                block_groups=block_groups,
             )
         if not self._allowed_peer(peer):
             self.counters["peer_not_allowed"] += 1

@@ -19,11 +19,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from connector.assemble import build_scheduler, build_worker
 from connector.config import from_extra_config
+from connector.groups import flatten_groups
 from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
 from connector.hooks_for_tests import corrupt_blocks
 from connector.incident_log import IncidentLog
@@ -101,7 +103,38 @@ def _write_prompt_digest(request: Request, mode: str, params: TransferParams | N
     return prompt_digest(request.prompt_token_ids)
 
 
-class LedgerConnector(KVConnectorBase_V1):
+def _layer_groups(kv_cache_config: KVCacheConfig | None) -> dict[str, int]:
+    """Each attention layer's KV cache group (several in hybrid models)."""
+    if kv_cache_config is None:
+        return {}
+    return {name: i for i, group in enumerate(kv_cache_config.kv_cache_groups) for name in group.layer_names}
+
+
+def _check_groups(kv_cache_config: KVCacheConfig | None, mode: str, role: KVConnectorRole) -> None:
+    """What this version cannot move is refused at start, by name, rather than mis-moved later."""
+    if kv_cache_config is None:
+        return
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) > 1 and mode == "write":
+        raise ValueError(
+            "LedgerConnector: WRITE mode moves one KV cache group only; this model has "
+            f"{len(groups)} (a hybrid model): use read_mode"
+        )
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    mamba = [g for g in groups if isinstance(g.kv_cache_spec, MambaSpec)]
+    if mamba and role == KVConnectorRole.WORKER:
+        # The scheduler half keeps the books of every group; moving Mamba state (conv and SSM tensors,
+        # and the state one token short of the prompt that the recomputed last token needs) is not built.
+        raise ValueError(
+            f"LedgerConnector: Mamba state (layers {', '.join(mamba[0].layer_names[:3])}...) is not moved yet: "
+            "hybrid Mamba models are not supported; sliding-window hybrids are"
+        )
+
+
+class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM's KV connector; `SupportsHMA`: hybrid models' block ids per KV cache group, as NIXL's connector."""
+
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
         transfer = vllm_config.kv_transfer_config
@@ -121,7 +154,12 @@ class LedgerConnector(KVConnectorBase_V1):
             tp_rank=tp_rank,
             tp_size=parallel.tensor_parallel_size,
         )
+        _check_groups(kv_cache_config, self.config.mode, role)
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
+        self._layer_groups = _layer_groups(kv_cache_config)
+        self._hybrid = kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) > 1
+        """More than one KV cache group: vLLM refuses block-level load errors (invalid_block_ids) there;
+        a failed load reaches it through failed_recving alone, and it fails or recomputes the request."""
         self.scheduler: SchedulerCore | None = None
         self.worker: WorkerCore | None = None
         if role == KVConnectorRole.SCHEDULER:
@@ -144,6 +182,13 @@ class LedgerConnector(KVConnectorBase_V1):
         assert self.worker is not None, "a worker-side hook called on a scheduler connector"
         return self.worker
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """vLLM 0.33 asks before it allows sleep mode (0.32 never does). No: the transports hold the KV
+        caches registered at start (mori pins their memory), and a remap at wake-up would leave a peer
+        reading or writing the old pages. vLLM then refuses the configuration at start, by name."""
+        return False
+
     # -- scheduler side ---------------------------------------------------------
 
     @guarded(lambda: (0, False))
@@ -162,12 +207,17 @@ class LedgerConnector(KVConnectorBase_V1):
         request_id = ReqId(request.request_id)
         digest = _write_prompt_digest(request, self.config.mode, params)
         if self.config.role == "consumer":
-            block_ids = blocks.get_unhashed_block_ids() if num_external_tokens > 0 else []
-            taken = core.on_alloc(request_id, params, block_ids, num_external_tokens, now, prompt_digest=digest)
+            # Every KV cache group's new blocks (not prefix-cache hits, not null placeholders), as NIXL.
+            per_group = blocks.get_unhashed_block_ids_all_groups() if num_external_tokens > 0 else []
+            block_ids, groups = flatten_groups(per_group)
+            taken = core.on_alloc(
+                request_id, params, block_ids, num_external_tokens, now, prompt_digest=digest, block_groups=groups
+            )
             if taken and request.kv_transfer_params:
                 remote_prefill_taken(request.kv_transfer_params)
         elif self.config.mode == "write" and params is not None and params.do_remote_decode:
-            # The whole prompt runs in this step (chunked prefill is not supported for WRITE producers yet).
+            # The whole prompt runs in this step (chunked prefill is not supported for WRITE producers yet);
+            # WRITE serves one KV cache group (`_check_groups`).
             core.on_save(request_id, params, blocks.get_block_ids()[0], now, prompt_digest=digest)
 
     @guarded(lambda: LedgerConnectorMetadata(StepMetadata()))
@@ -178,11 +228,21 @@ class LedgerConnector(KVConnectorBase_V1):
 
     @guarded(lambda: (False, None))
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Once per request, with its blocks in every KV cache group: True holds them all until the one
+        release the fold decides for the transfer (vLLM frees every group's blocks on finished_sending)."""
         params = _params(request)
         producer = self.config.role == "producer"
         if producer and params is not None and not _prefill_handed_over(request, self.config.mode):
             params = None  # aborted before its KV could reach a consumer: free the blocks now, not at expire
-        return self._sched().on_request_finished(ReqId(request.request_id), params, block_ids, time.time())
+        flat, groups = flatten_groups(block_ids)
+        return self._sched().on_request_finished(
+            ReqId(request.request_id), params, flat, time.time(), block_groups=groups
+        )
 
     @guarded(nothing)
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
@@ -196,7 +256,8 @@ class LedgerConnector(KVConnectorBase_V1):
         connector_output.finished_sending = set(outcome.finished_sending) or None
         connector_output.finished_recving = set(outcome.finished_recving) or None
         connector_output.failed_recving = set(outcome.failed_recving)
-        connector_output.invalid_block_ids = set(connector_output.invalid_block_ids) | outcome.invalid_block_ids
+        if not self._hybrid:
+            connector_output.invalid_block_ids = set(connector_output.invalid_block_ids) | outcome.invalid_block_ids
         if self.incident_log is not None:
             self.incident_log.flush()
 
@@ -223,7 +284,7 @@ class LedgerConnector(KVConnectorBase_V1):
     # -- worker side --------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._work().register_kv_caches(kv_caches, self._num_blocks)
+        self._work().register_kv_caches(kv_caches, self._num_blocks, self._layer_groups)
         self._kv_caches = dict(kv_caches)
 
     @guarded(nothing)
@@ -283,7 +344,8 @@ class LedgerConnector(KVConnectorBase_V1):
 
     @guarded(set)
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._work().take_load_errors()
+        errors = self._work().take_load_errors()
+        return set() if self._hybrid else errors  # hybrid: failed_recving names the request instead
 
     def shutdown(self) -> None:
         if self.worker is not None:

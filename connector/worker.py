@@ -53,7 +53,7 @@ from connector.store import abandon_inherited
 from connector.transports.base import Code, Op, TransferHandle, Transport
 from connector.waiting import WaitingRoom
 from ledger.decisions import Release
-from ledger.events import Ack, Drop, Event, Fail, Map, ReqId, Schedule, Seal, TransferId
+from ledger.events import Ack, Drop, Event, Fail, Map, ReqId, Schedule, Seal, TransferId, block_groups_of
 from ledger.fold import REASON_READ_REFUSED, TransferState
 from ledger.ledger import Ledger
 
@@ -122,6 +122,7 @@ class WorkerCore:
         self.index = RequestIndex(ledger.log)
         self.counters: Counter[str] = Counter()
         self.layers: dict[str, LayerDescriptor] = {}
+        self.layer_groups: dict[str, int] = {}
         self.layer_names: list[str] = []
         self.layer_index: dict[str, int] = {}
         self.linker = Linker(
@@ -166,8 +167,12 @@ class WorkerCore:
             tp_size=c.tp_size,
         )
 
-    def register_kv_caches(self, caches: Mapping[str, Any], num_blocks: int | None = None) -> None:
-        """Register every layer's KV tensor with the transport and publish the handshake metadata."""
+    def register_kv_caches(
+        self, caches: Mapping[str, Any], num_blocks: int | None = None, layer_groups: Mapping[str, int] | None = None
+    ) -> None:
+        """Register every layer's KV tensor with the transport and publish the handshake metadata.
+        `layer_groups`: each layer's KV cache group (hybrid models); a layer not named is in group 0."""
+        self.layer_groups = dict(layer_groups or {})
         for name, tensor in caches.items():
             region = self.transport.register(name, tensor)
             self.layers[name] = LayerDescriptor(name=name, geometry=geometry_of(tensor, num_blocks), region=region)
@@ -205,6 +210,7 @@ class WorkerCore:
                     block_ids=send.block_ids,
                     deadline=send.deadline,
                     acks_expected=fan_in,
+                    block_groups=send.block_groups,
                 )
             )
         for save in meta.save:
@@ -243,6 +249,8 @@ class WorkerCore:
                     remote_block_ids=recv.remote_block_ids,
                     peer=recv.peer.label,
                     deadline=recv.deadline,
+                    block_groups=recv.block_groups,
+                    remote_block_groups=recv.remote_block_groups,
                 )
             )
             self._step_recv.append(recv.transfer_id)
@@ -761,12 +769,20 @@ class WorkerCore:
         if link is None:
             return  # parked until the peer links (or failed: not allow-listed)
         flight = Inflight()
+        m = t.map_event
+        assert m is not None, "a live transfer has its map"
+        # Hybrid models: each layer moves the blocks of its own KV cache group.
+        local_groups = block_groups_of(m.block_ids, m.block_groups)
+        remote_groups = block_groups_of(m.remote_block_ids or (), m.remote_block_groups)
         try:
             for name, layer in self.layers.items():
                 remote_geometry = link.geometry.get(name)
                 if remote_geometry is None:
                     raise LayoutError(f"peer has no layer {name!r}")
-                ops = _cached_ops(layer.geometry, remote_geometry, t.block_ids, t.remote_block_ids or ())
+                group = self.layer_groups.get(name, 0)
+                if group >= min(len(local_groups), len(remote_groups)):
+                    raise LayoutError(f"layer {name!r} is in KV cache group {group}, which the transfer lacks")
+                ops = _cached_ops(layer.geometry, remote_geometry, local_groups[group], remote_groups[group])
                 if ops:
                     flight.handles.append((None, self.transport.read(link.session, name, name, ops, transfer_id=tid)))
         except LayoutError as error:

@@ -51,10 +51,45 @@ class Map(_Envelope, tag="map", frozen=True):
     remote_block_ids: tuple[int, ...] | None = None
     peer: str | None = None
     acks_expected: int = 1
+    block_groups: tuple[int, ...] | None = None
+    """vLLM's hybrid models (more than one KV cache group): how many of `block_ids` belong to each
+    group, in group order (`block_ids` is their concatenation). None: one group."""
+    remote_block_groups: tuple[int, ...] | None = None
+    """The same for `remote_block_ids`."""
 
     def __post_init__(self) -> None:
         if self.acks_expected < 1:
             raise ValueError(f"map.acks_expected must be >= 1, got {self.acks_expected}")
+        for name, groups, blocks in (
+            ("block_groups", self.block_groups, self.block_ids),
+            ("remote_block_groups", self.remote_block_groups, self.remote_block_ids),
+        ):
+            if groups is not None and (min(groups, default=0) < 0 or sum(groups) != len(blocks or ())):
+                raise ValueError(f"map.{name} must be counts that add up to the blocks listed, got {groups}")
+
+
+def block_groups_of(block_ids: tuple[int, ...], groups: tuple[int, ...] | None) -> tuple[tuple[int, ...], ...]:
+    """`block_ids` split into its KV cache groups (`Map.block_groups`): one group when `groups` is None."""
+    if groups is None:
+        return (block_ids,)
+    out: list[tuple[int, ...]] = []
+    start = 0
+    for count in groups:
+        out.append(block_ids[start : start + count])
+        start += count
+    return tuple(out)
+
+
+def local_exceeds_remote(m: Map) -> bool:
+    """A consumer holds more blocks than its producer filled (in some KV cache group): no pairing exists."""
+    remote = m.remote_block_ids
+    if m.role != "consumer" or remote is None:
+        return False
+    if m.block_groups is None or m.remote_block_groups is None:
+        return len(m.block_ids) > len(remote)
+    if len(m.block_groups) != len(m.remote_block_groups):
+        return True
+    return any(local > far for local, far in zip(m.block_groups, m.remote_block_groups, strict=True))
 
 
 class Schedule(_Envelope, tag="schedule", frozen=True):

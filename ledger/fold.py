@@ -31,7 +31,21 @@ from typing import Final, Literal, TypeAlias
 import msgspec
 
 from ledger.decisions import Cause, Key, Release
-from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Mode, ReqId, Role, Schedule, Seal, TransferId
+from ledger.events import (
+    Ack,
+    Drop,
+    Event,
+    Expire,
+    Fail,
+    Map,
+    Mode,
+    ReqId,
+    Role,
+    Schedule,
+    Seal,
+    TransferId,
+    local_exceeds_remote,
+)
 from ledger.idmemory import IdMemory
 from ledger.limits import (
     DEADLINE_HEAP_SLACK,
@@ -525,8 +539,7 @@ class LedgerState:
         heapq.heappush(self.deadlines, (e.deadline, seq, e.source, e.transfer_id))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
-        remote = e.remote_block_ids
-        if e.role == "consumer" and remote is not None and len(e.block_ids) > len(remote):
+        if local_exceeds_remote(e):
             return self._decide(t, "failed", e.seq, e.ts, REASON_LOCAL_EXCEEDS_REMOTE)
         return None
 
@@ -569,7 +582,7 @@ class LedgerState:
         heapq.heappush(self.deadlines, (t.deadline or e.deadline, e.seq, e.source, e.transfer_id))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
-        if e.role == "consumer" and e.remote_block_ids is not None and len(e.block_ids) > len(e.remote_block_ids):
+        if local_exceeds_remote(e):
             return self._decide(t, "failed", e.seq, e.ts, REASON_LOCAL_EXCEEDS_REMOTE)
         if t.pending_fail_seq:
             return self._decide(t, "failed", e.seq, e.ts, t.fail_reason)

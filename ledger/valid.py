@@ -113,6 +113,8 @@ def event_problem(event: Event, *, assigned: bool = True) -> tuple[str, str] | N
             _text("request_id", m.request_id, None)
             or _ints("block_ids", m.block_ids)
             or _ints("remote_block_ids", m.remote_block_ids)
+            or _ints("block_groups", m.block_groups)
+            or _ints("remote_block_groups", m.remote_block_groups)
             or _time("deadline", m.deadline)
             or _int("acks_expected", m.acks_expected)
         )

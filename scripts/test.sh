@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need, starts the services
-# they use, then runs the whole suite (ruff and mypy included, as tests).
+# they use, then runs the whole suite (ruff and mypy included, as tests) on vLLM 0.32, and the
+# scheduler contract tests again on vLLM 0.33.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,6 +16,10 @@ pip_install() { python -m pip install -q --disable-pip-version-check "$@"; }
 # The CPU build of torch lies on these machines' disk; asking for it by version takes it.
 pip_install "torch==2.13.0" || pip_install torch
 bash scripts/install_vllm.sh
+bash scripts/install_vllm033.sh
 pip_install -e '.[test]'
 
+# vLLM 0.32 (site-packages, the CPU build): the whole suite, real engines included.
 python -m pytest "$@"
+# vLLM 0.33 (the CUDA wheel's Python scheduler, on this CPU): the scheduler contract and adapter tests.
+bash scripts/test_vllm033.sh -q

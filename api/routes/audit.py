@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Query
@@ -43,9 +44,10 @@ async def get_audit(
     )
 
 
-def oldest_held(live: Live, now: float) -> OldestHeld | None:
-    """The live side mapped first: `state.live` keeps insertion (map) order, so it is the first entry."""
-    t = next(iter(live.state.live.values()), None)
+def oldest_held(live: Live, now: float, lost: Collection[str]) -> OldestHeld | None:
+    """The live side mapped first on a source not `lost` (what a lost engine held is gone with it, not
+    held): `state.live` keeps insertion (map) order, so it is the first such entry."""
+    t = next((t for t in live.state.live.values() if t.source not in lost), None)
     if t is None:
         return None
     return OldestHeld(
@@ -63,6 +65,7 @@ async def get_summary(live: LiveDep, now: Now = None) -> AuditSummary:
     at = now if now is not None else live.clock_now()
     findings = live.findings(at)
     state = live.state
+    lost = {h.source: h for h in live.health(at).values() if h.lost}
     late = late_after_expire(state, findings)
     completed = percentiles(live.latency.completed)
     return AuditSummary(
@@ -71,7 +74,9 @@ async def get_summary(live: LiveDep, now: Now = None) -> AuditSummary:
         findings_total=len(findings),
         live_transfers=len(state.live),
         blocks_held=state.blocks_held,
-        oldest_held=oldest_held(live, at),
+        oldest_held=oldest_held(live, at, lost),
+        lost_sources={source: h.why for source, h in sorted(lost.items())},
+        blocks_lost=sum(h.blocks_held for h in lost.values()),
         releases_by_cause={str(k): v for k, v in state.releases_by_cause.items()},
         ack_latency_s=completed,
         release_latency_s=percentiles(live.latency.all_causes),

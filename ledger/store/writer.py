@@ -327,8 +327,11 @@ class BackgroundWriter:
         reason = f"{type(error).__name__}: {error}"
         where = f"{self.store.url} quarantine"
         kept = 1
+        failed: list[bool] = []  # an attempt failed: its insert may have committed with the answer lost
         try:
-            kept = self._retrying(lambda: self.store.quarantine([(event, reason)]), StoreUnavailable)
+            kept = self._retrying(
+                lambda: self.store.quarantine([(event, reason)]), StoreUnavailable, lambda: failed.append(True)
+            )
         except _Deadline:
             raise  # the event stays with the batch in flight or its spill file, for the next writer
         except Exception as failure:  # a store without the table, or one that refuses this too
@@ -338,7 +341,7 @@ class BackgroundWriter:
                     rejected.write(event)
             except (OSError, ValueError) as io_error:
                 where = f"nowhere ({failure}; {io_error})"
-        if not kept:
+        if not kept and not failed:
             return  # already there: a spilled copy of a batch that was in flight when it was refused
         log.error("kvledger writer: %s; set aside in %s", reason, where)
         with self._lock:

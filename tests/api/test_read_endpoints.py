@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from tests.api.seed import AUDIT_NOW, CONSUMER, PRODUCER
+from tests.api.seed import AUDIT_NOW, CONSUMER, PRODUCER, START_TS
 
 
 def test_health_and_ready(client: TestClient) -> None:
@@ -69,10 +69,22 @@ def test_audit_findings_with_evidence(client: TestClient) -> None:
 def test_summary_counts_holdings_and_advice(client: TestClient) -> None:
     summary = client.get("/audit/summary", params={"now": AUDIT_NOW}).json()
     assert summary["live_transfers"] == 1 and summary["blocks_held"] == 4
-    assert summary["oldest_held"]["transfer_id"] == "tx-leak"
+    # Silent ~1,000 s while holding blocks (over 3 transfer timeouts): the producer is lost, so what it
+    # holds is gone with it, and no side is held on a live engine.
+    assert list(summary["lost_sources"]) == [PRODUCER] and "silent for" in summary["lost_sources"][PRODUCER]
+    assert summary["blocks_lost"] == 4 and summary["oldest_held"] is None
     assert summary["releases_by_cause"] == {"completed": 2, "failed": 0, "expired": 1}
     assert summary["ack_latency_s"]["p50"] is not None
     assert "too short" in summary["timeout_advice"]
+
+
+def test_the_oldest_side_held_is_on_a_live_engine(client: TestClient) -> None:
+    # A minute in: the leak's deadline passed, its engine spoke 58 s ago (under 3 transfer timeouts): live.
+    summary = client.get("/audit/summary", params={"now": START_TS + 60}).json()
+    assert summary["lost_sources"] == {} and summary["blocks_lost"] == 0
+    oldest = summary["oldest_held"]
+    assert (oldest["source"], oldest["transfer_id"], oldest["blocks"]) == (PRODUCER, "tx-leak", 4)
+    assert oldest["age_s"] == 60 - (oldest["first_ts"] - START_TS)
 
 
 def test_events_tail_pages_by_store_cursor(client: TestClient) -> None:

@@ -61,6 +61,12 @@ def test_demo_then_serves_the_ledger_it_wrote(tmp_path: Path) -> None:
             capture_output=True, text=True,
         )  # fmt: skip
         offline = json.loads(replay.stdout)["summary"]
+        # The engine the storm killed is lost, not leaking: the oldest side held is never one of its.
+        assert summary["lost_sources"], summary
+        assert all(why.startswith("known dead") for why in summary["lost_sources"].values())
+        assert 0 < summary["blocks_lost"] <= summary["blocks_held"]
+        oldest = summary["oldest_held"]
+        assert oldest is None or oldest["source"] not in summary["lost_sources"]
         assert summary["blocks_held"] == offline["blocks_held"]
         assert summary["live_transfers"] == offline["live_transfers"]
         assert {k: v for k, v in summary["releases_by_cause"].items() if v} == offline["releases_by_cause"]

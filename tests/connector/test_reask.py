@@ -55,7 +55,7 @@ def _load(core: SchedulerCore, request: str, raw: dict[str, object], now: float)
 def test_a_preempted_request_re_asked_after_its_load_computes_locally_however_late() -> None:
     core = _consumer()
     raw = _consumer_params()
-    assert _load(core, "c-1", raw, now=100.0) == (PROMPT - 1, True)
+    assert _load(core, "c-1", raw, now=100.0) == (PROMPT, True)
     assert raw["do_remote_prefill"] is False  # the request's own params now say the KV was taken
     core.on_worker_output([], [ReqId("c-1")], [], now=101.0)  # the load finished
     for later in (102.0, 170.0, 3600.0):  # seconds, minutes and an hour later (the side long forgotten)

@@ -36,7 +36,7 @@ def test_refused_requests_are_not_indexed(tmp_path: Path) -> None:
     remote = {"remote_host": "127.0.0.1", "remote_handshake_port": mine.handshake,
               "remote_notify_port": mine.notify, "remote_engine_id": "prefill-0"}  # fmt: skip
     wanted = parse_params({"transfer_id": TID, "do_remote_prefill": True, **remote})
-    assert consumer.matched_tokens(wanted, 9, 0) == (8, True)
+    assert consumer.matched_tokens(wanted, 9, 0) == (9, True)
     assert consumer.on_alloc(ReqId("c-1"), wanted, (5, 6), 8, T0)
     consumer.on_worker_output([], [ReqId("c-1")], [], T0 + 0.2)  # the KV arrived: released
     assert len(consumer.index) == 0

@@ -64,7 +64,7 @@ def test_a_restarted_consumer_worker_drops_what_it_was_loading(tmp_path: Path) -
     scheduler = build_scheduler(consumer)
     raw = {"transfer_id": TID, "do_remote_prefill": True, "remote_block_ids": [1, 2], **_remote(producer)}
     params = parse_params(raw)
-    assert scheduler.matched_tokens(params, 9, 0) == (8, True)
+    assert scheduler.matched_tokens(params, 9, 0) == (9, True)
     assert scheduler.on_alloc(ReqId("c-1"), params, (5, 6), 8, T0)
     worker = build_worker(consumer)
     worker.bind(scheduler.build_meta(), T0)

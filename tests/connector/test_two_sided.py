@@ -82,7 +82,7 @@ def test_every_transfer_moves_bytes_and_releases_once(pair: tuple[Side, Side, st
             consumer_params.append(parse_params(kv))
         for i in range(TRANSFERS):
             count, is_async = consumer.scheduler.matched_tokens(consumer_params[i], PROMPT_TOKENS, 0)
-            assert (count, is_async) == (PROMPT_TOKENS - 1, True)
+            assert (count, is_async) == (PROMPT_TOKENS, True)
             consumer.scheduler.on_alloc(c_reqs[i], consumer_params[i], _blocks(i, 8), count, tick())
     else:
         cons_addr = {
@@ -102,7 +102,7 @@ def test_every_transfer_moves_bytes_and_releases_once(pair: tuple[Side, Side, st
             # The proxy sends both at once; the consumer allocates and names its blocks.
             c_params = parse_params({"transfer_id": tids[i], "do_remote_prefill": True, **prod_addr})
             count, is_async = consumer.scheduler.matched_tokens(c_params, PROMPT_TOKENS, 0)
-            assert is_async and count == PROMPT_TOKENS - 1
+            assert is_async and count == PROMPT_TOKENS
             consumer.scheduler.on_alloc(c_reqs[i], c_params, _blocks(i, 8), count, tick())
             # Producer: the prompt completes in this step; it saves every layer during the forward.
             p_params = parse_params({"transfer_id": tids[i], "do_remote_decode": True, **cons_addr})

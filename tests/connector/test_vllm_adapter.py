@@ -41,7 +41,9 @@ def _extra(mode: str, mine: EnginePorts, theirs: EnginePorts) -> dict[str, Any]:
 class Engine:
     """One engine's scheduler-role and worker-role connectors, created by vLLM's factory."""
 
-    def __init__(self, role: str, mode: str, mine: EnginePorts, theirs: EnginePorts, fill: bool) -> None:
+    def __init__(
+        self, role: str, mode: str, mine: EnginePorts, theirs: EnginePorts, fill: bool, kv_cache_config: Any = None
+    ) -> None:
         from vllm.config import KVTransferConfig, VllmConfig
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -54,8 +56,8 @@ class Engine:
             kv_connector_extra_config=_extra(mode, mine, theirs),
         )
         config = VllmConfig(kv_transfer_config=transfer)
-        self.scheduler = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, None)  # type: ignore[arg-type]
-        self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, None)  # type: ignore[arg-type]
+        self.scheduler = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
         self.caches = make_caches(fill, seed=1 if fill else 2)
         self.worker.register_kv_caches(self.caches)
         self.finished: set[str] = set()
@@ -140,7 +142,7 @@ def test_connector_module_imports_no_vllm_eagerly() -> None:
 
 def test_transfer_through_vllm_types(engines: tuple[Engine, Engine, str]) -> None:
     producer, consumer, mode = engines
-    p_blocks, c_blocks = [0, 1, 2, 3], [10, 11, 12, 13]
+    p_blocks, c_blocks = [1, 2, 3, 4], [10, 11, 12, 13]  # block 0 is vLLM's null block, never a request's
     p_cfg, c_cfg = producer.scheduler.config, consumer.scheduler.config  # type: ignore[attr-defined]
     if mode == "read":
         p_req = _request("p-0", {"transfer_id": "tx-0", "do_remote_decode": True})
@@ -170,7 +172,7 @@ def test_transfer_through_vllm_types(engines: tuple[Engine, Engine, str]) -> Non
             },
         )
     count, is_async = consumer.scheduler.get_num_new_matched_tokens(c_req, 0)
-    assert (count, is_async) == (len(PROMPT) - 1, True)
+    assert (count, is_async) == (len(PROMPT), True)  # the whole prompt, as vLLM's own connectors answer
     consumer.scheduler.update_state_after_alloc(c_req, _blocks(c_blocks), count)  # type: ignore[arg-type]
     if mode == "write":
         consumer.step()  # remote_blocks goes out before the producer's forward

@@ -21,6 +21,17 @@ EOS_TOKEN_ID = 2
 _ids = itertools.count(1)
 
 
+class Clock:
+    """The connector's clock (`time.time` in the adapter), moved by hand: no test waits for time to pass.
+    The `clock` fixture (conftest.py) installs one."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def make_vllm_config(
     model: str, role: str, extra: dict[str, Any], *, kv_load_failure_policy: str = "fail"
 ) -> VllmConfig:
@@ -47,12 +58,17 @@ def make_vllm_config(
     )
 
 
-def make_scheduler(config: VllmConfig) -> Scheduler:
+def make_scheduler(
+    config: VllmConfig, groups: list[KVCacheGroupSpec] | None = None, scheduler_block_size: int = BLOCK_SIZE
+) -> Scheduler:
+    """vLLM's Scheduler over one full-attention KV cache group, or over `groups` (a hybrid model: vLLM's
+    hybrid KV cache manager then runs, with one single-type manager per group, all from one block pool)."""
     config.cache_config.num_gpu_blocks = NUM_BLOCKS
     kv_cache_config = KVCacheConfig(
         num_blocks=NUM_BLOCKS,
         kv_cache_tensors=[],
-        kv_cache_groups=[
+        kv_cache_groups=groups
+        or [
             KVCacheGroupSpec(
                 ["layer"], FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1, dtype=torch.float32)
             )
@@ -63,7 +79,8 @@ def make_scheduler(config: VllmConfig) -> Scheduler:
         kv_cache_config=kv_cache_config,
         log_stats=True,
         structured_output_manager=StructuredOutputManager(config),
-        block_size=BLOCK_SIZE,
+        block_size=scheduler_block_size,
+        hash_block_size=min(g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups),
     )
 
 
@@ -117,8 +134,9 @@ def step(scheduler: Scheduler, **connector_output: Any) -> tuple[Any, Any]:
     return out, engine_outputs
 
 
-def blocks_of(scheduler: Scheduler, request_id: str) -> list[int]:
-    manager = scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+def blocks_of(scheduler: Scheduler, request_id: str, group: int = 0) -> list[int]:
+    """The request's block ids in one KV cache group, vLLM's null placeholders (block 0) included."""
+    manager = scheduler.kv_cache_manager.coordinator.single_type_managers[group]
     return [b.block_id for b in manager.req_to_blocks.get(request_id, [])]
 
 
@@ -129,6 +147,6 @@ def free_blocks(scheduler: Scheduler) -> int:
 def assert_empty(scheduler: Scheduler) -> None:
     """Nothing left: no request, every block back in the pool (block 0 is vLLM's null block)."""
     assert not scheduler.requests and not scheduler.waiting and not scheduler.running
-    manager = scheduler.kv_cache_manager.coordinator.single_type_managers[0]
-    assert not manager.req_to_blocks
+    for manager in scheduler.kv_cache_manager.coordinator.single_type_managers:  # every KV cache group
+        assert not manager.req_to_blocks
     assert free_blocks(scheduler) == NUM_BLOCKS - 1

@@ -18,42 +18,19 @@ from vllm.v1.request import RequestStatus
 
 from connector.params import consumer_params
 from tests.e2e.sched_harness import (
+    Clock,
     assert_empty,
     blocks_of,
     make_request,
     make_scheduler,
     make_vllm_config,
+    model_output,
     step,
 )
-from tests.e2e.tiny_model import write_tiny_model
 
 PRODUCER_PORTS = {"handshake_port": 17100, "notify_port": 17200, "transport_port": 17300}
 DEFER_TIMEOUT_S = 30.0
 PROMPT_TOKENS = 40  # three 16-token blocks
-
-
-class Clock:
-    """The connector's clock (`time.time` in the adapter), moved by hand: no test waits for time to pass."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    import connector.vllm_connector as adapter
-
-    fake = Clock()
-    monkeypatch.setattr(adapter.time, "time", fake)  # type: ignore[attr-defined]
-    return fake
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(write_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
 def producer(model: str) -> Any:
@@ -141,6 +118,47 @@ def test_consumer_waits_for_the_load_then_decodes(model: str, clock: Clock) -> N
     # Loaded: the last prompt token is recomputed locally, then the request decodes.
     out, _ = step(scheduler)
     assert out.num_scheduled_tokens == {request.request_id: 1}
+    while scheduler.requests:
+        step(scheduler)
+    assert_empty(scheduler)
+
+
+@pytest.mark.parametrize("prompt_tokens", [33, 40, 48])  # one token into a block, mid-block, block-aligned
+def test_a_whole_prompt_hit_loads_every_prompt_block_and_vllm_recomputes_only_the_last_token(
+    model: str, clock: Clock, prompt_tokens: int
+) -> None:
+    """The consumer answers what the producer's KV covers (the whole prompt), as vLLM's own connectors do;
+    vLLM's Scheduler then recomputes the last prompt token itself so that the next one can be sampled."""
+    prefill = producer(model)
+    request = make_request(prompt_tokens, remote_decode_params(f"tx-whole-{prompt_tokens}"), max_tokens=1)
+    prefill.add_request(request)
+    _, outputs = step(prefill)
+    (finished,) = outputs[0].outputs
+    handed = finished.kv_transfer_params
+    remote_blocks = handed["remote_block_ids"]
+    assert len(remote_blocks) == -(-prompt_tokens // 16)  # the producer filled one block per 16 prompt tokens
+
+    scheduler = consumer(model)
+    decode = make_request(prompt_tokens, dict(handed), max_tokens=3)
+    decode.prompt_token_ids[:] = request.prompt_token_ids
+    assert scheduler.connector.get_num_new_matched_tokens(decode, 0) == (prompt_tokens, True)
+    scheduler.add_request(decode)
+    out = scheduler.schedule()
+    stats = scheduler.connector_prefix_cache_stats
+    assert stats is not None and (stats.queries, stats.hits) == (prompt_tokens, prompt_tokens)
+    assert not out.num_scheduled_tokens and decode.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    scheduler.update_from_output(out, model_output([]))
+    local = blocks_of(scheduler, decode.request_id)
+    # One local block for every remote block: the worker pairs them one to one, none shifted.
+    assert len(local) == len(remote_blocks)
+    (recv,) = _maps(scheduler.connector.scheduler, f"tx-whole-{prompt_tokens}")
+    assert recv.block_ids == tuple(local) and recv.remote_block_ids == tuple(remote_blocks)
+    step(scheduler, finished_recving={decode.request_id})
+    out, _ = step(scheduler)
+    # vLLM recomputes the last prompt token of the whole-prompt hit: exactly one token, no new block.
+    assert out.num_scheduled_tokens == {decode.request_id: 1}
+    assert decode.num_computed_tokens == prompt_tokens and decode.num_output_tokens == 1
+    assert blocks_of(scheduler, decode.request_id)[: len(local)] == local
     while scheduler.requests:
         step(scheduler)
     assert_empty(scheduler)

@@ -27,16 +27,43 @@ TINY_LLAMA: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
+TINY_GEMMA3: dict[str, Any] = {
+    # A hybrid model: layer 0 attends over a 32-token sliding window, layer 1 over everything. vLLM's
+    # hybrid KV cache manager gives them two KV cache groups (it runs only with a SupportsHMA connector).
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "rope_local_base_freq": 10000.0,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "query_pre_attn_scalar": 32,
+    "sliding_window": 32,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+
 MAX_MODEL_LEN = 256
 BLOCK_SIZE_CPU = 128
 """vLLM's CPU block size: a prompt needs more than one block (>= 130 tokens) for KV to move."""
 
 
-def write_tiny_model(folder: str | Path) -> Path:
-    """Write the config into `folder` (created if missing) and return it; idempotent."""
+def write_tiny_model(folder: str | Path, config: dict[str, Any] = TINY_LLAMA) -> Path:
+    """Write the config (the tiny Llama unless told) into `folder` (created if missing) and return it; idempotent."""
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(TINY_LLAMA, indent=2) + "\n")
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from ledger.audit import audit, counts_by_code
 from ledger.decisions import failed_recving, finished_recving, finished_sending, load_error_blocks
+from ledger.events import block_groups_of, from_json, from_msgpack, to_json, to_msgpack
 from ledger.fold import REASON_LOCAL_EXCEEDS_REMOTE, TRANSITIONS, LedgerState, Phase, fold_all
+from ledger.valid import event_problem
 from tests.ledger.builders import Side
 
 T = "tx-1"
@@ -205,6 +208,46 @@ def test_consumer_local_blocks_longer_than_remote_is_rejected() -> None:
     assert len(releases) == 1
     assert releases[0].cause == "failed" and releases[0].reason == REASON_LOCAL_EXCEEDS_REMOTE
     assert load_error_blocks(releases) == {1, 2, 3}
+
+
+@pytest.mark.parametrize(
+    ("local_groups", "remote_groups", "refused"),
+    [
+        ((2, 1), (2, 1), False),  # every group pairs one to one
+        ((1, 1), (2, 1), False),  # a shorter group takes the remote tail (a local prefix hit)
+        ((1, 2), (2, 1), True),  # as many blocks in all, but the second group has more than its producer's
+        ((3,), (2, 1), True),  # another number of groups: no pairing exists
+    ],
+)
+def test_consumer_blocks_are_checked_against_the_remote_group_by_group(
+    local_groups: tuple[int, ...], remote_groups: tuple[int, ...], refused: bool
+) -> None:
+    """vLLM's hybrid models: a consumer may not hold more blocks than its producer filled in any KV cache group."""
+    c = Side("decode-0/tp0")
+    mapped = msgspec.structs.replace(
+        c.map(T, "c-1", "consumer", "read", blocks=tuple(range(1, sum(local_groups) + 1)), remote=(7, 8, 9)),
+        block_groups=local_groups,
+        remote_block_groups=remote_groups,
+    )
+    state, releases = fold_all([mapped])
+    if refused:
+        assert [r.reason for r in releases] == [REASON_LOCAL_EXCEEDS_REMOTE]
+    else:
+        assert not releases and state.blocks_held == sum(local_groups)
+
+
+def test_map_block_groups_must_add_up_to_the_blocks() -> None:
+    c = Side("decode-0/tp0")
+    mapped = c.map(T, "c-1", "consumer", "read", blocks=(1, 2, 3), remote=(7, 8, 9))
+    with pytest.raises(ValueError, match="block_groups"):
+        msgspec.structs.replace(mapped, block_groups=(1, 1))
+    assert block_groups_of((1, 2, 3, 4), (1, 0, 3)) == ((1,), (), (2, 3, 4))
+    assert block_groups_of((1, 2), None) == ((1, 2),)
+    grouped = msgspec.structs.replace(mapped, block_groups=(2, 1), remote_block_groups=(1, 2), seq=1)
+    # Stored and exported as any other field (both encodings), and an old log without it reads as one group.
+    assert from_json(to_json(grouped)) == grouped and from_msgpack(to_msgpack(grouped)) == grouped
+    assert event_problem(grouped) is None
+    assert from_json(to_json(msgspec.structs.replace(grouped, block_groups=None))).block_groups is None
 
 
 def test_consumer_local_blocks_shorter_than_remote_is_accepted() -> None:

@@ -168,6 +168,30 @@ def test_without_a_quarantine_table_a_refused_event_goes_to_rejected_jsonl(
     assert sqlite_store.count() == len(events) - 1
 
 
+def test_a_quarantine_whose_answer_was_lost_is_counted_once(sqlite_store: EventStore, tmp_path: Path) -> None:
+    """The connection cut after the quarantine insert committed: the retry finds the row there and must
+    still count it (the outage test saw 0 quarantined with the event in the table)."""
+
+    class LostAnswer(FlakyStore):
+        def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:
+            kept = self.inner.quarantine(items)
+            if kept and not self.batches.count(-1):
+                self.batches.append(-1)  # once
+                raise StoreUnavailable(f"{self.url}: connection lost before the commit's answer")
+            return kept
+
+    events = list(generate(SynthConfig(transfers=3), seed=1))
+    bad = msgspec.structs.replace(events[1], ts=-1.0)
+    writer = BackgroundWriter(LostAnswer(sqlite_store), tmp_path / "spill").start()
+    for event in [events[0], bad, *events[2:]]:
+        writer.put(event)
+    assert writer.close(timeout=30)
+    stats = writer.stats()
+    assert stats["quarantined"] == 1 and stats["failed_attempts"] == 1
+    assert [from_json(q.body) for q in sqlite_store.quarantined()] == [bad]
+    assert list(sqlite_store.read()) == [e for e in events if e is not events[1]]
+
+
 def test_put_after_close_is_spilled_not_lost(sqlite_store: EventStore, tmp_path: Path) -> None:
     writer = BackgroundWriter(sqlite_store, tmp_path / "spill").start()
     writer.close()

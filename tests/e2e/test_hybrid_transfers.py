@@ -1,0 +1,79 @@
+"""A hybrid model through real vLLM engines: a tiny Gemma3 (a 32-token sliding-window layer beside a
+full-attention layer; two KV cache groups under vLLM's hybrid KV cache manager), READ over tcp on loopback.
+
+The consumer's greedy tokens must equal a plain run, and a consumer whose received blocks are overwritten with
+noise must decode something else. Hybrid Mamba models are refused at start (tests/connector/test_hybrid_adapter.py),
+and WRITE mode with several KV cache groups too (tests/e2e/test_scheduler_hybrid.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ledger.events import block_groups_of
+from tests.e2e.harness import (
+    EngineProcess,
+    allocate_ports,
+    engine,
+    engines,
+    ledger_extra,
+    ledger_transfer_config,
+    prompts,
+    run_1p1d,
+)
+from tests.e2e.ledger_check import assert_clean, fold_logs
+from tests.e2e.tiny_model import BLOCK_SIZE_CPU, TINY_GEMMA3, write_tiny_model
+
+pytestmark = pytest.mark.vllm
+
+MAX_TOKENS = 8
+
+
+def _drained(process: EngineProcess) -> None:
+    answer = process.call({"op": "drain", "timeout_s": 60})
+    assert answer["idle"], f"{process.name} still holds requests: {answer}"
+
+
+def test_a_hybrid_model_decodes_transferred_kv_token_equal(tmp_path: Path) -> None:
+    model = str(write_tiny_model(tmp_path / "tiny-gemma3", TINY_GEMMA3))
+    pp, cp = allocate_ports()
+    logs, control_logs = tmp_path / "logs", tmp_path / "control-logs"
+    # Past 256 tokens' worth of window: the window layer keeps only the second block, the other layer both.
+    batch = prompts(3, base_len=200)
+
+    def spec(role: str, name: str, mine: object, peer: object, folder: Path, **hooks: object) -> dict[str, object]:
+        extra = ledger_extra("read", mine, peer, folder, **hooks)  # type: ignore[arg-type]
+        return {"model": model, "kv_transfer_config": ledger_transfer_config(role, name, extra)}
+
+    with engines(
+        ("prefill", spec("kv_producer", "prefill-0", pp, cp, logs)),
+        ("decode", spec("kv_consumer", "decode-0", cp, pp, logs)),
+    ) as (p, c):
+        plain = [o["tokens"] for o in p.generate([{"prompt": x, "max_tokens": MAX_TOKENS} for x in batch])]
+        assert len({tuple(t) for t in plain}) > 1, "prompts must decode differently for equality to mean anything"
+        out = run_1p1d(p, c, "read", batch, pp, cp, MAX_TOKENS)
+        assert [o["tokens"] for o in out] == plain
+        for o, x in zip(out, batch, strict=True):
+            assert o["num_cached_tokens"] == len(x) > BLOCK_SIZE_CPU
+        _drained(p)
+        _drained(c)
+        c.close()
+        corrupt_spec = spec("kv_consumer", "decode-1", cp, pp, control_logs, test_hook_corrupt_received_kv=True)
+        with engine("decode-corrupt", corrupt_spec) as bad:
+            corrupted = [o["tokens"] for o in run_1p1d(p, bad, "read", batch, pp, cp, MAX_TOKENS)]
+            _drained(p)
+            _drained(bad)
+        assert all(a != b for a, b in zip(corrupted, plain, strict=True)), "noise in the moved KV changed nothing"
+
+    folded = fold_logs(logs)
+    assert_clean(folded)
+    assert folded.causes("decode-0") == {"completed": 2 * len(batch)}  # scheduler and worker sides
+    consumer_maps = [t.map_event for (source, _), t in folded.state.transfers.items() if source.startswith("decode-0")]
+    assert len(consumer_maps) == 2 * len(batch)
+    for m in consumer_maps:
+        assert m is not None and m.block_groups is not None and m.remote_block_groups is not None
+        window, full = block_groups_of(m.block_ids, m.block_groups)
+        # Two 128-token blocks hold a 200+ token prompt; the 32-token window needs only the second.
+        assert (len(window), len(full)) == (1, 2) and m.remote_block_groups == m.block_groups

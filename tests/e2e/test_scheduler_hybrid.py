@@ -1,0 +1,218 @@
+"""Hybrid models under vLLM's real Scheduler: LedgerConnector is `SupportsHMA`, so vLLM keeps its hybrid KV
+cache manager on, and every KV cache group's blocks (full attention, a sliding window of another block size,
+a Mamba state) are mapped, held, handed to the consumer and freed together, by the transfer's one release.
+
+No engine, no weights: the workers' reports are written by hand, as in test_scheduler_contract.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+from vllm.v1.engine import FinishReason
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec, SlidingWindowSpec
+from vllm.v1.request import RequestStatus
+
+from connector.groups import NULL_BLOCK_ID
+from ledger.events import Map, block_groups_of
+from tests.e2e.sched_harness import (
+    NUM_BLOCKS,
+    Clock,
+    assert_empty,
+    blocks_of,
+    free_blocks,
+    make_request,
+    make_scheduler,
+    make_vllm_config,
+    step,
+)
+from tests.e2e.test_scheduler_contract import PRODUCER_PORTS
+
+DEFER_TIMEOUT_S = 30.0
+PROMPT_TOKENS = 100
+FULL_BLOCK, WINDOW_BLOCK = 16, 32  # two attention block sizes; the scheduler's block is their multiple
+GROUPS = ("full attention", "sliding window", "mamba")
+
+
+def hybrid_groups() -> list[KVCacheGroupSpec]:
+    f32 = torch.float32
+    return [
+        KVCacheGroupSpec(["full.0"], FullAttentionSpec(block_size=FULL_BLOCK, num_kv_heads=1, head_size=1, dtype=f32)),
+        KVCacheGroupSpec(
+            ["swa.0"],
+            SlidingWindowSpec(block_size=WINDOW_BLOCK, num_kv_heads=1, head_size=1, dtype=f32, sliding_window=32),
+        ),
+        KVCacheGroupSpec(["mamba.0"], MambaSpec(block_size=WINDOW_BLOCK, shapes=((2, 4), (4, 4)), dtypes=(f32, f32))),
+    ]
+
+
+def hybrid(model: str, role: str, policy: str = "fail", *, mode: str = "read") -> Any:
+    extra: dict[str, Any] = {"read_mode": mode == "read", "defer_timeout": DEFER_TIMEOUT_S}
+    if role == "kv_producer":
+        extra.update(PRODUCER_PORTS)
+    else:
+        extra["peers"] = [{"host": "127.0.0.1", **PRODUCER_PORTS}]
+    config = make_vllm_config(model, role, extra, kv_load_failure_policy=policy)
+    return make_scheduler(config, hybrid_groups(), scheduler_block_size=WINDOW_BLOCK)
+
+
+def live_blocks(scheduler: Any, request_id: str) -> list[list[int]]:
+    """The request's blocks in every group, without vLLM's null placeholders."""
+    return [[b for b in blocks_of(scheduler, request_id, g) if b != NULL_BLOCK_ID] for g in range(len(GROUPS))]
+
+
+def the_map(scheduler: Any) -> Map:
+    (mapped,) = [e for e in scheduler.connector.scheduler.ledger.log.since(0) if isinstance(e, Map)]
+    return mapped
+
+
+def prefill(scheduler: Any, tid: str) -> tuple[Any, dict[str, Any]]:
+    request = make_request(PROMPT_TOKENS, {"do_remote_decode": True, "transfer_id": tid}, max_tokens=1)
+    scheduler.add_request(request)
+    _, outputs = step(scheduler)
+    (out,) = outputs[0].outputs
+    assert out.finish_reason == FinishReason.LENGTH
+    return request, out.kv_transfer_params
+
+
+def test_vllm_runs_its_hybrid_kv_cache_manager_with_the_connector(model: str, clock: Clock) -> None:
+    scheduler = hybrid(model, "kv_producer")
+    assert isinstance(scheduler.connector, SupportsHMA)
+    assert not scheduler.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+    managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+    assert [m.block_size for m in managers] == [FULL_BLOCK, WINDOW_BLOCK, WINDOW_BLOCK] and len(managers) == 3
+
+
+def test_producer_holds_every_groups_blocks_until_the_release(model: str, clock: Clock) -> None:
+    scheduler = hybrid(model, "kv_producer")
+    request, handed = prefill(scheduler, "tx-h-hold")
+    held = live_blocks(scheduler, request.request_id)
+    # 100 tokens: 7 full-attention blocks of 16; the 32-token window keeps its last 2 blocks of 32; one Mamba state.
+    assert [len(g) for g in held] == [7, 2, 1]
+    assert NULL_BLOCK_ID in blocks_of(scheduler, request.request_id, 1)  # the window freed the blocks before it
+    mapped = the_map(scheduler)
+    assert block_groups_of(mapped.block_ids, mapped.block_groups) == tuple(tuple(g) for g in held)
+    # The consumer is handed every group's blocks, group by group.
+    assert handed["remote_block_groups"] == [7, 2, 1]
+    assert handed["remote_block_ids"] == [b for g in held for b in g]
+    for _ in range(3):
+        clock.now += 1
+        step(scheduler)
+        assert live_blocks(scheduler, request.request_id) == held
+    step(scheduler, finished_sending={request.request_id})
+    assert_empty(scheduler)  # one release freed every group's blocks
+    assert scheduler.connector.scheduler.stats()["released"] == {"completed": 1, "failed": 0, "expired": 0}
+
+
+def test_producer_expire_frees_every_group(model: str, clock: Clock) -> None:
+    scheduler = hybrid(model, "kv_producer")
+    prefill(scheduler, "tx-h-expire")
+    before = free_blocks(scheduler)
+    clock.now += DEFER_TIMEOUT_S + 1
+    step(scheduler)
+    assert_empty(scheduler)
+    assert free_blocks(scheduler) - before == 7 + 2 + 1
+    assert scheduler.connector.scheduler.stats()["released"]["expired"] == 1
+
+
+def consumer_request(handed: dict[str, Any], max_tokens: int = 3) -> Any:
+    return make_request(PROMPT_TOKENS, dict(handed), max_tokens=max_tokens)
+
+
+def test_consumer_loads_into_every_group_then_recomputes_one_token(model: str, clock: Clock) -> None:
+    _, handed = prefill(hybrid(model, "kv_producer"), "tx-h-load")
+    scheduler = hybrid(model, "kv_consumer")
+    request = consumer_request(handed)
+    assert scheduler.connector.get_num_new_matched_tokens(request, 0) == (PROMPT_TOKENS, True)
+    scheduler.add_request(request)
+    out, _ = step(scheduler)
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not out.num_scheduled_tokens
+    local = live_blocks(scheduler, request.request_id)
+    mapped = the_map(scheduler)
+    assert block_groups_of(mapped.block_ids, mapped.block_groups) == tuple(tuple(g) for g in local)
+    assert mapped.remote_block_groups == (7, 2, 1)
+    # Every group's blocks pair with the producer's, group by group (a load the fold would refuse has none).
+    assert [len(g) for g in local] == [7, 2, 1]
+    assert (scheduler.connector.scheduler.source, "tx-h-load") in scheduler.connector.scheduler.state.live
+    # What the workers are told: the same blocks and counts, for the read of each layer's own group.
+    (recv,) = out.kv_connector_metadata.step.recv
+    assert recv.block_groups == (7, 2, 1) and recv.block_ids == mapped.block_ids
+    assert recv.remote_block_groups == (7, 2, 1) and list(recv.remote_block_ids) == handed["remote_block_ids"]
+    step(scheduler, finished_recving={request.request_id})
+    out, _ = step(scheduler)
+    assert out.num_scheduled_tokens == {request.request_id: 1}  # vLLM recomputes the last prompt token only
+    while scheduler.requests:
+        step(scheduler)
+    assert_empty(scheduler)
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_a_failed_hybrid_load_reports_every_groups_blocks(model: str, clock: Clock, policy: str) -> None:
+    _, handed = prefill(hybrid(model, "kv_producer"), f"tx-h-fail-{policy}")
+    scheduler = hybrid(model, "kv_consumer", policy)
+    request = consumer_request(handed, max_tokens=2)
+    scheduler.add_request(request)
+    step(scheduler)
+    loaded_into = {b for g in live_blocks(scheduler, request.request_id) for b in g}
+    core = scheduler.connector.scheduler
+    # The workers' read failed. vLLM refuses block-level errors (invalid_block_ids) for a model with several
+    # KV cache groups, so the workers report the request in failed_recving only, and so does the connector.
+    _, outputs = step(scheduler, finished_recving={request.request_id}, failed_recving={request.request_id})
+    (release,) = [t for t in core.state.transfers.values() if t.transfer_id == f"tx-h-fail-{policy}"]
+    assert set(release.block_ids) == loaded_into and len(loaded_into) == 7 + 2 + 1 and not core.state.live
+    if policy == "fail":
+        finished = [o for o in outputs[0].outputs if o.request_id == request.request_id] if outputs else []
+        assert finished and finished[0].finish_reason == FinishReason.ERROR
+    else:
+        out, _ = step(scheduler)
+        assert out.num_scheduled_tokens == {request.request_id: PROMPT_TOKENS}  # recomputed, nothing trusted
+    while scheduler.requests:
+        step(scheduler)
+    assert_empty(scheduler)
+    assert core.stats()["released"]["failed"] == 1
+
+
+@pytest.mark.parametrize("state", ["waiting", "waiting_for_remote_kvs"])
+def test_an_aborted_hybrid_consumer_frees_every_group(model: str, clock: Clock, state: str) -> None:
+    _, handed = prefill(hybrid(model, "kv_producer"), f"tx-h-abort-{state}")
+    scheduler = hybrid(model, "kv_consumer")
+    request = consumer_request(handed)
+    scheduler.add_request(request)
+    if state == "waiting_for_remote_kvs":
+        step(scheduler)
+        assert all(live_blocks(scheduler, request.request_id))
+    scheduler.finish_requests(request.request_id, RequestStatus.FINISHED_ABORTED)
+    if state == "waiting_for_remote_kvs":
+        step(scheduler)
+        assert all(live_blocks(scheduler, request.request_id))  # the read may still land: vLLM keeps them
+        step(scheduler, finished_recving={request.request_id})
+    for _ in range(2):
+        step(scheduler)
+    assert_empty(scheduler)
+    assert free_blocks(scheduler) == NUM_BLOCKS - 1
+    assert not scheduler.connector.scheduler.state.live
+
+
+def test_the_connector_names_a_failed_hybrid_load_by_request_never_by_block(model: str, clock: Clock) -> None:
+    from vllm.v1.outputs import KVConnectorOutput
+
+    _, handed = prefill(hybrid(model, "kv_producer"), "tx-h-noblocks")
+    scheduler = hybrid(model, "kv_consumer")
+    request = consumer_request(handed)
+    scheduler.add_request(request)
+    step(scheduler)
+    report = KVConnectorOutput(finished_recving={request.request_id}, failed_recving={request.request_id})
+    scheduler.connector.update_connector_output(report)
+    assert report.failed_recving == {request.request_id} and report.finished_recving == {request.request_id}
+    assert not report.invalid_block_ids  # vLLM raises on any for a model with several KV cache groups
+
+
+def test_write_mode_refuses_a_hybrid_model_at_start(model: str) -> None:
+    with pytest.raises(ValueError, match="WRITE mode moves one KV cache group only"):
+        hybrid(model, "kv_producer", mode="write")
