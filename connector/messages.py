@@ -83,6 +83,27 @@ class LeaseRenew(_Message, frozen=True, tag="lease"):
     rank: Int64
 
 
+class ReadIntent(_Message, frozen=True, tag="read_intent"):
+    """Consumer rank -> holder rank, for a one-sided read (mori) that the producer's CPU never sees: before
+    the read (`after` False), "do you hold this transfer? hold it while I read"; after it (`after` True), "did
+    you hold it throughout?". The answer is a `read_confirm`; a read not confirmed both times is a load error."""
+
+    transfer_id: TransferIdText
+    sender: RankAddress
+    after: bool = False
+
+
+class ReadConfirm(_Message, frozen=True, tag="read_confirm"):
+    """Holder rank -> consumer rank: whether it holds the transfer now (a hold never comes back once let go,
+    so held after the read means held throughout it)."""
+
+    transfer_id: TransferIdText
+    rank: Int64
+    held: bool | None
+    """None: not mapped on this rank yet (its metadata comes with its next step): ask again."""
+    after: bool = False
+
+
 class HandshakeRequest(_Message, frozen=True, tag="handshake_request"):
     sender: RankAddress
 
@@ -99,7 +120,15 @@ class HandshakeMetadata(_Message, frozen=True, tag="handshake"):
 
 
 Message: TypeAlias = (
-    RemoteBlocks | WriteDone | WriteFailed | ReleaseBlocks | LeaseRenew | HandshakeRequest | HandshakeMetadata
+    RemoteBlocks
+    | WriteDone
+    | WriteFailed
+    | ReleaseBlocks
+    | LeaseRenew
+    | ReadIntent
+    | ReadConfirm
+    | HandshakeRequest
+    | HandshakeMetadata
 )
 
 

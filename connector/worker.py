@@ -42,6 +42,8 @@ from connector.messages import (
     LeaseRenew,
     Message,
     RankAddress,
+    ReadConfirm,
+    ReadIntent,
     ReleaseBlocks,
     RemoteBlocks,
     WriteDone,
@@ -145,6 +147,9 @@ class WorkerCore:
         self._finished_recving: set[ReqId] = set()
         self._failed_recving: set[ReqId] = set()
         self._load_errors: set[int] = set()
+        self._confirming: dict[TransferId, str] = {}
+        """One-sided reads (mori) being confirmed with the producer: `before` (asked, the read waits),
+        `confirmed` (the read may go), `after` (landed, asked whether the hold lasted). Dropped at release."""
         self._last_now = 0.0
         """The clock of the last call that had one (the forward's save_kv_layer has none)."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
@@ -461,6 +466,10 @@ class WorkerCore:
             self._on_remote_blocks(message, now)
         elif isinstance(message, LeaseRenew):
             self._on_lease(message, now, events)
+        elif isinstance(message, ReadIntent):
+            self._on_read_intent(message, now, events)
+        elif isinstance(message, ReadConfirm):
+            self._on_read_confirm(message, now, events)
         else:
             self.counters["unexpected_message"] += 1
 
@@ -494,6 +503,64 @@ class WorkerCore:
                     until=until,
                 )
             )
+
+    # -- one-sided reads (mori): confirmed with the producer before and after -----------------
+
+    def _must_confirm(self) -> bool:
+        return self.config.refuse_released_reads and bool(getattr(self.transport, "one_sided", False))
+
+    def _ask_holders(self, tid: TransferId, peer: PeerRef, *, after: bool, now: float) -> None:
+        self._confirming[tid] = "after" if after else "before"
+        if not self._tell_holders(peer, ReadIntent(transfer_id=tid, sender=self.my_address(), after=after)):
+            self._fail(tid, f"{REASON_NOT_SENT}: read_intent", now)
+
+    def _on_read_intent(self, message: ReadIntent, now: float, events: list[Event]) -> None:
+        """Producer: answer whether this rank holds the transfer. Before a read, hold it at least a transfer
+        timeout more (an `ack` what=lease: the read's own lease), so it cannot expire while the NIC reads."""
+        c, sender = self.config, message.sender
+        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        if c.role != "producer" or not c.may_dial(sender.host, port):
+            self.counters["read_intent_refused"] += 1
+            return
+        tid = TransferId(message.transfer_id)
+        held = self._holds(tid)
+        t = self._live(tid)
+        if held and not message.after and t is not None and t.map_event is not None:
+            cap = t.map_event.deadline - c.defer_timeout_s + max(c.defer_timeout_s, c.kv_lease_max_s)
+            until = min(now + c.transfer_timeout_s, cap)
+            events.append(Ack(ts=now, source=self.source, transfer_id=tid, what="lease", until=until))
+        self.counters[f"read_intents_{'held' if held else 'unknown' if held is None else 'released'}"] += 1
+        self._send(sender.host, port, ReadConfirm(transfer_id=tid, rank=c.tp_rank, held=held, after=message.after))
+
+    def _on_read_confirm(self, message: ReadConfirm, now: float, events: list[Event]) -> None:
+        """Consumer: the producer's answer. Before: held, the read goes; not yet mapped, ask again after a
+        backoff (a transient failure); let go, a load error. After: held throughout, the read counts; else
+        its bytes may be another request's KV: a load error, never a success."""
+        tid = TransferId(message.transfer_id)
+        state, t = self._confirming.get(tid), self._live(tid)
+        if t is None or state != ("after" if message.after else "before"):
+            self.counters["read_confirms_unexpected"] += 1
+            return
+        source = self.source
+        if message.held is None and not message.after:
+            del self._confirming[tid]
+            reason = f"{Code.NOT_HELD_YET.name}: the producer has not mapped the transfer yet"
+            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=reason, retryable=True))
+            return
+        if not message.held:
+            del self._confirming[tid]
+            self.counters["reads_refused"] += 1
+            when = "after the read" if message.after else "before the read"
+            reason = f"{REASON_READ_REFUSED}: the producer did not hold the transfer {when}"
+            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=reason))
+            return
+        if message.after:
+            del self._confirming[tid]
+            self.counters["reads_confirmed"] += 1
+            events.append(Ack(ts=now, source=source, transfer_id=tid, what="read"))
+            return
+        self._confirming[tid] = "confirmed"
+        self._start_read(t, now, attempt=t.transient_failures)
 
     def _released_unread(self, tid: TransferId) -> bool:
         """Whether this rank let `tid` go by expiry or failure (not by completing it: a duplicate remote_blocks
@@ -573,7 +640,12 @@ class WorkerCore:
             # A read lands when every layer's batch of this attempt succeeded.
             reading = any(layer is None for layer, _ in flight.handles)
             if reading and not still and not flight.read_failed:
-                events.append(Ack(ts=now, source=source, transfer_id=tid, what="read"))
+                if self._must_confirm():
+                    peer = self.peers.get(tid)
+                    if peer is not None:
+                        self._ask_holders(tid, peer, after=True, now=now)  # landed: did the hold last?
+                else:
+                    events.append(Ack(ts=now, source=source, transfer_id=tid, what="read"))
             if still:
                 flight.handles = still
             else:
@@ -618,6 +690,7 @@ class WorkerCore:
             tid = release.transfer_id
             self.index.forget(release.request_id, tid)
             self.inflight.pop(tid, None)
+            self._confirming.pop(tid, None)
             self.waiting.drop(tid)
             self._step_saves.pop(tid, None)
             peer = self.peers.pop(tid, None)
@@ -768,6 +841,10 @@ class WorkerCore:
         link = self._link(tid, key, now)
         if link is None:
             return  # parked until the peer links (or failed: not allow-listed)
+        if self._must_confirm() and self._confirming.get(tid) != "confirmed":
+            if tid not in self._confirming:
+                self._ask_holders(tid, peer, after=False, now=now)
+            return  # the read goes when the producer confirms it holds the transfer
         flight = Inflight()
         m = t.map_event
         assert m is not None, "a live transfer has its map"

@@ -66,6 +66,10 @@ class FaultyTransport:
         self.hung: list[GatedHandle] = []
         """Handles to a dead engine: they never finish."""
 
+    @property
+    def one_sided(self) -> bool:
+        return self.inner.one_sided
+
     def register(self, name: str, tensor: Any) -> RegionDescriptor:
         return self.inner.register(name, tensor)
 

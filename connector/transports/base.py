@@ -151,6 +151,11 @@ class Transport(Protocol):
 
     backend: str
 
+    @property
+    def one_sided(self) -> bool:
+        """True where the producer never sees a read (RDMA): it cannot refuse one, so the consumer confirms."""
+        ...
+
     def register(self, name: str, tensor: Any) -> RegionDescriptor:
         """Make a KV tensor readable and writable by peers under `name`."""
         ...

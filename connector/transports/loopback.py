@@ -36,6 +36,8 @@ class LoopbackSession:
 
 class LoopbackTransport:
     backend = BACKEND
+    one_sided = False
+    """The producer serves each read, so it refuses one for a transfer it no longer holds."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._regions: dict[str, TensorRegion] = {}

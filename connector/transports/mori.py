@@ -182,6 +182,8 @@ class MoriTransport:
     """See the module docstring. `mori_io` injects a module (tests pass the fake); else `mori.io` is imported."""
 
     backend = BACKEND
+    one_sided = True
+    """RDMA reads never reach the producer's CPU: the worker confirms the hold before and after instead."""
 
     def __init__(
         self,

@@ -95,6 +95,8 @@ class TcpTransport:
     """See the module docstring. `port=0` picks a free port (tests)."""
 
     backend = BACKEND
+    one_sided = False
+    """The producer serves each read, so it refuses one for a transfer it no longer holds."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, context: zmq.Context[Any] | None = None) -> None:
         self._own_context = context is None

@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from connector.limits import LEASE_RENEWALS_PER_LEASE
+from connector.messages import ReadConfirm
 from connector.params import parse_params
 from connector.ports import free_loopback_ports
 from connector.transports.base import Code
 from connector.transports.tcp import TcpTransport
-from ledger.events import Ack, ReqId, TransferId
+from ledger.events import Ack, ReqId, Schedule, TransferId
 from ledger.fold import REASON_LEASE_MISSED, REASON_READ_REFUSED
+from tests.connector.fake_mori import installed_as_mori
 from tests.connector.pd import EnginePorts, Side, Ticks, block_bytes, make_config, run_until
 
 TID = TransferId("tx-lease")
@@ -188,6 +190,69 @@ def test_tcp_serves_a_read_only_while_its_transfer_is_held() -> None:
         assert results["gone"].code == Code.REFUSED and not results["gone"].transient
         assert results["unknown"].code == Code.NOT_HELD_YET and results["unknown"].transient
         assert results[""].code == Code.REFUSED  # a read that names no transfer is never served
+    finally:
+        producer.close()
+        consumer.close()
+
+
+# -- one-sided reads (mori, on the fake mori.io): confirmed with the producer before and after ------------------
+
+
+def _mori_pair(lease_s: float) -> tuple[Side, Side]:
+    with installed_as_mori():
+        return _pair(lease_s, backend="mori")
+
+
+def test_a_one_sided_read_is_confirmed_before_and_after() -> None:
+    producer, consumer = _mori_pair(0.0)
+    try:
+        assert consumer.worker.transport.one_sided
+        clock = Ticks(step_s=STEP_S)
+        kv = _prefill_done(producer, consumer, clock.now)
+        consumer.scheduler.on_alloc(ReqId("c-1"), parse_params(kv), CONSUMER_BLOCKS, 13, clock.now)
+        run_until(
+            [producer, consumer], lambda: bool(producer.reported_sending and consumer.reported_recving), clock=clock
+        )
+        assert not consumer.failed_recving and consumer.worker.counters["reads_confirmed"] == 1
+        assert producer.worker.counters["read_intents_held"] == 2  # before and after the read
+        for name in producer.caches:
+            for theirs, mine in zip(PRODUCER_BLOCKS, CONSUMER_BLOCKS, strict=True):
+                assert block_bytes(consumer.caches, name, mine) == block_bytes(producer.caches, name, theirs)
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def test_a_one_sided_read_of_a_released_transfer_is_never_issued() -> None:
+    producer, consumer = _mori_pair(0.0)
+    try:
+        clock = Ticks(step_s=STEP_S)
+        kv = _prefill_done(producer, consumer, clock.now)
+        run_until([producer, consumer], lambda: bool(producer.reported_sending), clock=clock)  # expired
+        consumer.scheduler.on_alloc(ReqId("c-1"), parse_params(kv), CONSUMER_BLOCKS, 13, clock.now)
+        run_until([producer, consumer], lambda: bool(consumer.reported_recving), clock=clock)
+        assert consumer.failed_recving == {"c-1"} and consumer.invalid_blocks >= set(CONSUMER_BLOCKS)
+        assert _side(consumer).decision.reason.startswith(REASON_READ_REFUSED)
+        assert not any(isinstance(e, Schedule) for e in consumer.worker.ledger.log.since())  # no read went
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def test_a_one_sided_read_whose_hold_lapsed_meanwhile_is_a_load_error() -> None:
+    producer, consumer = _mori_pair(0.0)
+    try:
+        clock = Ticks(step_s=STEP_S)
+        kv = _prefill_done(producer, consumer, clock.now)
+        consumer.scheduler.on_alloc(ReqId("c-1"), parse_params(kv), CONSUMER_BLOCKS, 13, clock.now)
+        run_until([producer, consumer], lambda: consumer.worker._confirming.get(TID) == "after", clock=clock)
+        # The producer's answer to "did you hold it throughout?" is no (its side lapsed while the NIC read).
+        events: list[Any] = []
+        consumer.worker._on_read_confirm(ReadConfirm(transfer_id=TID, rank=0, held=False, after=True), clock(), events)
+        consumer.worker.ledger.extend(events)
+        run_until([consumer], lambda: bool(consumer.reported_recving), clock=clock)
+        assert consumer.failed_recving == {"c-1"}  # bytes landed, but are never decoded as this request's KV
+        assert _side(consumer).decision.reason.startswith(REASON_READ_REFUSED)
     finally:
         producer.close()
         consumer.close()
