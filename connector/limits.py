@@ -66,6 +66,10 @@ RETRY_BACKOFF_MAX_S = 0.050
 PEERS_MAX = 1024
 """Peer engines a configuration may list."""
 
+FIGURES_LATENCY_SAMPLES_MAX = 4096
+"""Ack and release latency samples one stats report carries (vLLM takes a report every step); the rest of
+a larger step are not sampled."""
+
 REMOTE_DIRECTORY_MAX = 65536
 """Remote block lists (WRITE mode) a producer worker keeps for transfers it has not mapped or finished."""
 
