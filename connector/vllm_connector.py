@@ -177,14 +177,9 @@ def _observed_class(kv_transfer_config: Any) -> type[KVConnectorBase_V1] | None:
     observe = observe_config(getattr(kv_transfer_config, "kv_connector_extra_config", None))
     if observe is None:
         return None
-    from vllm.config.kv_transfer import KVTransferConfig
-    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from connector.observe.adapter import wrapped_class
 
-    cls = KVConnectorFactory.get_connector_class(
-        KVTransferConfig(**{"engine_id": kv_transfer_config.engine_id, **observe.wrapped})
-    )
-    assert issubclass(cls, KVConnectorBase_V1)
-    return cls
+    return wrapped_class(kv_transfer_config, observe)
 
 
 class LedgerConnector(KVConnectorBase_V1, SupportsHMA):

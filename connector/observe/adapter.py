@@ -64,25 +64,27 @@ observe_errors: Counter[str] = Counter()
 """Recording problems swallowed in this process, by hook name (the wrapped connector's answer still went out)."""
 
 
+def wrapped_transfer_config(outer: Any, observe: ObserveConfig) -> KVTransferConfig:
+    """The wrapped connector's KVTransferConfig: the engine's fields, overridden by what `observe` gives."""
+    inherited = {
+        "engine_id": getattr(outer, "engine_id", None),
+        "kv_role": getattr(outer, "kv_role", None) or "kv_both",
+        "kv_buffer_device": getattr(outer, "kv_buffer_device", "cuda"),
+        "kv_load_failure_policy": getattr(outer, "kv_load_failure_policy", "fail"),
+    }
+    return KVTransferConfig(**{**inherited, **observe.wrapped})
+
+
 def wrapped_vllm_config(vllm_config: VllmConfig, observe: ObserveConfig) -> VllmConfig:
     """The engine's config with the wrapped connector's KVTransferConfig, as MultiConnector makes its children's."""
-    outer = vllm_config.kv_transfer_config
-    assert outer is not None
-    inherited = {
-        "engine_id": outer.engine_id,
-        "kv_role": outer.kv_role,
-        "kv_buffer_device": outer.kv_buffer_device,
-        "kv_load_failure_policy": outer.kv_load_failure_policy,
-    }
     temp = copy.copy(vllm_config)
-    temp.kv_transfer_config = KVTransferConfig(**{**inherited, **observe.wrapped})
+    temp.kv_transfer_config = wrapped_transfer_config(vllm_config.kv_transfer_config, observe)
     return temp
 
 
-def wrapped_class(vllm_config: VllmConfig, observe: ObserveConfig) -> type[KVConnectorBase_V1]:
-    transfer = wrapped_vllm_config(vllm_config, observe).kv_transfer_config
-    assert transfer is not None
-    cls = KVConnectorFactory.get_connector_class(transfer)
+def wrapped_class(outer: Any, observe: ObserveConfig) -> type[KVConnectorBase_V1]:
+    """The wrapped connector's class, resolved by vLLM's factory from the engine's KVTransferConfig `outer`."""
+    cls = KVConnectorFactory.get_connector_class(wrapped_transfer_config(outer, observe))
     assert issubclass(cls, KVConnectorBase_V1), f"{cls.__name__} is not a v1 KV connector"
     return cls
 
@@ -188,7 +190,8 @@ class ObserveConnector(KVConnectorBase_V1, SupportsHMA):
         self.config = config
         self.observe_config = observe
         temp = wrapped_vllm_config(vllm_config, observe)
-        self.wrapped: KVConnectorBase_V1 = wrapped_class(vllm_config, observe)(temp, role, kv_cache_config)  # type: ignore[arg-type]
+        cls = wrapped_class(vllm_config.kv_transfer_config, observe)
+        self.wrapped: KVConnectorBase_V1 = cls(temp, role, kv_cache_config)  # type: ignore[arg-type]
         self.recorder: Recorder | None = None
         self.figures: LedgerFigures | None = None
         self.incident_log: IncidentLog | None = None
