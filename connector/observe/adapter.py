@@ -343,6 +343,8 @@ DELEGATED = (
     "has_connector_metadata",
     "_get_connector_metadata",
     "register_kv_caches",
+    "unregister_kv_caches",
+    "restore_kv_caches",
     "set_host_xfer_buffer_ops",
     "finish_forward",
     "reset_capture_state",
