@@ -46,7 +46,7 @@ from connector.incident_log import IncidentLog
 from connector.observe.config import ObserveConfig
 from connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
 from connector.observe.recorder import Recorder
-from connector.store import open_ledger
+from connector.store import abandon_inherited, open_ledger
 from ledger.events import ReqId
 
 if TYPE_CHECKING:
@@ -191,12 +191,18 @@ class ObserveConnector(KVConnectorBase_V1, SupportsHMA):
         self.observe_config = observe
         temp = wrapped_vllm_config(vllm_config, observe)
         cls = wrapped_class(vllm_config.kv_transfer_config, observe)
+        groups = len(kv_cache_config.kv_cache_groups) if kv_cache_config is not None else 1
+        if groups > 1 and not issubclass(cls, SupportsHMA):
+            # Refused at start, by name, as vLLM refuses such a connector itself: hybrid models' blocks come
+            # per KV cache group, which this connector cannot take.
+            raise ValueError(f"LedgerConnector observe mode: {cls.__name__} does not support hybrid models (HMA)")
         self.wrapped: KVConnectorBase_V1 = cls(temp, role, kv_cache_config)  # type: ignore[arg-type]
         self.recorder: Recorder | None = None
         self.figures: LedgerFigures | None = None
         self.incident_log: IncidentLog | None = None
         if role == KVConnectorRole.SCHEDULER:
             ledger = open_ledger(config, config.source(scheduler=True))
+            abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
             self.recorder = Recorder(
                 ledger, observe.keys, hold_s=observe.hold_s, transfer_timeout_s=config.transfer_timeout_s
             )
@@ -250,7 +256,6 @@ class ObserveConnector(KVConnectorBase_V1, SupportsHMA):
         if supports_hma(self.wrapped):
             answer = self.wrapped.request_finished_all_groups(request, block_ids)  # type: ignore[attr-defined]
         else:
-            assert len(block_ids) == 1, f"{type(self.wrapped).__name__} takes one KV cache group"
             answer = self.wrapped.request_finished(request, block_ids[0])
         self._after_finished(request, block_ids, answer[0], before)
         return answer  # type: ignore[no-any-return]

@@ -128,3 +128,17 @@ def test_a_recording_failure_never_reaches_vllm(model: str, tmp_path: Path, cloc
     assert observe_errors["_after_finished"] == before + 1
     step(producer, finished_sending={producer_req})
     assert free_blocks(producer) == NUM_BLOCKS - 1
+
+
+def test_a_restarted_engine_fails_what_its_previous_process_held(model: str, tmp_path: Path, clock: Clock) -> None:
+    """With a store (`ledger_url`), a restarted observer reloads its log and, as the connector's own mode
+    does, fails the sides the dead process held: its requests and their blocks died with it (no leak)."""
+    extra = {**_extra(tmp_path / "logs"), "ledger_url": f"sqlite:///{tmp_path / 'ledger.db'}"}
+    first = make_scheduler(make_vllm_config(model, "kv_producer", extra))
+    _prefill(first)
+    first.connector.shutdown()
+    again = make_scheduler(make_vllm_config(model, "kv_producer", extra))
+    ledger = again.connector.recorder.ledger
+    assert not ledger.state.live
+    assert [kind_of(e) for e in ledger.log.since(0)][-1] == "fail"
+    again.connector.shutdown()
