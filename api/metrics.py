@@ -41,6 +41,14 @@ class LiveCollector(Collector):
         for cause, count in state.releases_by_cause.items():
             releases.add_metric([cause], count)
         yield releases
+        forged = CounterMetricFamily(
+            "kvledger_forged_messages",
+            "Control messages from peers dropped as unproven (bad or missing MAC, unlisted sender), by reason",
+            labels=["reason"],
+        )
+        for reason, count in state.forged_by_reason.items():
+            forged.add_metric([reason], count)
+        yield forged
         findings = GaugeMetricFamily("kvledger_findings", "Audit findings now, by code", labels=["code", "severity"])
         for code, count in counts_by_code(live.findings(live.clock_now())).items():
             findings.add_metric([code, CODES[code]], count)

@@ -53,6 +53,7 @@ CODE_COLORS = {
     "double_owner": "#9333ea",
     "premature_release": "#be185d",
     "id_reuse": "#7f1d1d",
+    "forged_message": "#111827",
     "stuck": "#f59e0b",
     "orphan_ack": "#ca8a04",
     "late_event": "#fb923c",

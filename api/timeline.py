@@ -12,7 +12,7 @@ from ledger.timeline import describe
 
 WIDTH_PX, LANE_PX, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, TOP_PX = 960, 56, 170, 30, 36
 COLORS = {"map": "#2563eb", "schedule": "#7c3aed", "seal": "#0891b2", "ack": "#16a34a",
-          "fail": "#dc2626", "expire": "#ea580c"}  # fmt: skip
+          "fail": "#dc2626", "expire": "#ea580c", "drop": "#111827"}  # fmt: skip
 CAUSE_COLORS = {"completed": "#16a34a", "failed": "#dc2626", "expired": "#ea580c"}
 NOW_STRETCH_MAX = 1.5
 """`now` stretches the axis only up to this many times the events' own span; later, it is an arrow at the

@@ -26,6 +26,8 @@ def build_worker(config: ConnectorConfig, *, context: zmq.Context[Any] | None = 
         config.my_port(config.notify_port),
         config.may_dial,
         context=context,
+        key=config.control_key,
+        may_receive_from=config.may_receive_from,
     )
     try:
         transport = make_transport(config.backend, config.host, config.my_port(config.transport_port))

@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -25,6 +26,7 @@ from connector import messages
 from connector.limits import (
     CHANNEL_INBOX_MAX,
     CHANNEL_POLL_MS,
+    FORGED_RECORDS_MAX,
     HANDSHAKE_TIMEOUT_S,
     MESSAGE_BYTES_HARD_MAX,
     MESSAGE_BYTES_MAX,
@@ -39,6 +41,22 @@ class PeerNotAllowed(PermissionError):
     """A dial to a (host, port) that neither the configuration nor a handshake named."""
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """A control message refused as not proven: a missing or wrong MAC, or a sender outside the allow-list."""
+
+    message_type: str
+    transfer_id: str | None
+    sender: str
+    reason: str
+    """`bad_mac` or `sender_not_allowed`."""
+
+
+def _type_of(message: Message) -> str:
+    tag = type(message).__struct_config__.tag
+    return str(tag)
+
+
 class Channel:
     def __init__(
         self,
@@ -48,7 +66,18 @@ class Channel:
         may_dial: Callable[[str, int], bool],
         *,
         context: zmq.Context[Any] | None = None,
+        key: bytes | None = None,
+        may_receive_from: Callable[[str], bool] | None = None,
     ) -> None:
+        self._key = key
+        self._may_receive_from = may_receive_from
+        self.dropped: deque[Dropped] = deque(maxlen=FORGED_RECORDS_MAX)
+        """Refused control messages not yet recorded by the worker (oldest forgotten past the bound)."""
+        if key is None:
+            log.warning(
+                "kvledger control messages (remote_blocks, release, handshake) are unauthenticated: "
+                "set control_key_env or control_key_file in kv_connector_extra_config to sign them"
+            )
         self._own_context = context is None
         self._context: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._may_dial = may_dial
@@ -83,7 +112,7 @@ class Channel:
 
     def set_metadata(self, metadata: HandshakeMetadata) -> None:
         """What this rank answers handshakes with (after its KV caches are registered)."""
-        self._metadata = messages.encode(metadata)
+        self._metadata = messages.encode(messages.sign(metadata, self._key))
 
     # -- the worker's side ----------------------------------------------------
 
@@ -98,7 +127,7 @@ class Channel:
             sock.connect(f"tcp://{host}:{port}")
             self._dealers[(host, port)] = sock
         try:
-            sock.send(messages.encode(message), zmq.NOBLOCK)
+            sock.send(messages.encode(messages.sign(message, self._key)), zmq.NOBLOCK)
         except zmq.Again:
             self.counters["send_dropped_queue_full"] += 1
             log.warning("notification to %s:%s dropped: send queue full", host, port)
@@ -117,7 +146,7 @@ class Channel:
         sock.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES_HARD_MAX)
         try:
             sock.connect(f"tcp://{host}:{port}")
-            sock.send(messages.encode(HandshakeRequest(sender=sender)))
+            sock.send(messages.encode(messages.sign(HandshakeRequest(sender=sender), self._key)))
             if not sock.poll(int(timeout_s * 1000)):
                 self.counters["handshake_timeout"] += 1
                 return None
@@ -128,7 +157,25 @@ class Channel:
             self.counters["handshake_bad_reply"] += 1
             log.warning("handshake with %s:%s: unusable reply %r", host, port, reply)
             return None
+        if not messages.authentic(reply, self._key):
+            self._refuse(reply, f"{host}:{port}", "bad_mac")
+            return None
         return reply
+
+    def _refuse(self, message: Message, sender: str, reason: str) -> None:
+        self.counters[f"dropped_{reason}"] += 1
+        self.dropped.append(Dropped(_type_of(message), messages.transfer_of(message), sender, reason))
+        log.warning("%s from %s dropped: %s", _type_of(message), sender, reason)
+
+    def take_dropped(self, limit: int = FORGED_RECORDS_MAX) -> list[Dropped]:
+        """The refused messages since the last call, `limit` at most (the worker records each as a `drop`)."""
+        out: list[Dropped] = []
+        while self.dropped and len(out) < limit:
+            try:
+                out.append(self.dropped.popleft())
+            except IndexError:
+                break
+        return out
 
     def drain(self, limit: int = CHANNEL_INBOX_MAX) -> list[Message]:
         out: list[Message] = []
@@ -159,7 +206,7 @@ class Channel:
         try:
             while not self._stop.is_set():
                 for sock, _ in poller.poll(CHANNEL_POLL_MS):
-                    frames = sock.recv_multipart()
+                    frames = sock.recv_multipart(copy=False)
                     if sock is self._handshake_socket:
                         self._on_handshake(frames)
                     else:
@@ -170,19 +217,30 @@ class Channel:
             self._handshake_socket.close(linger=0)
             self._notify_socket.close(linger=0)
 
-    def _decode(self, frames: list[bytes]) -> Message | None:
+    def _decode(self, frames: list[zmq.Frame]) -> Message | None:
+        """The message in `frames`, if it is well formed, from an allow-listed host, and proven by its MAC."""
         if len(frames) != 2:
             self.counters["dropped_malformed"] += 1
             log.warning("notification dropped: %d frames, expected 2", len(frames))
             return None
-        message = messages.decode(frames[1], max_bytes=MESSAGE_BYTES_MAX)
+        message = messages.decode(frames[1].bytes, max_bytes=MESSAGE_BYTES_MAX)
         if isinstance(message, Rejected):
             self.counters[f"dropped_{message.reason}"] += 1
             log.warning("notification dropped (%s): %s", message.reason, message.detail)
             return None
+        try:
+            sender = str(frames[1].get("Peer-Address"))
+        except (zmq.ZMQError, AttributeError):
+            sender = "unknown"
+        if self._may_receive_from is not None and not self._may_receive_from(sender):
+            self._refuse(message, sender, "sender_not_allowed")
+            return None
+        if not messages.authentic(message, self._key):
+            self._refuse(message, sender, "bad_mac")
+            return None
         return message
 
-    def _on_handshake(self, frames: list[bytes]) -> None:
+    def _on_handshake(self, frames: list[zmq.Frame]) -> None:
         message = self._decode(frames)
         if message is None:
             return
@@ -193,9 +251,9 @@ class Channel:
             )
             return
         self.counters["handshakes_answered"] += 1
-        self._handshake_socket.send_multipart([frames[0], self._metadata])
+        self._handshake_socket.send_multipart([frames[0].bytes, self._metadata])
 
-    def _on_notify(self, frames: list[bytes]) -> None:
+    def _on_notify(self, frames: list[zmq.Frame]) -> None:
         message = self._decode(frames)
         if message is None:
             return

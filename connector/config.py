@@ -4,7 +4,9 @@ Key names follow MoRIIO where the meaning is the same (`read_mode`,
 `transfer_timeout`, `defer_timeout`, `recv_abort_timeout`, `handshake_port`,
 `notify_port`, `backend`, `host_ip`); kvledger adds `ledger_url`, `source_name`,
 `transport_port`, `peers`, `peer_tp_size`, `incident_log_dir` (each process appends
-its events to a JSONL incident log there) and one test hook,
+its events to a JSONL incident log there), `control_key_env` / `control_key_file`
+(where the HMAC key of control messages is: an environment variable's name, or a
+file) and one test hook,
 `test_hook_corrupt_received_kv` (overwrites received KV with noise: never in production).
 A bad value raises `ConfigError` naming the key, so a typo stops the engine at start instead of in the first transfer.
 """
@@ -80,6 +82,9 @@ class ConnectorConfig:
     dp_size: int = 1
     tp_rank: int = 0
     tp_size: int = 1
+    control_key: bytes | None = field(default=None, repr=False, compare=False)
+    """The shared HMAC key for control messages (from `control_key_env` or `control_key_file`); None: the
+    control messages travel unauthenticated, and the connector says so at start."""
     allowed: frozenset[tuple[str, int]] = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
@@ -112,6 +117,10 @@ class ConnectorConfig:
 
     def may_dial(self, host: str, port: int) -> bool:
         return (host, port) in self.allowed
+
+    def may_receive_from(self, host: str) -> bool:
+        """Whether a control message from `host` (the socket's peer address) may be read: a configured peer's."""
+        return any(peer.host == host for peer in self.peers)
 
 
 # -- parsing ----------------------------------------------------------------
@@ -253,8 +262,41 @@ KNOWN_KEYS = frozenset(
         "peer_tp_size",
         "incident_log_dir",
         "test_hook_corrupt_received_kv",
+        "control_key_env",
+        "control_key_file",
     }
 )
+
+
+def _control_key(extra: Mapping[str, Any]) -> bytes | None:
+    """The HMAC key named by `control_key_env` (an environment variable) or `control_key_file` (a file)."""
+    import os
+
+    env, path = extra.get("control_key_env"), extra.get("control_key_file")
+    if env is not None and path is not None:
+        raise ConfigError(f"{_key('control_key_env')} and {_key('control_key_file')}: name one, not both")
+    if env is not None:
+        if not isinstance(env, str) or not env:
+            raise ConfigError(f"{_key('control_key_env')}: expected an environment variable name, got {env!r}")
+        value = os.environ.get(env)
+        if not value:
+            raise ConfigError(f"{_key('control_key_env')}: the environment variable {env!r} is unset or empty")
+        key = value.encode()
+        name = "control_key_env"
+    elif path is not None:
+        if not isinstance(path, str) or not path:
+            raise ConfigError(f"{_key('control_key_file')}: expected a file path, got {path!r}")
+        try:
+            with open(path, "rb") as f:
+                key = f.read().strip()
+        except OSError as error:
+            raise ConfigError(f"{_key('control_key_file')}: cannot read {path!r}: {error.strerror}") from None
+        name = "control_key_file"
+    else:
+        return None
+    if len(key) < limits.HMAC_KEY_BYTES_MIN:
+        raise ConfigError(f"{_key(name)}: the key has {len(key)} bytes, at least {limits.HMAC_KEY_BYTES_MIN} needed")
+    return key
 
 
 def from_extra_config(
@@ -302,6 +344,7 @@ def from_extra_config(
         peer_tp_size=_positive_int(extra.get("peer_tp_size", 1), "peer_tp_size"),
         incident_log_dir=_directory(extra.get("incident_log_dir"), "incident_log_dir"),
         test_hook_corrupt_received_kv=_bool(extra, "test_hook_corrupt_received_kv", False),
+        control_key=_control_key(extra),
         dp_rank=dp_rank,
         dp_size=dp_size,
         tp_rank=tp_rank,

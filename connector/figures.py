@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from connector.limits import FIGURES_LATENCY_SAMPLES_MAX
+from connector.limits import FIGURES_AUDIT_INTERVAL_S, FIGURES_LATENCY_SAMPLES_MAX
 from ledger.audit import audit, counts_by_code
 from ledger.events import Ack
 from ledger.ledger import Ledger
@@ -36,6 +36,8 @@ class LedgerFigures:
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
+        self._findings: dict[str, int] = {}
+        self._next_audit = float("-inf")
         self._seen_seq = ledger.log.next_seq - 1
 
     def take(self, now: float) -> dict[str, Any]:
@@ -56,9 +58,16 @@ class LedgerFigures:
             BLOCKS_HELD: state.blocks_held,
             LIVE_BY_PHASE: dict(phases),
             RELEASED: dict(state.releases_by_cause),
-            FINDINGS: {code: n for code, n in counts_by_code(audit(state, now)).items() if n},
+            FINDINGS: self._audited(now),
             **latencies,
         }
+
+    def _audited(self, now: float) -> dict[str, int]:
+        """Findings by code, audited at most every `FIGURES_AUDIT_INTERVAL_S` (vLLM asks every step)."""
+        if now >= self._next_audit:
+            self._next_audit = now + FIGURES_AUDIT_INTERVAL_S
+            self._findings = {code: n for code, n in counts_by_code(audit(self.ledger.state, now)).items() if n}
+        return self._findings
 
 
 def _sample(samples: list[float], seconds: float) -> None:

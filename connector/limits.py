@@ -29,8 +29,11 @@ well-known services such as PostgreSQL on 5432)."""
 EPHEMERAL_PORT_LOW_DEFAULT = 32_768
 """Linux's default start of the ephemeral range, where `ip_local_port_range` cannot be read."""
 
-MESSAGE_VERSION = 2
-"""Wire version of every notification message; a message with another version is dropped."""
+MESSAGE_VERSION = 3
+"""Wire version of every notification message; a message with another version is dropped (3: the `mac`)."""
+
+FORGED_RECORDS_MAX = 1024
+"""Dropped (forged or unlisted) control messages a channel keeps for the worker's next poll to record."""
 
 MESSAGE_BYTES_MAX = 1 << 20
 """A notification larger than this is counted and dropped (a block list of 100k ids is ~500 KB)."""
@@ -70,6 +73,10 @@ FIGURES_LATENCY_SAMPLES_MAX = 4096
 """Ack and release latency samples one stats report carries (vLLM takes a report every step); the rest of
 a larger step are not sampled."""
 
+FIGURES_AUDIT_INTERVAL_S = 1.0
+"""How often the stats' findings by code are audited anew (vLLM takes stats every step; the audit is
+proportional to live transfers, so it is not run on every step)."""
+
 REMOTE_DIRECTORY_MAX = 65536
 """Remote block lists (WRITE mode) a producer worker keeps for transfers it has not mapped or finished."""
 
@@ -96,3 +103,24 @@ MORI_POLL_INTERVAL_S = 0.001
 
 MORI_CLOSE_GRACE_S = 2.0
 """How long close waits for in-flight batches before deregistering memory the NIC may still be writing."""
+
+HOOK_CALL_BOUND_S = 0.005
+"""The longest any vLLM hook may take, whatever the peers do: no hook waits on a peer (handshakes run on
+the linker's threads, sends never block, transport ops are asynchronous), so a hook's time is its own CPU
+work. The storm and the benchmark measure it against this bound (`hook_us_max_dead_peer`)."""
+
+LINK_BACKOFF_MIN_S = 0.1
+LINK_BACKOFF_MAX_S = 5.0
+"""After a failed handshake the next attempt to that peer waits, doubling from the minimum to the maximum
+(never longer than the transfer timeout): a dead peer costs one background attempt per backoff, not one
+per layer per transfer per step."""
+
+POLL_MESSAGES_MAX = 4096
+"""Notifications (and refused messages) one poll takes from the channel; the rest wait for the next poll, so a
+flood from peers, forged or not, costs each hook a bounded amount of work."""
+
+LINK_WAIT_MAX = 65536
+"""Transfers that may wait at once for their peer to link; beyond this a new one fails at once."""
+
+HMAC_KEY_BYTES_MIN = 16
+"""The shortest control-message key accepted (a shorter one is a configuration error)."""

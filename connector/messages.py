@@ -10,6 +10,8 @@ make this process append an event its store would refuse.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import TypeAlias
 
 import msgspec
@@ -34,6 +36,9 @@ class RankAddress(msgspec.Struct, frozen=True, kw_only=True):
 
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):
     version: int = MESSAGE_VERSION
+    mac: bytes = b""
+    """HMAC-SHA256 over the message's encoding with an empty `mac`, under the shared control key (empty
+    without one)."""
 
 
 class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):
@@ -101,6 +106,30 @@ _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 
 def encode(message: Message) -> bytes:
     return _encoder.encode(message)
+
+
+def _mac(message: Message, key: bytes) -> bytes:
+    unsigned = msgspec.structs.replace(message, mac=b"")
+    return hmac.new(key, _encoder.encode(unsigned), hashlib.sha256).digest()
+
+
+def sign(message: Message, key: bytes | None) -> Message:
+    """`message` with its MAC under `key` (unchanged without a key)."""
+    if key is None:
+        return message
+    return msgspec.structs.replace(message, mac=_mac(message, key))
+
+
+def authentic(message: Message, key: bytes | None) -> bool:
+    """Whether `message` carries a valid MAC under `key` (every message is, without a key)."""
+    if key is None:
+        return True
+    return bool(message.mac) and hmac.compare_digest(message.mac, _mac(message, key))
+
+
+def transfer_of(message: Message) -> str | None:
+    tid: str | None = getattr(message, "transfer_id", None)
+    return tid
 
 
 def decode(data: bytes | memoryview, *, max_bytes: int = MESSAGE_BYTES_MAX) -> Message | Rejected:

@@ -70,11 +70,22 @@ class AbortItem(msgspec.Struct, frozen=True, kw_only=True):
     peer: PeerRef
 
 
+class FailItem(msgspec.Struct, frozen=True, kw_only=True):
+    """Consumer: the scheduler half decided this receive failed (a refused peer, its deadline): the workers
+    report it to vLLM (failed_recving, load errors), the one path vLLM reads before it trusts a load."""
+
+    transfer_id: TransferId
+    request_id: ReqId
+    block_ids: tuple[int, ...]
+    reason: str
+
+
 class StepMetadata(msgspec.Struct, kw_only=True):
     recv: list[RecvItem] = msgspec.field(default_factory=list)
     send: list[SendItem] = msgspec.field(default_factory=list)
     save: list[SaveItem] = msgspec.field(default_factory=list)
     abort: list[AbortItem] = msgspec.field(default_factory=list)
+    failed: list[FailItem] = msgspec.field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.recv or self.send or self.save or self.abort)
+        return not (self.recv or self.send or self.save or self.abort or self.failed)

@@ -18,7 +18,7 @@ from typing import Any
 
 from connector.config import ConnectorConfig
 from connector.index import RequestIndex
-from connector.metadata import AbortItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
+from connector.metadata import AbortItem, FailItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
 from connector.params import TransferParams, consumer_params
 from connector.store import abandon_inherited
 from ledger.decisions import Release
@@ -54,6 +54,11 @@ class SchedulerCore:
         self.index = RequestIndex(ledger.log)
         self.counters: Counter[str] = Counter()
         self._step = StepMetadata()
+        self._sending: set[ReqId] = set()
+        self._handed: set[ReqId] = set()
+        """Consumer requests whose failure this half decided and handed to the workers to report: their
+        report passes through update_connector_output as the workers made it."""
+        """Producer releases decided by a tick outside update_connector_output, reported at the next one."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
@@ -114,6 +119,8 @@ class SchedulerCore:
             return 0, False
         if self._refused(params.transfer_id):
             return 0, False
+        if not self._allowed_peer(params.peer()):
+            return 0, False  # known before the load: the request prefills locally (on_alloc records why)
         count = num_prompt_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
@@ -174,6 +181,7 @@ class SchedulerCore:
                     reason=f"{REASON_PEER_NOT_ALLOWED}: {peer.label if peer else 'none named'}",
                 )
             )
+            self._route(self.ledger.take_releases(), reported=False)
             return True
         self._step.recv.append(
             RecvItem(
@@ -311,8 +319,12 @@ class SchedulerCore:
         if peer is not None and self._allowed_peer(peer):
             self._step.abort.append(AbortItem(transfer_id=tid, request_id=request_id, peer=peer))
 
-    def build_meta(self) -> StepMetadata:
-        """build_connector_meta: hand this step's outbox to the workers and start a new one."""
+    def build_meta(self, now: float | None = None) -> StepMetadata:
+        """build_connector_meta: tick (vLLM calls this every step of a non-empty engine, idle or not, while
+        update_connector_output waits for a worker report), then hand this step's outbox to the workers."""
+        if now is not None:
+            self.tick(now)
+            self._route(self.ledger.take_releases(), reported=False)
         step, self._step = self._step, StepMetadata()
         return step
 
@@ -329,7 +341,15 @@ class SchedulerCore:
         # vLLM hands over sets: sorting makes the log's order independent of string hashing, so
         # the same run gives the same log byte for byte in every process.
         failed = sorted(set(failed_recving))
+        out = WorkerOutcome()
+        for request_id in sorted(set(finished_recving) & self._handed):
+            self._handed.discard(request_id)
+            out.finished_recving.add(request_id)
+            if request_id in failed:
+                out.failed_recving.add(request_id)
         for request_id in failed:
+            if request_id in out.finished_recving:
+                continue
             tid = index.get(request_id)
             if tid is None:
                 self.counters["unknown_request"] += 1
@@ -338,7 +358,7 @@ class SchedulerCore:
         failed_set = set(failed)
         for request_id in sorted(finished_recving):
             tid = index.get(request_id)
-            if request_id in failed_set:
+            if request_id in failed_set or request_id in out.finished_recving:
                 continue
             if tid is None:
                 self.counters["unknown_request"] += 1
@@ -352,8 +372,10 @@ class SchedulerCore:
             events.append(Ack(ts=now, source=source, transfer_id=tid, what="release"))
         if events:
             self.ledger.extend(events)
+        self._route(self.ledger.take_releases(), reported=True, out=out)
         self.tick(now)
-        return self._outcome()
+        self._route(self.ledger.take_releases(), reported=False, out=out)
+        return out
 
     def tick(self, now: float) -> None:
         """Append `expire` for every deadline that has passed (the only place time decides)."""
@@ -361,21 +383,40 @@ class SchedulerCore:
         # Late events stay visible (as findings) for a defer timeout after the decision.
         self.ledger.maintain(now, retain_s=self.config.defer_timeout_s)
 
-    def _outcome(self) -> WorkerOutcome:
-        out = WorkerOutcome()
-        for release in self.ledger.take_releases():
-            out.releases.append(release)
+    def _route(self, releases: list[Release], *, reported: bool, out: WorkerOutcome | None = None) -> None:
+        """Where each decision reaches vLLM. A producer's: finished_sending in `out` (or the next one). A
+        consumer's: as `out`'s finished/failed receive when it answers a worker's report (`reported`);
+        decided here (a refused peer, a deadline) it goes to the workers in the next metadata, for them to
+        report: vLLM reads failed_recving and load errors from the workers before update_connector_output."""
+        for release in releases:
             self.index.forget(release.request_id, release.transfer_id)
+            if out is not None:
+                out.releases.append(release)
             if release.role == "producer":
-                out.finished_sending.add(release.request_id)
+                self._sending.add(release.request_id)
                 continue
             if release.reason == REASON_ABORTED_BEFORE_ALLOCATION:
                 continue  # vLLM already freed the request: reporting it would be a KeyError there
+            if not reported:
+                self._handed.add(release.request_id)
+                self._step.failed.append(
+                    FailItem(
+                        transfer_id=release.transfer_id,
+                        request_id=release.request_id,
+                        block_ids=release.block_ids,
+                        reason=f"{release.cause}: {release.reason}",
+                    )
+                )
+                continue
+            if out is None:
+                continue
             out.finished_recving.add(release.request_id)
             if release.load_error:
                 out.failed_recving.add(release.request_id)
                 out.invalid_block_ids.update(release.block_ids)
-        return out
+        if out is not None and self._sending:
+            out.finished_sending |= self._sending
+            self._sending = set()
 
     def _record(self, event: Event) -> None:
         self.ledger.append(event)

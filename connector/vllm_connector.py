@@ -33,6 +33,7 @@ from connector.assemble import build_scheduler, build_worker
 from connector.config import ConnectorConfig, from_extra_config
 from connector.figures import CONTROL_DROPPED, LedgerFigures, dropped_since, merge_figures
 from connector.groups import flatten_groups
+from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
 from connector.hooks_for_tests import corrupt_blocks
 from connector.incident_log import IncidentLog
 from connector.metadata import StepMetadata
@@ -285,9 +286,11 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
 
     # -- scheduler side ---------------------------------------------------------
 
+    @guarded(lambda: (0, False))
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         return self._sched().matched_tokens(_params(request), request.num_prompt_tokens, num_computed_tokens)
 
+    @guarded(nothing)
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         core, params, now = self._sched(), _params(request), time.time()
         request_id = ReqId(request.request_id)
@@ -306,12 +309,17 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
             # WRITE serves one KV cache group (`_check_groups`).
             core.on_save(request_id, params, blocks.get_block_ids()[0], now, prompt_digest=digest)
 
+    @guarded(lambda: LedgerConnectorMetadata(StepMetadata()))
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        return LedgerConnectorMetadata(self._sched().build_meta())
+        # The scheduler half's clock tick: vLLM calls this every step of a non-empty engine, while it calls
+        # update_connector_output only when a worker reported something (an idle wait would never expire).
+        return LedgerConnectorMetadata(self._sched().build_meta(time.time()))
 
+    @guarded(lambda: (False, None))
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.request_finished_all_groups(request, (block_ids,))
 
+    @guarded(lambda: (False, None))
     def request_finished_all_groups(
         self, request: Request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, dict[str, Any] | None]:
@@ -326,6 +334,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
             ReqId(request.request_id), params, flat, time.time(), block_groups=groups
         )
 
+    @guarded(nothing)
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         """The clock tick: rewrite the workers' report with the fold's decisions (in place, as vLLM allows)."""
         outcome = self._sched().on_worker_output(
@@ -342,12 +351,15 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         if self.incident_log is not None:
             self.incident_log.flush()
 
+    @guarded(lambda: False)
     def has_pending_block_frees(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_pending_block_frees()
 
+    @guarded(lambda: False)
     def has_pending_push_work(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_pending_push_work()
 
+    @guarded(nothing)
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """The scheduler's fold and figures (it decides); a worker adds only the control messages it dropped."""
         core = self.scheduler
@@ -356,7 +368,9 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
             dropped = dropped_since({**worker.channel.counters, **worker.counters}, self._dropped_reported)
             return LedgerStats(data={CONTROL_DROPPED: dropped}) if dropped else None
         assert self._figures is not None
-        return LedgerStats(data={**core.stats(), **self._figures.take(time.time())})
+        guard = {f"hook_errors_{k}": v for k, v in hook_errors.items()}
+        guard.update({f"hooks_over_bound_{k}": v for k, v in hooks_over_bound.items()})
+        return LedgerStats(data={**core.stats(), **guard, **self._figures.take(time.time())})
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
@@ -374,6 +388,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         self._work().register_kv_caches(kv_caches, self._num_blocks, self._layer_groups)
         self._kv_caches = dict(kv_caches)
 
+    @guarded(nothing)
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         if connector_metadata is self._bound:
@@ -385,15 +400,18 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
                 for recv in connector_metadata.step.recv:
                     self._recv_blocks[recv.request_id] = recv.block_ids
 
+    @guarded(nothing)
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         self._work().start_load(time.time())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are asynchronous: the request waits for finished_recving, not for a layer
 
+    @guarded(nothing)
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         self._work().save_layer(layer_name)
 
+    @guarded(nothing)
     def wait_for_save(self) -> None:
         self._work().wait_for_save(time.time())
 
@@ -412,17 +430,20 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
             corrupt_blocks(self._kv_caches, axes, blocks)
             log.warning("test_hook_corrupt_received_kv: overwrote %d received blocks with noise", len(blocks))
 
+    @guarded(lambda: (None, None))
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         sending, recving, failed = self._worker_finished(finished_req_ids)
         del failed  # carried by get_transfer_results, which vLLM calls instead when present
         return (set(sending) or None), (set(recving) or None)
 
+    @guarded(KVConnectorTransferResults)
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         sending, recving, failed = self._worker_finished(finished_req_ids)
         return KVConnectorTransferResults(
             finished_sending=set(sending), finished_recving=set(recving), failed_recving=set(failed)
         )
 
+    @guarded(set)
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors = self._work().take_load_errors()
         return set() if self._hybrid else errors  # hybrid: failed_recving names the request instead

@@ -1,12 +1,16 @@
 """The worker half of the connector core: moves KV for one rank and records what it sees.
 
-Called from the worker's one thread; the channel's listener and the transport's
-I/O threads only hand it messages and handle statuses, which `poll(now)` turns
-into events of this rank's ledger (`<engine>/tp<r>`). What to report to vLLM
-(finished sends and receives, load errors) and what to tell peers (write_done,
-write_failed, release) follows from the releases the fold decides. Besides the
-ledger it keeps only I/O state: in-flight transport handles, sessions from
-completed handshakes, and (WRITE producer) where the consumer wants its bytes.
+Called from the worker's one thread; the channel's listener, the linker's
+handshake threads and the transport's I/O threads only hand it messages, link
+results and handle statuses, which `poll(now)` turns into events of this rank's
+ledger (`<engine>/tp<r>`). No call here waits on a peer: a transfer whose peer is
+not linked yet waits in the waiting room and fails, naming the peer, at its
+deadline; whatever a transport raises is that transfer's `fail`. What to report
+to vLLM (finished sends and receives, load errors) and what to tell peers
+(write_done, write_failed, release) follows from the releases the fold decides.
+Besides the ledger it keeps only I/O state: in-flight transport handles, the
+linker's links, the waiting room, and (WRITE producer) where the consumer wants
+its bytes; each transfer's part of it goes with the transfer's decision.
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from connector.index import RequestIndex
 from connector.layout import Geometry, LayerDescriptor, LayoutError, block_ops, geometry_of
 from connector.limits import (
     HANDSHAKE_TIMEOUT_S,
+    LINK_WAIT_MAX,
+    POLL_MESSAGES_MAX,
     REMOTE_DIRECTORY_MAX,
     RETRY_BACKOFF_MAX_S,
     RETRY_BACKOFF_MIN_S,
 )
+from connector.linker import Linker
+from connector.links import PeerKey, PeerLink
 from connector.messages import (
     HandshakeMetadata,
     Message,
@@ -37,29 +45,31 @@ from connector.messages import (
     WriteDone,
     WriteFailed,
 )
-from connector.metadata import PeerRef, StepMetadata
+from connector.metadata import FailItem, PeerRef, StepMetadata
 from connector.ports import holder_ranks, rank_port, releases_expected
 from connector.store import abandon_inherited
-from connector.transports.base import Op, Session, TransferHandle, Transport
+from connector.transports.base import Op, TransferHandle, Transport
+from connector.waiting import WaitingRoom
 from ledger.decisions import Release
-from ledger.events import Ack, Event, Fail, Map, ReqId, Schedule, Seal, TransferId, block_groups_of
+from ledger.events import Ack, Drop, Event, Fail, Map, ReqId, Schedule, Seal, TransferId, block_groups_of
 from ledger.fold import TransferState
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
-REASON_HANDSHAKE = "handshake_failed"
 REASON_LAYOUT = "layout_mismatch"
 REASON_TRANSIENT_TIMEOUT = "transient_failures_past_transfer_timeout"
+REASON_PEER_UNLINKED = "peer_not_linked"
+"""A transfer waited a transfer timeout for its peer's handshake: the reason names the peer (the log says why)."""
+REASON_PEER_NOT_ALLOWED = "peer_not_allowed"
+REASON_TRANSPORT = "transport_error"
+"""The transport raised (connect, read or write) instead of returning a failed status."""
+REASON_NOT_SENT = "notification_not_sent"
+REASON_WAIT_FULL = "too_many_transfers_waiting_for_links"
 
 
-@dataclass
-class PeerLink:
-    """A completed handshake: the peer's metadata and a transport session with it."""
-
-    metadata: HandshakeMetadata
-    session: Session
-    geometry: dict[str, Geometry] = field(default_factory=dict)
+class LinkRefused(ValueError):
+    """A handshake's answer that may not be used (an endpoint outside the allow-list, another transport)."""
 
 
 @dataclass
@@ -88,7 +98,15 @@ def _cached_ops(
 
 
 class WorkerCore:
-    def __init__(self, config: ConnectorConfig, ledger: Ledger, transport: Transport, channel: Channel) -> None:
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        ledger: Ledger,
+        transport: Transport,
+        channel: Channel,
+        *,
+        gated_links: bool = False,
+    ) -> None:
         if config.mode == "write" and config.role == "consumer" and config.peer_tp_size > config.tp_size:
             raise ValueError("WRITE mode with a larger producer TP needs a recv fan-in the fold does not have yet")
         self.config = config
@@ -103,7 +121,12 @@ class WorkerCore:
         self.layer_groups: dict[str, int] = {}
         self.layer_names: list[str] = []
         self.layer_index: dict[str, int] = {}
-        self.links: dict[tuple[str, int], PeerLink] = {}
+        self.linker = Linker(
+            self._handshake, self._accept_link, retry_cap_s=config.transfer_timeout_s, gated=gated_links
+        )
+        """Handshakes off the step: hooks only ask it whether a peer is linked yet."""
+        self.waiting = WaitingRoom(LINK_WAIT_MAX)
+        """Transfers deferred until their peer links (failed at their deadline)."""
         self.remote: OrderedDict[TransferId, RemoteTarget] = OrderedDict()
         self.inflight: dict[TransferId, Inflight] = {}
         self.peers: dict[TransferId, PeerRef] = {}
@@ -118,6 +141,8 @@ class WorkerCore:
         self._finished_recving: set[ReqId] = set()
         self._failed_recving: set[ReqId] = set()
         self._load_errors: set[int] = set()
+        self._last_now = 0.0
+        """The clock of the last call that had one (the forward's save_kv_layer has none)."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
@@ -164,6 +189,7 @@ class WorkerCore:
     def bind(self, meta: StepMetadata, now: float) -> None:
         """bind_connector_metadata: map this step's transfers in this rank's ledger."""
         c, source = self.config, self.source
+        self._last_now = now
         fan_in = releases_expected(c.peer_tp_size, c.tp_size) if c.role == "producer" else 1
         events: list[Event] = []
         for send in meta.send:
@@ -228,10 +254,26 @@ class WorkerCore:
             target = self.remote.get(save.transfer_id)
             if target is not None and not self._same_prompt(save.transfer_id, target):
                 self._refuse_other_prompt(save.transfer_id, target)  # its remote_blocks came first
+        for failed in meta.failed:
+            self._scheduler_failed(failed, now)
         for abort in meta.abort:
             self._tell_holders(
                 abort.peer, ReleaseBlocks(transfer_id=abort.transfer_id, rank=c.tp_rank, consumer_tp_size=c.tp_size)
             )
+
+    def _scheduler_failed(self, failed: FailItem, now: float) -> None:
+        """The scheduler half decided a receive failed: report it to vLLM from here (failed_recving and load
+        errors), once. A side this rank holds fails in its ledger (and so is reported, and the producer
+        told); a side it decided itself was reported then; one it never mapped is reported as it stands."""
+        tid = failed.transfer_id
+        if self.state.was_mapped((self.source, tid)):
+            if self._live(tid) is not None:
+                self._fail(tid, f"scheduler: {failed.reason}", now)
+            return
+        self.counters["scheduler_failures_reported"] += 1
+        self._finished_recving.add(failed.request_id)
+        self._failed_recving.add(failed.request_id)
+        self._load_errors.update(failed.block_ids)
 
     def start_load(self, now: float) -> None:
         """start_load_kv: READ consumers issue their reads; WRITE consumers tell the producer where to write."""
@@ -246,7 +288,11 @@ class WorkerCore:
                 digest = self.digests.get(tid)
                 me = self.my_address()
                 message = RemoteBlocks(transfer_id=tid, block_ids=t.block_ids, sender=me, prompt_digest=digest)
-                self._tell_holders(self.peers[tid], message)
+                if not self._tell_holders(self.peers[tid], message):
+                    # The producer will never learn where to write: waiting out the recv timeout helps nobody.
+                    self.ledger.append(
+                        Fail(ts=now, source=self.source, transfer_id=tid, reason=f"{REASON_NOT_SENT}: remote_blocks")
+                    )
         self.poll(now)
 
     # -- the forward: WRITE producer ---------------------------------------------
@@ -263,7 +309,9 @@ class WorkerCore:
         if layer is None:
             return
         for tid, issued in self._step_saves.items():
-            if self._write_layer(tid, layer):
+            if layer in issued:
+                continue  # a layer already written is not written again
+            if self._write_layer(tid, layer, now=None):
                 issued.append(layer)
 
     def wait_for_save(self, now: float) -> None:
@@ -272,6 +320,8 @@ class WorkerCore:
         source, expected = self.source, len(self.layer_names)
         events: list[Event] = []
         for tid, issued in saves.items():
+            if self._live(tid) is None:
+                continue  # failed during the forward (layout, transport): nothing more to record
             if issued:
                 events.append(Schedule(ts=now, source=source, transfer_id=tid, op="write", layers=tuple(issued)))
             else:
@@ -298,7 +348,7 @@ class WorkerCore:
         during the prompt's own forward waits for that notice.
         """
         for request_id in finished_req_ids:
-            if self.index.get(request_id) is not None or request_id in self._unreported_sending:
+            if request_id in self._unreported_sending or self._producing(request_id):
                 self._finished_seen.add(request_id)
         self.poll(now)
         sending = {r for r in self._unreported_sending if r in self._finished_seen}
@@ -316,13 +366,36 @@ class WorkerCore:
 
     # -- the poll: wire and transport in, events out ---------------------------------
 
+    def _producing(self, request_id: ReqId) -> bool:
+        """Whether `request_id` is a live producer side of this rank (whose finished notice must be kept)."""
+        tid = self.index.get(request_id)
+        if tid is None:
+            return False
+        t = self._live(tid)
+        return t is not None and t.role == "producer"
+
     def poll(self, now: float) -> None:
+        self.linker.adopt(now)
         events: list[Event] = []
-        for message in self.channel.drain():
+        for dropped in self.channel.take_dropped(POLL_MESSAGES_MAX):
+            # Unproven control messages: recorded (the audit's forged_message), never acted on.
+            self.counters["forged_messages_dropped"] += 1
+            events.append(
+                Drop(
+                    ts=now,
+                    source=self.source,
+                    transfer_id=TransferId(dropped.transfer_id or "-"),
+                    message=dropped.message_type,
+                    sender=dropped.sender,
+                    reason=dropped.reason,
+                )
+            )
+        for message in self.channel.drain(POLL_MESSAGES_MAX):
             self._on_message(message, now, events)
         self._collect(now, events)
         if events:
             self.ledger.extend(events)
+        self._resume_waiting(now)
         self._retry(now)
         self._tick(now)
         self._act_on_releases()
@@ -425,7 +498,8 @@ class WorkerCore:
                 continue
             if not pending:
                 continue
-            if now - t.first_ts >= self.config.transfer_timeout_s:
+            since = t.transient_since if t.transient_since is not None else t.first_ts
+            if now - since >= self.config.transfer_timeout_s:  # counted from the first transient failure
                 failures.append(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_TRANSIENT_TIMEOUT))
                 continue
             backoff = min(RETRY_BACKOFF_MIN_S * 2 ** (t.transient_failures - 1), RETRY_BACKOFF_MAX_S)
@@ -448,6 +522,8 @@ class WorkerCore:
             tid = release.transfer_id
             self.index.forget(release.request_id, tid)
             self.inflight.pop(tid, None)
+            self.waiting.drop(tid)
+            self._step_saves.pop(tid, None)
             peer = self.peers.pop(tid, None)
             self.digests.pop(tid, None)
             if release.role == "producer":
@@ -455,6 +531,7 @@ class WorkerCore:
                 if release.mode == "write":
                     self._tell_consumer(release)
                 continue
+            self._finished_seen.discard(release.request_id)
             self._finished_recving.add(release.request_id)
             if release.load_error:
                 self._failed_recving.add(release.request_id)
@@ -501,58 +578,100 @@ class WorkerCore:
         t = self.state.live.get((self.source, tid))
         return t
 
-    def _send(self, host: str, port: int, message: Message) -> None:
+    def _send(self, host: str, port: int, message: Message) -> bool:
+        """Hand `message` to the channel (never blocks); False, counted and logged, if it was not sent."""
         try:
-            self.channel.send(host, port, message)
+            sent = self.channel.send(host, port, message)
         except PeerNotAllowed as error:
             self.counters["send_refused"] += 1
             log.warning("%s not sent: %s", type(message).__name__, error)
+            return False
+        except Exception as error:  # a socket error is this message's failure, never the hook's
+            self.counters["send_error"] += 1
+            log.warning("%s to %s:%s not sent: %s", type(message).__name__, host, port, error)
+            return False
+        return sent
 
-    def _tell_holders(self, peer: PeerRef, message: Message) -> None:
+    def _tell_holders(self, peer: PeerRef, message: Message) -> bool:
+        """Send `message` to every holder rank of `peer`; True if every one was sent."""
+        sent = True
         for rank in holder_ranks(self.config.tp_rank, self.config.tp_size, peer.tp_size):
-            self._send(peer.host, rank_port(peer.notify_port, peer.dp_rank, rank, peer.tp_size), message)
+            sent = (
+                self._send(peer.host, rank_port(peer.notify_port, peer.dp_rank, rank, peer.tp_size), message) and sent
+            )
+        return sent
 
-    def _link(self, host: str, handshake_base: int, dp_rank: int, tp_rank: int, tp_size: int) -> PeerLink | None:
-        """A session with the peer rank, from a completed handshake (cached); None if it failed."""
-        port = rank_port(handshake_base, dp_rank, tp_rank, tp_size)
-        link = self.links.get((host, port))
+    def _handshake(self, host: str, port: int) -> HandshakeMetadata | None:
+        """The linker's threads: ask the peer rank for its metadata (may wait the handshake timeout)."""
+        return self.channel.handshake(host, port, self.my_address(), HANDSHAKE_TIMEOUT_S)
+
+    def _accept_link(self, host: str, port: int, metadata: HandshakeMetadata) -> PeerLink:
+        """The worker's thread, at the poll after a handshake finished: check the answer, connect."""
+        endpoint = metadata.endpoint
+        if endpoint.backend != self.transport.backend:
+            self.counters["handshake_redirect_refused"] += 1
+            raise LinkRefused(f"{host}:{port} speaks {endpoint.backend!r}, not {self.transport.backend!r}")
+        if endpoint.host != host or not self.config.may_dial(endpoint.host, endpoint.port):
+            # A handshake may not redirect us to another host, or to a port no peer was configured with.
+            self.counters["handshake_redirect_refused"] += 1
+            raise LinkRefused(f"{host}:{port} named endpoint {endpoint.host}:{endpoint.port}, not allow-listed")
+        session = self.transport.connect(endpoint, [layer.region for layer in metadata.layers])
+        return PeerLink(metadata, session, {layer.name: layer.geometry for layer in metadata.layers})
+
+    def _link(self, tid: TransferId, peer: PeerKey, now: float | None) -> PeerLink | None:
+        """The link with `peer` if its handshake completed, else None with `tid` parked until it does (or
+        failed at once, for a peer outside the allow-list). Never waits. `now` None: the forward's hot
+        path, which records nothing (the transfer is parked with the next poll's clock)."""
+        link = self.linker.link(peer, now if now is not None else self._last_now)
         if link is not None:
             return link
-        try:
-            metadata = self.channel.handshake(host, port, self.my_address(), HANDSHAKE_TIMEOUT_S)
-        except PeerNotAllowed as error:
-            log.warning("handshake refused: %s", error)
+        if not self.config.may_dial(*peer):
+            self._fail(tid, f"{REASON_PEER_NOT_ALLOWED}: {peer[0]}:{peer[1]}", now)
             return None
-        if metadata is None:
-            return None
-        if metadata.endpoint.host != host or metadata.endpoint.backend != self.transport.backend:
-            # A handshake may not redirect us to another host (or a transport we do not speak).
-            self.counters["handshake_redirect_refused"] += 1
-            log.warning("handshake with %s:%s named endpoint %s: refused", host, port, metadata.endpoint)
-            return None
-        session = self.transport.connect(metadata.endpoint, [layer.region for layer in metadata.layers])
-        link = PeerLink(metadata, session, {layer.name: layer.geometry for layer in metadata.layers})
-        self.links[(host, port)] = link
-        return link
+        at = now if now is not None else self._last_now
+        if not self.waiting.park(tid, peer, at + self.config.transfer_timeout_s):
+            self._fail(tid, f"{REASON_WAIT_FULL} ({LINK_WAIT_MAX})", now)
+        return None
+
+    def _fail(self, tid: TransferId, reason: str, now: float | None, *, retryable: bool = False) -> None:
+        at = now if now is not None else self._last_now
+        self.counters["transient_failures" if retryable else "terminal_failures"] += 1
+        self.ledger.append(Fail(ts=at, source=self.source, transfer_id=tid, reason=reason, retryable=retryable))
+
+    def _resume_waiting(self, now: float) -> None:
+        """Transfers whose peer linked go on; those that waited past their deadline fail, naming the peer."""
+        self._last_now = now
+        for peer in self.waiting.peers():
+            if self.linker.link(peer, now) is not None:
+                for tid in self.waiting.release_peer(peer):
+                    self._resume(tid, now)
+                continue
+            for tid in self.waiting.overdue(peer, now):
+                if self._live(tid) is not None:
+                    # The event names the peer; the log says why (attempt counts depend on thread timing).
+                    log.warning("%s: %s:%s %s", tid, peer[0], peer[1], self.linker.describe(peer))
+                    self._fail(tid, f"{REASON_PEER_UNLINKED}: {peer[0]}:{peer[1]}", now)
+
+    def _resume(self, tid: TransferId, now: float) -> None:
+        t = self._live(tid)
+        if t is None or tid in self.inflight:
+            return
+        if t.role == "consumer" and t.mode == "read":
+            self._start_read(t, now, attempt=t.transient_failures)
+        elif t.role == "producer" and t.mode == "write" and t.expected is not None:
+            self._write_missing_layers(t, attempt=t.transient_failures, now=now)
 
     def _start_read(self, t: TransferState, now: float, attempt: int) -> None:
         tid = TransferId(t.transfer_id)
         peer = self.peers.get(tid)
         holders = holder_ranks(self.config.tp_rank, self.config.tp_size, peer.tp_size) if peer else []
         if peer is None or len(holders) != 1 or peer.tp_size != self.config.tp_size:
-            self.ledger.append(
-                Fail(
-                    ts=now,
-                    source=self.source,
-                    transfer_id=tid,
-                    reason=f"{REASON_LAYOUT}: only equal TP sizes move data yet",
-                )
-            )
+            self._fail(tid, f"{REASON_LAYOUT}: only equal TP sizes move data yet", now)
             return
-        link = self._link(peer.host, peer.handshake_port, peer.dp_rank, holders[0], peer.tp_size)
+        key = (peer.host, rank_port(peer.handshake_port, peer.dp_rank, holders[0], peer.tp_size))
+        link = self._link(tid, key, now)
         if link is None:
-            self.ledger.append(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_HANDSHAKE))
-            return
+            return  # parked until the peer links (or failed: not allow-listed)
         flight = Inflight()
         m = t.map_event
         assert m is not None, "a live transfer has its map"
@@ -571,7 +690,10 @@ class WorkerCore:
                 if ops:
                     flight.handles.append((None, self.transport.read(link.session, name, name, ops)))
         except LayoutError as error:
-            self.ledger.append(Fail(ts=now, source=self.source, transfer_id=tid, reason=f"{REASON_LAYOUT}: {error}"))
+            self._fail(tid, f"{REASON_LAYOUT}: {error}", now)
+            return
+        except Exception as error:  # the transport raised instead of returning a failed status
+            self._fail(tid, f"{REASON_TRANSPORT}: read: {type(error).__name__}: {error}", now)
             return
         self.ledger.append(Schedule(ts=now, source=self.source, transfer_id=tid, op="read", attempt=attempt))
         if flight.handles:
@@ -580,27 +702,43 @@ class WorkerCore:
             # Nothing to move (every block was a local prefix hit): the read is trivially complete.
             self.ledger.append(Ack(ts=now, source=self.source, transfer_id=tid, what="read"))
 
-    def _write_layer(self, tid: TransferId, layer: int) -> bool:
-        """Issue one layer's write if the consumer's blocks are known; True if issued."""
+    def _write_layer(self, tid: TransferId, layer: int, now: float | None) -> bool:
+        """Issue one layer's write if the consumer's blocks are known and its rank linked; True if issued.
+
+        What can never succeed (a layout the consumer's blocks do not fit, a layer the consumer lacks, a
+        transport that raises) fails the transfer at once (terminal), as a READ does."""
         target = self.remote.get(tid)
         t = self._live(tid)
         if target is None or t is None:
             return False
         sender = target.sender
-        link = self._link(sender.host, sender.handshake_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        key = (sender.host, rank_port(sender.handshake_port, sender.dp_rank, sender.tp_rank, sender.tp_size))
+        link = self._link(tid, key, now)
         if link is None:
             return False
         name = self.layer_names[layer]
         remote_geometry = link.geometry.get(name)
         if remote_geometry is None:
+            self._fail(tid, f"{REASON_LAYOUT}: consumer has no layer {name!r}", now)
+            return False
+        if len(target.block_ids) > len(t.block_ids):
+            self._fail(
+                tid,
+                f"{REASON_LAYOUT}: consumer has {len(target.block_ids)} blocks, producer {len(t.block_ids)}",
+                now,
+            )
             return False
         try:
             # Paired from the consumer's side (its list may be shorter: a prefix hit), then turned round.
             ops = _cached_ops(remote_geometry, self.layers[name].geometry, target.block_ids, t.block_ids)
-        except LayoutError:
+            swapped = [(producer, consumer, size) for consumer, producer, size in ops]
+            handle = self.transport.write(link.session, name, name, swapped)
+        except LayoutError as error:
+            self._fail(tid, f"{REASON_LAYOUT}: {error}", now)
             return False
-        swapped = [(producer, consumer, size) for consumer, producer, size in ops]
-        handle = self.transport.write(link.session, name, name, swapped)
+        except Exception as error:  # the transport raised instead of returning a failed status
+            self._fail(tid, f"{REASON_TRANSPORT}: write: {type(error).__name__}: {error}", now)
+            return False
         self.inflight.setdefault(tid, Inflight()).handles.append((layer, handle))
         return True
 
@@ -610,9 +748,14 @@ class WorkerCore:
         expected = t.expected if t.expected is not None else len(self.layer_names)
         flying = {layer for layer, _ in self.inflight[tid].handles} if tid in self.inflight else set()
         done = t.scheduled_mask if attempt == 0 else t.acked_mask  # bit i: layer i issued / landed
-        todo = [layer for layer in range(expected) if not done >> layer & 1 and layer not in flying]
-        issued = [layer for layer in todo if self._write_layer(tid, layer)]
-        if issued:
+        issued: list[int] = []
+        for layer in range(expected):
+            if done >> layer & 1 or layer in flying:
+                continue
+            if not self._write_layer(tid, layer, now):
+                break  # parked for a link, or failed: the other layers wait (or go) with it
+            issued.append(layer)
+        if issued and self._live(tid) is not None:
             self.ledger.append(
                 Schedule(ts=now, source=self.source, transfer_id=tid, op="write", layers=tuple(issued), attempt=attempt)
             )
@@ -620,6 +763,7 @@ class WorkerCore:
     # -- shutdown ------------------------------------------------------------------------
 
     def close(self) -> None:
+        self.linker.close()
         self.channel.close()
         self.transport.close()
         self.ledger.close()

@@ -24,6 +24,7 @@ CODES: dict[str, Severity] = {
     "double_owner": "error",
     "premature_release": "error",
     "id_reuse": "error",
+    "forged_message": "error",
     "stuck": "warning",
     "orphan_ack": "warning",
     "late_event": "warning",
@@ -123,6 +124,7 @@ def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> 
     for key in state.anomalous:
         findings.extend(_anomalies(state.transfers[key]))
     findings.extend(premature_releases(state, cfg.clock_skew_s))
+    findings.extend(forged_messages(state))
     findings.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.evidence[0] if f.evidence else 0))
     return findings
 
@@ -178,6 +180,24 @@ def _anomalies(t: TransferState) -> list[Finding]:
     if t.duplicate_seqs:
         out.append(_finding("duplicate", t, tuple(t.duplicate_seqs), "duplicate ack, schedule, seal or map"))
     return out
+
+
+def forged_messages(state: LedgerState) -> list[Finding]:
+    """A peer's control message dropped as unproven: someone who can reach a notify or handshake port
+    spoke without the key (or from an unlisted host). The latest ones, with their `drop` events."""
+    return [
+        Finding(
+            code="forged_message",
+            severity=CODES["forged_message"],
+            source=e.source,
+            transfer_id=e.transfer_id,
+            request_id=None,
+            block_ids=(),
+            evidence=(e.seq,),
+            detail=f"{e.message} from {e.sender} dropped ({e.reason}); nothing acted on it",
+        )
+        for e in state.forged_recent
+    ]
 
 
 def premature_releases(state: LedgerState, clock_skew_s: float) -> list[Finding]:

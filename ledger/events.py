@@ -1,4 +1,4 @@
-"""The six transfer event kinds and their envelope; immutable msgspec Structs.
+"""The transfer event kinds (six about a transfer, plus `drop`) and their envelope; immutable msgspec Structs.
 
 Every event carries `seq` (assigned by the log at append), `ts` (seconds, the
 appender's wall clock), `source` (engine and rank), `kind` (the tag) and
@@ -141,9 +141,19 @@ class Expire(_Envelope, tag="expire", frozen=True):
     deadline: DeadlineName
 
 
-Event: TypeAlias = Map | Schedule | Seal | Ack | Fail | Expire
-EVENT_TYPES: tuple[type[_Envelope], ...] = (Map, Schedule, Seal, Ack, Fail, Expire)
-KINDS: tuple[str, ...] = ("map", "schedule", "seal", "ack", "fail", "expire")
+class Drop(_Envelope, tag="drop", frozen=True):
+    """A control message from a peer was refused as unproven (a missing or wrong MAC, or a sender outside
+    the allow-list). It changes no decision: it is recorded so that the audit shows it (`forged_message`).
+    `transfer_id` is the one the message named (`-` when it named none)."""
+
+    message: str
+    sender: str
+    reason: str
+
+
+Event: TypeAlias = Map | Schedule | Seal | Ack | Fail | Expire | Drop
+EVENT_TYPES: tuple[type[_Envelope], ...] = (Map, Schedule, Seal, Ack, Fail, Expire, Drop)
+KINDS: tuple[str, ...] = ("map", "schedule", "seal", "ack", "fail", "expire", "drop")
 
 
 def kind_of(event: Event) -> str:

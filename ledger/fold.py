@@ -33,6 +33,7 @@ import msgspec
 from ledger.decisions import Cause, Key, Release
 from ledger.events import (
     Ack,
+    Drop,
     Event,
     Expire,
     Fail,
@@ -49,6 +50,7 @@ from ledger.idmemory import IdMemory
 from ledger.limits import (
     DEADLINE_HEAP_SLACK,
     EVIDENCE_SEQS_MAX,
+    FORGED_KEPT_MAX,
     LAYER_MASKS_CACHED_MAX,
     LAYERS_MAX,
     ORPHAN_TOMBSTONES_MAX,
@@ -180,6 +182,8 @@ class TransferState(msgspec.Struct, gc=False):
     """A terminal fail seen before the map: applied when the map arrives."""
     fail_reason: str = ""
     transient_failures: int = 0
+    transient_since: float | None = None
+    """The ts of the first transient failure: a retry window counts from here, not from the map."""
     retries: int = 0
     deferrals: int = 0
     arrived_ts: float | None = None
@@ -396,6 +400,10 @@ class LedgerState:
         self.compacted_by_phase: dict[str, int] = {}
         self.compacted_by_mode: dict[str, int] = {}
         self.releases_by_cause: dict[Cause, int] = {"completed": 0, "failed": 0, "expired": 0}
+        self.forged_by_reason: dict[str, int] = {}
+        """Control messages refused as unproven (`drop` events), by reason: what the service counts."""
+        self.forged_recent: deque[Drop] = deque(maxlen=FORGED_KEPT_MAX)
+        """The latest `drop` events, the audit's evidence (a snapshot keeps the counts, not these)."""
         self.blocks_held = 0
         self.layer_masks: dict[tuple[int, ...], int] = {}
         """A cache of `layers_mask` (not state: a refold rebuilds it)."""
@@ -412,9 +420,12 @@ class LedgerState:
 
     def apply(self, event: Event) -> Release | None:
         """Fold one event; return the release it caused, if any."""
+        kind = type(event)
+        if kind is Drop:
+            self._on_drop(event)  # type: ignore[arg-type]  # about a peer, not a transfer side
+            return None
         key = (event.source, event.transfer_id)
         t = self.transfers.get(key)
-        kind = type(event)
         if t is None:
             if (
                 (self.tombstones or self.tombstones_old) and (key in self.tombstones or key in self.tombstones_old)
@@ -465,6 +476,10 @@ class LedgerState:
                     return None
             return self._on_schedule(t, event)  # type: ignore[arg-type]
         return self._handlers[kind](t, event)
+
+    def _on_drop(self, e: Drop) -> None:
+        self.forged_by_reason[e.reason] = self.forged_by_reason.get(e.reason, 0) + 1
+        self.forged_recent.append(e)
 
     def _first_sight(self, event: Event) -> TransferState:
         key: Key = (event.source, event.transfer_id)
@@ -650,6 +665,8 @@ class LedgerState:
     def _on_fail(self, t: TransferState, e: Fail) -> Release | None:
         if e.retryable:
             t.transient_failures += 1
+            if t.transient_since is None:
+                t.transient_since = e.ts
             self.retrying[(t.source, t.transfer_id)] = t
             return None
         if t.role is None:

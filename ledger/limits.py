@@ -7,6 +7,9 @@ INT64_MAX = (1 << 63) - 1
 """Every integer an event carries fits in 64 signed bits: the store's BIGINT seq column and its msgpack
 bodies hold no more, and the API's schema says so."""
 
+FORGED_KEPT_MAX = 256
+"""Dropped (forged) control messages a state keeps as audit evidence; older ones stay counted only."""
+
 TS_MAX = 253_402_300_799.0
 """The latest event time or map deadline (seconds since the epoch): 9999-12-31T23:59:59Z, the last second
 a calendar clock can print. Times are also >= 0; larger values are a unit mistake (milliseconds)."""

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ledger.decisions import Release
-from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
+from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal
 from ledger.fold import LedgerState, TransferState
 from ledger.humanize import utc
 
@@ -71,6 +71,8 @@ def describe(event: Event, clock: Callable[[float], str] = utc) -> str:
         return f"{event.what} done: {_layers(event.layers)}"
     if isinstance(event, Fail):
         return f"{'transient' if event.retryable else 'terminal'} failure: {event.reason}"
+    if isinstance(event, Drop):
+        return f"{event.message} from {event.sender} dropped ({event.reason}): not proven, not acted on"
     assert isinstance(event, Expire)
     return f"{event.deadline} deadline passed"
 

@@ -18,8 +18,8 @@ from ledger.audit import CODES, counts_by_code
 router = APIRouter(tags=["audit"])
 
 FindingCode = Literal[
-    "leak", "double_owner", "premature_release", "id_reuse", "stuck", "orphan_ack", "late_event", "over_ack",
-    "duplicate",
+    "leak", "double_owner", "premature_release", "id_reuse", "forged_message", "stuck", "orphan_ack", "late_event",
+    "over_ack", "duplicate",
 ]  # fmt: skip
 assert set(get_args(FindingCode)) == set(CODES), "FindingCode must list ledger.audit.CODES"
 

@@ -5,8 +5,11 @@ whose `LedgerConnector` builds this when `kv_connector_extra_config.observe` is
 set). The wrapped connector is built by vLLM's own factory, as MultiConnector
 builds its children; every `KVConnectorBase_V1` call goes to it and its answer
 goes back to vLLM untouched. Scheduler-side calls are then shown to the
-`Recorder` through `_observe`, which never lets an exception through: a
-recording problem is logged and counted (`observe_errors`), serving goes on.
+`Recorder` in steps behind `connector/guard.py`'s guard, as every hook of the
+connector's own mode is: a recording problem is logged and counted
+(`hook_errors`, in the stats), the wrapped connector's answer has already gone
+back and serving goes on. The delegation itself is not guarded: what the wrapped
+connector raises reaches vLLM exactly as it would without the observer.
 The worker side records nothing: what its workers finish reaches the scheduler
 in `KVConnectorOutput`, and one process (`<engine>/sched`) keeps the books.
 
@@ -19,10 +22,8 @@ Prometheus side hands the wrapped part to the wrapped connector's own metrics.
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from connector.config import ConnectorConfig
 from connector.figures import LedgerFigures, merge_figures
 from connector.groups import flatten_groups
+from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
 from connector.incident_log import IncidentLog
 from connector.observe.config import ObserveConfig
 from connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
@@ -59,9 +61,6 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger(__name__)
-
-observe_errors: Counter[str] = Counter()
-"""Recording problems swallowed in this process, by hook name (the wrapped connector's answer still went out)."""
 
 
 def wrapped_transfer_config(outer: Any, observe: ObserveConfig) -> KVTransferConfig:
@@ -141,21 +140,6 @@ def observed_stats_from(data: dict[str, Any]) -> ObservedStats:
     return ObservedStats(data=out)
 
 
-def _observe(hook: Callable[..., None]) -> Callable[..., None]:
-    """A recording step that never raises into vLLM: logged with the hook's name and counted."""
-    name = hook.__name__
-
-    @functools.wraps(hook)
-    def call(*args: Any, **kwargs: Any) -> None:
-        try:
-            hook(*args, **kwargs)
-        except Exception:
-            observe_errors[name] += 1
-            log.exception("kvledger observe: recording %s failed; the wrapped connector goes on", name)
-
-    return call
-
-
 def _finished_normally(request: Request) -> bool:
     from vllm.v1.request import RequestStatus
 
@@ -231,7 +215,7 @@ class ObserveConnector(KVConnectorBase_V1, SupportsHMA):
         self.wrapped.update_state_after_alloc(request, blocks, num_external_tokens)
         self._after_alloc(request, blocks, num_external_tokens, before)
 
-    @_observe
+    @guarded(nothing)
     def _after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int, before: dict[str, Any] | None
     ) -> None:
@@ -260,7 +244,7 @@ class ObserveConnector(KVConnectorBase_V1, SupportsHMA):
         self._after_finished(request, block_ids, answer[0], before)
         return answer  # type: ignore[no-any-return]
 
-    @_observe
+    @guarded(nothing)
     def _after_finished(
         self, request: Request, block_ids: tuple[list[int], ...], delayed: bool, before: dict[str, Any] | None
     ) -> None:
@@ -275,7 +259,7 @@ class ObserveConnector(KVConnectorBase_V1, SupportsHMA):
         self.wrapped.update_connector_output(connector_output)
         self._after_output(connector_output)
 
-    @_observe
+    @guarded(nothing)
     def _after_output(self, out: KVConnectorOutput) -> None:
         if self.recorder is None:
             return
@@ -298,17 +282,14 @@ class ObserveConnector(KVConnectorBase_V1, SupportsHMA):
         name = self.observe_config.keys.connector
         return ObservedStats(data={WRAPPED: wrapped, KVLEDGER: figures, WRAPPED_CONNECTOR: name})
 
+    @guarded(nothing)
     def _figures(self) -> dict[str, Any] | None:
-        if self.recorder is None:
+        if self.recorder is None or self.figures is None:
             return None
-        try:
-            assert self.figures is not None
-            counts = {f"count_{k}": v for k, v in self.recorder.counters.items()}
-            return {**self.figures.take(time.time()), **counts, "count_observe_errors": sum(observe_errors.values())}
-        except Exception:
-            observe_errors["get_kv_connector_stats"] += 1
-            log.exception("kvledger observe: figures failed; the wrapped connector's stats go on")
-            return None
+        counts = {f"count_{k}": v for k, v in self.recorder.counters.items()}
+        guard = {f"hook_errors_{k}": v for k, v in hook_errors.items()}
+        guard.update({f"hooks_over_bound_{k}": v for k, v in hooks_over_bound.items()})
+        return {**self.figures.take(time.time()), **counts, **guard}
 
     # -- worker side: delegated ------------------------------------------------
 
@@ -333,7 +314,7 @@ class ObserveConnector(KVConnectorBase_V1, SupportsHMA):
         finally:
             self._close()
 
-    @_observe
+    @guarded(nothing)
     def _close(self) -> None:
         if self.incident_log is not None:
             self.incident_log.close()

@@ -18,7 +18,7 @@ from connector.sim.faults import NO_FAULTS
 from connector.sim.naive import run_naive
 from ledger.audit import AuditConfig, Finding, audit, counts_by_code
 from ledger.decisions import Release
-from ledger.events import Event, Map, TransferId, to_json
+from ledger.events import Drop, Event, Map, TransferId, to_json
 from ledger.fold import fold_all
 from ledger.jsonl import read_events, write_log
 from ledger.merge import merge
@@ -78,7 +78,7 @@ def evaluate(storm: Storm, tally: Tally) -> StormResult:
 
     findings = audit(state, tally.final_now, audit_config(cfg))
     faulted = {q.transfer_id for q in storm.requests if q.faults is not NO_FAULTS} | tally.death_touched
-    judge_findings(storm, findings, faulted, set(), r)
+    judge_findings(storm, findings, faulted, {("forged_message", tid) for tid in tally.forged}, r)
     vllm_view(storm, tally, r)
 
     engines = storm.engines
@@ -156,6 +156,16 @@ def vllm_view(storm: Storm, tally: Tally, r: StormResult) -> None:
     r.integrity_failures = len(tally.integrity_failures)
     r.failed_reported_as_received = len(tally.failed_reported_as_received)
     r.faults_injected = _faults_injected(storm, tally)
+    r.hook_us_max = round(max(e.hook_s_max for e in engines) * 1e6, 1)
+    r.forged_sent = len(tally.forged)
+    dropped = {
+        e.transfer_id
+        for e in storm.producer.events.get(storm.producer.worker.source, [])
+        if isinstance(e, Drop) and e.reason == "bad_mac"
+    }
+    # A producer that died before its next poll never recorded the drop (nor acted on anything).
+    unseen = tally.death_touched if tally.dead == storm.producer.name else set()
+    r.forged_messages_accepted = len(tally.forged - dropped - unseen)
 
 
 def problems(storm: Storm, tally: Tally, r: StormResult, mismatched: list[str]) -> list[str]:
@@ -190,6 +200,8 @@ def problems(storm: Storm, tally: Tally, r: StormResult, mismatched: list[str]) 
         out.append(f"offline replay decided differently for {', '.join(mismatched)}")
     if r.unexplained_findings:
         out.append(f"{len(r.unexplained_findings)} findings no injected fault explains")
+    if r.forged_messages_accepted:
+        out.append(f"{r.forged_messages_accepted} forged releases not dropped")
     if r.late_faults_unreported:
         out.append(f"late notifications without a late_event finding: {_names(r.late_faults_unreported)}")
     if tally.horizon_reached:

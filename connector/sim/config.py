@@ -9,17 +9,20 @@ from typing import Literal, TypeAlias
 from ledger.events import Mode
 
 FaultKind: TypeAlias = Literal[
-    "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death"
-]
+    "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
+    "forged_release",
+]  # fmt: skip
 FAULT_KINDS: tuple[FaultKind, ...] = (
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
+    "forged_release",
 )  # fmt: skip
 """sq_full: a burst of send-queue-full (transient) transport failures; transfer_fail: a terminal transport
 failure; drop / duplicate / reorder / late: a notification lost, delivered twice, held a few rounds, or held
 past every deadline; early: the producer worker binds a transfer late, so the consumer's release (READ) or
 remote_blocks (WRITE) reaches it before its map; never_ready: the consumer never takes the request (a READ
 consumer that never reads, a WRITE consumer that never sends remote_blocks); peer_death: one engine dies
-mid-run (its worker closes; its scheduler stops)."""
+mid-run (its worker closes; its scheduler stops); forged_release: someone on an allow-listed address (the
+loopback) sends the producer a `release` for the transfer without the storm's control key."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,12 @@ class StormResult:
     fingerprint: str = ""
     """A digest of every transfer's events (seqs left out): equal for equal seeds, across processes."""
     incident_log: str | None = None
+    forged_sent: int = 0
+    """Forged `release` messages sent to the producer (the forged_release fault)."""
+    forged_messages_accepted: int = 0
+    """Of those, the ones not recorded as dropped (`drop` events): must be 0."""
+    hook_us_max: float = 0.0
+    """The longest wall time any one hook call took, in microseconds (a peer never makes a hook wait)."""
     problems: list[str] = field(default_factory=list)
 
     @property

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from connector.config import ConnectorConfig, PeerEngine
+from connector.messages import ReleaseBlocks, encode
 from connector.params import parse_params
 from connector.ports import free_loopback_ports
 from connector.sim.config import StormConfig
@@ -44,6 +45,8 @@ from connector.sim.requests import SideRecord, SimRequest
 from ledger.events import ReqId, Role, TransferId
 
 HOST = "127.0.0.1"
+STORM_CONTROL_KEY = b"kvledger-storm-control-key-0001"
+"""Both engines sign their control messages with it; a forged_release is sent without it."""
 
 
 def engine_config(storm: StormConfig, role: Role, mine: list[int], theirs: list[int]) -> ConnectorConfig:
@@ -61,6 +64,7 @@ def engine_config(storm: StormConfig, role: Role, mine: list[int], theirs: list[
         recv_abort_timeout_s=storm.recv_abort_timeout_s,
         ledger_url=storm.ledger_url,
         peers=(peer,),
+        control_key=STORM_CONTROL_KEY,
     )
 
 
@@ -80,6 +84,8 @@ class Tally:
     unknown_reports: list[str] = field(default_factory=list)
     """Reports naming a request the engine's vLLM does not hold (vLLM asserts `req_id in self.requests`)."""
     death_touched: set[TransferId] = field(default_factory=set)
+    forged: set[TransferId] = field(default_factory=set)
+    """Transfers whose producer got a forged release."""
     dead: str | None = None
     horizon_reached: bool = False
 
@@ -106,6 +112,8 @@ class Storm:
         self.prompt_tokens = config.blocks_per_request * config.block_size
         self._finishing: list[SimRequest] = []
         self._last_issue_now = config.start_ts
+        self._forged_to: Counter[tuple[str, int]] = Counter()
+        """Forged messages sent to each address (the round waits for them to land, as for any other)."""
 
     def _new_tally(self) -> Tally:
         return Tally()
@@ -290,10 +298,29 @@ class Storm:
             if not keep:
                 self._prefill_not_kept(request)
                 continue
+            if request.faults.forged_release:
+                self._forge_release(request)
             due = round_number + 1
             if request.faults.lag_rounds:
                 due = max(due, round_number + (1 if self.config.mode == "read" else 0) + request.faults.lag_rounds)
             engine.notify_finished(side.request_id, due)
+
+    def _forge_release(self, request: SimRequest) -> None:
+        """A `release` for the transfer from the loopback (allow-listed) without the key, to every producer
+        rank's notify port: a premature release on demand, were it believed."""
+        c = self.producer.config
+        address = (c.host, c.my_port(c.notify_port))
+        forged = ReleaseBlocks(transfer_id=request.transfer_id, rank=0, consumer_tp_size=1)
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        sock: zmq.Socket[bytes] = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, int(SETTLE_TIMEOUT_S * 1000))
+        try:
+            sock.connect(f"tcp://{address[0]}:{address[1]}")
+            sock.send(encode(forged))
+        finally:
+            sock.close()
+        self._forged_to[address] += 1
+        self.tally.forged.add(request.transfer_id)
 
     def _prefill_not_kept(self, request: SimRequest) -> None:
         """request_finished told vLLM to free the prefill's blocks now (the storm never expects it)."""
@@ -435,7 +462,10 @@ class Storm:
 
     def _sent_to(self, address: tuple[str, int]) -> int:
         """Messages every engine, past incarnations included, handed to ZMQ for `address`."""
-        return sum(e.channel.sent_to[address] for e in (*self.engines, *self.retired))
+        return sum(e.channel.sent_to[address] for e in (*self.engines, *self.retired)) + self._forged_to[address]
+
+    def _peer_dead(self, peer: tuple[str, int]) -> bool:
+        return self.network.is_dead(*peer)
 
     def _settle(self, next_round: int) -> None:
         """End the round: send what is due, wait until every real byte and message landed, then show them."""
@@ -446,6 +476,13 @@ class Storm:
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         for engine in alive:
             engine.transport.settle(deadline, time.monotonic)
+        dead = self._peer_dead
+        for engine in alive:
+            # Handshakes with live peers finish within the round; one with a dead peer runs its timeout out
+            # on its thread, and whatever it ends with reads as a failure (no answer reaches a dead process).
+            if not engine.worker.linker.settle(deadline, dead):
+                raise SimulationError(f"{engine.name}: handshakes with live peers did not finish")
+            engine.worker.linker.admit(dead)
         for engine in alive:
             channel = engine.channel
             expected = self._sent_to(channel.address) - self._sent_before[channel.address]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from connector.config import ConnectorConfig
 from connector.metadata import SaveItem, SendItem, StepMetadata
@@ -31,6 +32,8 @@ from connector.worker import WorkerCore
 from ledger.decisions import Release
 from ledger.events import Event, ReqId, TransferId
 from ledger.ledger import Ledger
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -96,6 +99,10 @@ class SimEngine:
         self._held_send: list[tuple[int, SendItem]] = []
         self._held_save: list[tuple[int, SaveItem]] = []
         self._notices: list[tuple[int, ReqId]] = []
+        self.hook_s_max = 0.0
+        """The longest wall time one hook call took in this engine."""
+        self.hook_s_max_by: dict[str, float] = {}
+        """The same, per core method (what a long call was)."""
         ledgers = []
         for scheduler in (True, False):
             ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock, tombstones_max=tombstones_max)
@@ -116,6 +123,8 @@ class SimEngine:
                 config.my_port(config.notify_port),
                 config.may_dial,
                 network=network,
+                key=config.control_key,
+                may_receive_from=config.may_receive_from,
             )
         except BaseException:
             for ledger in ledgers:
@@ -129,7 +138,7 @@ class SimEngine:
                 ledger.close()
             raise
         self.transport = FaultyTransport(tcp, network, self._owner_at)
-        self.worker = WorkerCore(config, ledgers[1], self.transport, self.channel)
+        self.worker = WorkerCore(config, ledgers[1], self.transport, self.channel, gated_links=True)
         self.worker.register_kv_caches(self.caches, storm.blocks)
 
     def _owner_at(self, layer: str, offset: int) -> TransferId | None:
@@ -167,24 +176,40 @@ class SimEngine:
         """vLLM passes a finished request to the workers with the next step's output (or later, if lagged)."""
         self._notices.append((round_number, request_id))
 
+    def _timed(self, hook: Callable[..., T], *args: Any) -> T:
+        """Call one hook and keep the longest wall time any took (what a peer must never stretch)."""
+        start = time.perf_counter()
+        try:
+            return hook(*args)
+        finally:
+            took = time.perf_counter() - start
+            self.hook_s_max = max(self.hook_s_max, took)
+            name = getattr(hook, "__name__", "?")
+            self.hook_s_max_by[name] = max(self.hook_s_max_by.get(name, 0.0), took)
+
     def step(self, now: float, round_number: int) -> StepReport:
-        meta = self._lag(self.scheduler.build_meta(), round_number)
+        """One engine step in vLLM's order. The scheduler half ticks in build_connector_meta; vLLM calls
+        update_connector_output only when a worker reported something, and so does this."""
+        timed = self._timed
+        meta = self._lag(timed(self.scheduler.build_meta, now), round_number)
         worker = self.worker
-        worker.bind(meta, now)
+        timed(worker.bind, meta, now)
         if self.load_before_forward:
-            worker.start_load(now)
+            timed(worker.start_load, now)
         if meta.save:
             for name in self.caches:  # the forward: one save per layer
-                worker.save_layer(name)
+                timed(worker.save_layer, name)
         if not self.load_before_forward:
-            worker.start_load(now)  # vLLM starts asynchronous loads after launching the forward
-        worker.wait_for_save(now)
+            timed(worker.start_load, now)  # vLLM starts asynchronous loads after launching the forward
+        timed(worker.wait_for_save, now)
         due = sorted(r for when, r in self._notices if when <= round_number)
         self._notices = [(when, r) for when, r in self._notices if when > round_number]
-        sending, recving, failed = worker.get_finished(due, now)
-        load_errors = worker.take_load_errors()
+        sending, recving, failed = timed(worker.get_finished, due, now)
+        load_errors = timed(worker.take_load_errors)
+        if not (sending or recving or failed or load_errors):
+            return StepReport(WorkerOutcome(), load_errors)
         # Sorted: the core folds them in this order, and set order changes between processes.
-        outcome = self.scheduler.on_worker_output(sorted(sending), sorted(recving), sorted(failed), now)
+        outcome = timed(self.scheduler.on_worker_output, sorted(sending), sorted(recving), sorted(failed), now)
         return StepReport(outcome, load_errors)
 
     def _lag(self, meta: StepMetadata, round_number: int) -> StepMetadata:

@@ -51,6 +51,8 @@ class TransferFaults:
     lag_rounds: int = 0
     """The producer worker binds this transfer's metadata this many steps late (`early`)."""
     never_ready: bool = False
+    forged_release: bool = False
+    """A `release` without the control key reaches the producer when the prefill finishes."""
 
     def kinds(self) -> list[FaultKind]:
         out: list[FaultKind] = []
@@ -63,6 +65,8 @@ class TransferFaults:
             out.append("early")
         if self.never_ready:
             out.append("never_ready")
+        if self.forged_release:
+            out.append("forged_release")
         return out
 
 
@@ -113,9 +117,10 @@ def draw_faults(rng: random.Random, config: StormConfig) -> TransferFaults:
     # reaches the producer worker before it binds the transfer.
     lag_rounds = rng.randint(LAG_ROUNDS_MIN, LAG_ROUNDS_MAX) if hit("early") else 0
     never_ready = hit("never_ready")
-    if not (sq_full_ops or terminal or messages or lag_rounds or never_ready):
+    forged_release = hit("forged_release")
+    if not (sq_full_ops or terminal or messages or lag_rounds or never_ready or forged_release):
         return NO_FAULTS
-    return TransferFaults(sq_full_ops, terminal, tuple(messages), lag_rounds, never_ready)
+    return TransferFaults(sq_full_ops, terminal, tuple(messages), lag_rounds, never_ready, forged_release)
 
 
 @dataclass(frozen=True)

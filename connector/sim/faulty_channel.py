@@ -18,8 +18,8 @@ from typing import Any
 
 import zmq
 
-from connector.channel import Channel, PeerNotAllowed
-from connector.limits import CHANNEL_INBOX_MAX, HANDSHAKE_TIMEOUT_S
+from connector.channel import Channel, Dropped, PeerNotAllowed
+from connector.limits import CHANNEL_INBOX_MAX, FORGED_RECORDS_MAX, HANDSHAKE_TIMEOUT_S
 from connector.messages import HandshakeMetadata, Message, RankAddress
 from connector.sim.errors import SimulationError
 from connector.sim.limits import SETTLE_TIMEOUT_S
@@ -45,8 +45,12 @@ class FaultyChannel(Channel):
         *,
         network: SimNetwork,
         context: zmq.Context[Any] | None = None,
+        key: bytes | None = None,
+        may_receive_from: Callable[[str], bool] | None = None,
     ) -> None:
-        super().__init__(host, handshake_port, notify_port, may_dial, context=context)
+        super().__init__(
+            host, handshake_port, notify_port, may_dial, context=context, key=key, may_receive_from=may_receive_from
+        )
         self.address = (host, self.notify_port)
         self.network = network
         self.round = 0
@@ -58,6 +62,7 @@ class FaultyChannel(Channel):
         self._held: list[tuple[int, str, int, Message, str]] = []
         self._faulted: set[tuple[TransferId, str]] = set()
         self._admitted: deque[Message] = deque()
+        self._admitted_dropped: list[Dropped] = []
 
     # -- out --------------------------------------------------------------------
 
@@ -115,9 +120,11 @@ class FaultyChannel(Channel):
         self, host: str, port: int, sender: RankAddress, timeout_s: float = HANDSHAKE_TIMEOUT_S
     ) -> HandshakeMetadata | None:
         if self.network.is_dead(host, port):
-            # A dead peer never answers: the real call would return None after `timeout_s` of real time;
-            # the simulated clock has no use for that wait.
+            # A dead peer never answers: the real call waits `timeout_s` of real time for nothing, and so
+            # does this one (on the linker's thread, never the step's). A restarted engine on the same port
+            # may pick the old request up; its answer is not taken, as no answer reached a dead process.
             self.counters["sim_handshake_to_dead"] += 1
+            super().handshake(host, port, sender, timeout_s)
             return None
         # A live peer always answers in the simulated world, however slow the machine is: wait as long as a
         # round may take, so that a loaded host never turns into a handshake failure (and another run).
@@ -136,6 +143,7 @@ class FaultyChannel(Channel):
 
         A message naming a transfer this storm never issued came from another program on the host that
         dialed a port the kernel has since given us: counted and dropped, so it cannot change the run."""
+        self._admitted_dropped.extend(super().take_dropped())
         transfers = self.network.transfers
         for message in super().drain():
             tid: TransferId | None = getattr(message, "transfer_id", None)
@@ -143,6 +151,11 @@ class FaultyChannel(Channel):
                 self.counters["sim_foreign_dropped"] += 1
                 continue
             self._admitted.append(message)
+
+    def take_dropped(self, limit: int = FORGED_RECORDS_MAX) -> list[Dropped]:
+        """The refused messages admitted at the last round boundary (when they are seen depends on rounds)."""
+        out, self._admitted_dropped = self._admitted_dropped[:limit], self._admitted_dropped[limit:]
+        return out
 
     @property
     def unread(self) -> int:

@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Role, Seal, TransferId
+from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Mode, ReqId, Role, Seal, TransferId
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ class NaiveBookkeeping:
         self.released: list[TransferId] = []
 
     def observe(self, event: Event) -> None:
+        if isinstance(event, Drop):
+            return  # a refused message: no bookkeeping, naive or not, ever saw it
         tid = event.transfer_id
         if isinstance(event, Map):
             self.transfers[tid] = NaiveTransfer(

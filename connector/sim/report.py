@@ -65,6 +65,8 @@ def _outcome_lines(r: StormResult, unserved: str) -> list[str]:
         f"  integrity: {r.integrity_checked} completed receives checked block by block, {r.integrity_failures} differ",
         f"  audit of the merged log: {r.findings} (on the dead engine: {r.findings_on_dead_engine})",
         f"  offline replay reproduces every source's releases in order: {r.replay_matches}",
+        f"  forged releases: {r.forged_sent} sent, {r.forged_messages_accepted} accepted; "
+        f"longest hook call {r.hook_us_max:.0f} us",
     ]
 
 
@@ -173,6 +175,9 @@ def figures(results: Sequence[StormResult]) -> dict[str, Any]:
         "failed_reported_as_received": summed("failed_reported_as_received"),
         "late_event_findings": sum(r.findings.get("late_event", 0) for r in results),
         "replay_matches": all(r.replay_matches for r in results),
+        "forged_sent": summed("forged_sent"),
+        "forged_messages_accepted": summed("forged_messages_accepted"),
+        "hook_us_max": max((r.hook_us_max for r in results), default=0.0),
         "naive_leaked_blocks": summed("naive_leaked_blocks"),
         "naive_hung_requests": summed("naive_hung_requests"),
         "failed_storms": sum(1 for r in results if not r.ok),

@@ -61,7 +61,8 @@ def evaluate_soak(soak: Soak, tally: SoakTally) -> SoakResult:
 
     reused = {q.transfer_id for q in soak.requests if q.reuse_of is not None}
     faulted = {q.transfer_id for q in soak.requests if q.faults is not NO_FAULTS} | tally.death_touched | reused
-    judge_findings(soak, findings["default"], faulted, {("id_reuse", tid) for tid in reused}, r)
+    expected = {("id_reuse", tid) for tid in reused} | {("forged_message", tid) for tid in tally.forged}
+    judge_findings(soak, findings["default"], faulted, expected, r)
     vllm_view(soak, tally, r)
     r.unserved_requests = sum(1 for q in soak.requests if not (q.producer.needed or q.consumer.needed))
     _soak_figures(soak, tally, r)

@@ -27,10 +27,11 @@ _STATE_FIELDS = frozenset({
     "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
     "tombstones_max", "tombstones_evicted", "id_memory", "orphan_tombstones", "orphan_tombstones_old",
     "orphan_tombstones_max", "orphans_evicted", "late_after_eviction", "reused_after_eviction",
-    "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks",
+    "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks", "forged_recent",
 })  # fmt: skip
-"""Every LedgerState field this encoding knows; `_handlers` and `layer_masks` are rebuilt, not written."""
-_COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode")
+"""Every LedgerState field this encoding knows; `_handlers` and `layer_masks` are rebuilt, not written, and
+`forged_recent` (audit evidence of dropped forged messages) starts empty again: their counts are kept."""
+_COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason")
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
 
 

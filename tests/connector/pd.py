@@ -116,6 +116,17 @@ class Side:
         self.worker.close()
 
 
+class Ticks:
+    """A hand-moved clock for `run_until`: each call advances it by `step_s`; `now` can be moved by hand."""
+
+    def __init__(self, start: float = 1000.0, step_s: float = 0.01) -> None:
+        self.now, self.step_s = start, step_s
+
+    def __call__(self) -> float:
+        self.now += self.step_s
+        return self.now
+
+
 def run_until(sides: list[Side], done: Any, *, steps_max: int = 3000, clock: Any = time.time) -> int:
     """Step every side until `done()`; returns the number of rounds (fails the test if it never is)."""
     for rounds in range(steps_max):

@@ -20,7 +20,8 @@ import pytest
 from typer.testing import CliRunner
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
-from connector.observe.adapter import ObserveConnector, ObservedStats, observe_errors
+from connector.guard import hook_errors
+from connector.observe.adapter import ObserveConnector, ObservedStats
 from connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
 from ledger.cli import app
 from ledger.events import kind_of
@@ -122,10 +123,10 @@ def test_a_recording_failure_never_reaches_vllm(model: str, tmp_path: Path, cloc
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(recorder, "on_request_finished", broken)
-    before = observe_errors["_after_finished"]
+    before = hook_errors["_after_finished"]
     producer_req, params = _prefill(producer)  # NIXL's answer still reached vLLM: blocks held, params returned
     assert params["remote_block_ids"]
-    assert observe_errors["_after_finished"] == before + 1
+    assert hook_errors["_after_finished"] == before + 1
     step(producer, finished_sending={producer_req})
     assert free_blocks(producer) == NUM_BLOCKS - 1
 

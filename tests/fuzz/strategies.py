@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from ledger.events import Ack, Drop, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
 from ledger.limits import INT64_MAX, LAYERS_MAX, RANKS_MAX
 
 FUZZ_SCALE = float(os.environ.get("FUZZ_EXAMPLES", "1"))
@@ -73,7 +73,12 @@ acks = st.builds(
 fails = st.builds(Fail, **_envelope(), reason=st.sampled_from(["boom", "SQ full", ""]), retryable=st.booleans())
 expires = st.builds(Expire, **_envelope(), deadline=st.sampled_from(["defer", "transfer"]))
 
-events: st.SearchStrategy[Event] = st.one_of(maps, maps, schedules, seals, acks, acks, fails, expires)
+drops = st.builds(
+    Drop, **_envelope(), message=st.sampled_from(["release", "remote_blocks", "handshake"]),
+    sender=st.sampled_from(["127.0.0.1", "10.0.0.9:7100"]), reason=st.sampled_from(["bad_mac", "sender_not_allowed"]),
+)  # fmt: skip
+
+events: st.SearchStrategy[Event] = st.one_of(maps, maps, schedules, seals, acks, acks, fails, expires, drops)
 """Any well-typed event; maps and acks twice as often (they make and close claims)."""
 
 

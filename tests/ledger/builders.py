@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from ledger.events import Ack, Drop, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
 
 
 class Side:
@@ -43,6 +43,9 @@ class Side:
 
     def fail(self, tid: str, reason: str = "boom", *, retryable: bool = False, ts: float | None = None) -> Fail:
         return Fail(**self._next(ts), transfer_id=TransferId(tid), reason=reason, retryable=retryable)
+
+    def drop(self, tid: str, message: str = "release", reason: str = "bad_mac", *, ts: float | None = None) -> Drop:
+        return Drop(**self._next(ts), transfer_id=TransferId(tid), message=message, sender="127.0.0.1", reason=reason)
 
     def expire(self, tid: str, deadline: str = "defer", *, ts: float | None = None) -> Expire:
         return Expire(**self._next(ts), transfer_id=TransferId(tid), deadline=deadline)  # type: ignore[arg-type]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from ledger.audit import CODES, AuditConfig, Finding, audit, counts_by_code
+from ledger.events import Drop, TransferId
 from ledger.fold import LedgerState, fold_all
 from ledger.humanize import duration
 from ledger.ledger import Ledger
@@ -151,6 +152,7 @@ def test_the_severity_table() -> None:
         "double_owner": "error",
         "premature_release": "error",
         "id_reuse": "error",
+        "forged_message": "error",
         "stuck": "warning",
         "orphan_ack": "warning",
         "late_event": "warning",
@@ -177,6 +179,7 @@ def test_every_finding_carries_its_codes_severity_and_the_worst_comes_first() ->
         p.expire("pre", ts=2.0),
         c.map("pre", "c-6", "consumer", "read", blocks=(6,), remote=(6,), ts=0.0),
         c.ack("pre", "read", ts=3.0),
+        Drop(ts=4.0, source=P, transfer_id=TransferId("pre"), message="release", sender="127.0.0.1", reason="bad_mac"),
     ]
     state, _ = fold_all(events)
     findings = audit(state, 60.0)

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = StormConfig(seed=5, requests=600, concurrency=128, fault_rate=0.05)
 SUBPROCESS_TIMEOUT_S = 120
 
-VOLATILE = ("wall_seconds", "incident_log")
+VOLATILE = ("wall_seconds", "incident_log", "hook_us_max")
 """Real time and paths differ between runs; everything else must not."""
 
 
@@ -44,7 +44,7 @@ def test_same_seed_same_run_in_another_process_with_other_hash_seeds() -> None:
         "from connector.sim.config import StormConfig\n"
         "from connector.sim.storm import run_storm\n"
         "r = run_storm(StormConfig(seed=5, requests=600, concurrency=128, fault_rate=0.05, mode='write'))\n"
-        "out = dataclasses.asdict(r); out.pop('wall_seconds'); out.pop('incident_log')\n"
+        "out = dataclasses.asdict(r); out.pop('wall_seconds'); out.pop('incident_log'); out.pop('hook_us_max')\n"
         "print(json.dumps(out, sort_keys=True))\n"
     )
     outputs = []

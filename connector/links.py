@@ -1,0 +1,47 @@
+"""Per-peer link state: what the linker knows about one peer rank's handshake.
+
+A link is a completed handshake (the peer's metadata, checked) plus a transport
+session with it. Until then a peer rank is in flight (a handshake runs on the
+linker's thread) or failed (the reason, and when the next attempt is due). The
+worker only ever reads this state; it never waits for it to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from connector.layout import Geometry
+from connector.messages import HandshakeMetadata
+from connector.transports.base import Session
+
+PeerKey = tuple[str, int]
+"""A peer rank by its handshake (host, port)."""
+
+
+@dataclass
+class PeerLink:
+    """A completed handshake: the peer's metadata and a transport session with it."""
+
+    metadata: HandshakeMetadata
+    session: Session
+    geometry: dict[str, Geometry] = field(default_factory=dict)
+
+
+@dataclass
+class LinkState:
+    """One peer rank: linked, a handshake in flight, or failed `failures` times in a row."""
+
+    link: PeerLink | None = None
+    in_flight: bool = False
+    failures: int = 0
+    reason: str = "not tried yet"
+    retry_at: float = 0.0
+    """The earliest `now` at which another handshake may start after a failure (the backoff)."""
+    attempts: int = 0
+
+    def describe(self) -> str:
+        if self.link is not None:
+            return "linked"
+        if self.in_flight:
+            return f"handshake in flight (attempt {self.attempts}; last: {self.reason})"
+        return f"{self.reason} ({self.failures} failed attempts)"
