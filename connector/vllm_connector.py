@@ -1,8 +1,11 @@
 """`LedgerConnector(KVConnectorBase_V1)`: translates vLLM's objects into the core's plain-data calls.
 
-The only file that imports vllm. Scheduler-role instances drive a `SchedulerCore`,
-worker-role instances a `WorkerCore`; the clock is read here (`time.time()`) and
-passed in as `now`. Load with
+The core's only file that imports vllm (beside it: observe mode's adapter,
+`observe/adapter.py`, and the Prometheus metrics, `prom.py`). Scheduler-role
+instances drive a `SchedulerCore`, worker-role instances a `WorkerCore`; the
+clock is read here (`time.time()`) and passed in as `now`. With
+`kv_connector_extra_config.observe`, `__new__` hands vLLM an `ObserveConnector`
+wrapping the named connector instead. Load with
 `--kv-transfer-config '{"kv_connector": "LedgerConnector", "kv_connector_module_path": "connector",
 "kv_role": "kv_producer", "kv_connector_extra_config": {...}}'`.
 """
