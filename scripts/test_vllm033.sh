@@ -16,4 +16,5 @@ export PYTHONPATH="$(realpath "$TARGET")${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 KVLEDGER_EXPECT_VLLM=0.33.0
 echo "== scheduler contract and adapter tests on vLLM $KVLEDGER_EXPECT_VLLM ($TARGET) =="
 exec python -m pytest -p no:cacheprovider tests/e2e/test_scheduler_*.py tests/connector/test_*adapter.py \
-  tests/e2e/test_observe_nixl.py tests/e2e/test_observe_delegation.py tests/e2e/test_observe_prom.py "$@"
+  tests/e2e/test_observe_nixl.py tests/e2e/test_observe_mooncake.py tests/e2e/test_observe_delegation.py \
+  tests/e2e/test_observe_prom.py "$@"
