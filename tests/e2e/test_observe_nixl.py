@@ -143,3 +143,19 @@ def test_a_restarted_engine_fails_what_its_previous_process_held(model: str, tmp
     assert not ledger.state.live
     assert [kind_of(e) for e in ledger.log.since(0)][-1] == "fail"
     again.connector.shutdown()
+
+
+def test_a_consumer_stuck_waiting_for_its_kv_is_a_leak_in_vllms_stats(model: str, tmp_path: Path, clock: Clock) -> None:
+    """Decode requests stuck in WAITING_FOR_REMOTE_KVS (the read never completes nor fails): once the
+    consumer's transfer deadline passes, the stats vLLM publishes carry a `leak` finding, and the blocks held."""
+    producer, consumer = _pair(model, tmp_path)
+    _, params = _prefill(producer)
+    consumer.add_request(make_request(40, params, max_tokens=3))
+    _, outputs = step(consumer)
+    figures = outputs[0].scheduler_stats.kv_connector_stats[KVLEDGER]
+    assert figures["requests_held"] == 1 and figures["blocks_held"] == 3 and not figures["findings"]
+    clock.now += 31  # past the consumer's transfer_timeout (30 s by default)
+    _, outputs = step(consumer)
+    figures = outputs[0].scheduler_stats.kv_connector_stats[KVLEDGER]
+    assert figures["findings"] == {"leak": 1}
+    assert figures["requests_held"] == 1  # NIXL keeps every decision: the observer frees nothing
