@@ -90,6 +90,14 @@ RETRY_BACKOFF_MAX_S = 0.050
 PEERS_MAX = 1024
 """Peer engines a configuration may list."""
 
+FIGURES_LATENCY_SAMPLES_MAX = 4096
+"""Ack and release latency samples one stats report carries (vLLM takes a report every step); the rest of
+a larger step are not sampled."""
+
+FIGURES_AUDIT_INTERVAL_S = 1.0
+"""How often the stats' findings by code are audited anew (vLLM takes stats every step; the audit is
+proportional to live transfers, so it is not run on every step)."""
+
 REMOTE_DIRECTORY_MAX = 65536
 """Remote block lists (WRITE mode) a producer worker keeps for transfers it has not mapped or finished."""
 

@@ -1,8 +1,11 @@
 """`LedgerConnector(KVConnectorBase_V1)`: translates vLLM's objects into the core's plain-data calls.
 
-The only file that imports vllm. Scheduler-role instances drive a `SchedulerCore`,
-worker-role instances a `WorkerCore`; the clock is read here (`time.time()`) and
-passed in as `now`. Load with
+The core's only file that imports vllm (beside it: observe mode's adapter,
+`observe/adapter.py`, and the Prometheus metrics, `prom.py`). Scheduler-role
+instances drive a `SchedulerCore`, worker-role instances a `WorkerCore`; the
+clock is read here (`time.time()`) and passed in as `now`. With
+`kv_connector_extra_config.observe`, `__new__` hands vLLM an `ObserveConnector`
+wrapping the named connector instead. Load with
 `--kv-transfer-config '{"kv_connector": "LedgerConnector", "kv_connector_module_path": "connector",
 "kv_role": "kv_producer", "kv_connector_extra_config": {...}}'`.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +25,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     SupportsHMA,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
 
 from connector.assemble import build_scheduler, build_worker
-from connector.config import from_extra_config
+from connector.config import ConnectorConfig, from_extra_config
+from connector.figures import CONTROL_DROPPED, LedgerFigures, dropped_since, merge_figures
 from connector.groups import flatten_groups
 from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
 from connector.hooks_for_tests import corrupt_blocks
 from connector.incident_log import IncidentLog
 from connector.metadata import StepMetadata
+from connector.observe.config import ObserveConfig, ledger_extra, observe_config
+from connector.observe.names import KVLEDGER, WRAPPED
 from connector.params import ParamsError, TransferParams, parse_params, prompt_digest, remote_prefill_taken
 from connector.scheduler import SchedulerCore
 from connector.worker import WorkerCore
@@ -63,7 +75,7 @@ class LedgerStats(KVConnectorStats):
         self.data = {}
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        self.data = {**self.data, **other.data}
+        self.data = merge_figures(self.data, other.data)
         return self
 
     def reduce(self) -> dict[str, int | float]:
@@ -132,28 +144,69 @@ def _check_groups(kv_cache_config: KVCacheConfig | None, mode: str, role: KVConn
         )
 
 
+def engine_config(vllm_config: VllmConfig, role: KVConnectorRole) -> ConnectorConfig:
+    """kvledger's configuration for this process: the extra config (observe mode's `observe` key aside)
+    and the engine's place (dp rank, tp rank on a worker). Observe mode's `kv_both` keeps its books as a
+    producer's (the role only names the config: a request's own params say which side it is)."""
+    transfer = vllm_config.kv_transfer_config
+    assert transfer is not None
+    parallel = vllm_config.parallel_config
+    tp_rank = 0
+    if role == KVConnectorRole.WORKER:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        tp_rank = get_tensor_model_parallel_rank()
+    extra = transfer.kv_connector_extra_config
+    kv_role = str(transfer.kv_role)
+    if observe_config(extra) is not None:
+        extra, kv_role = ledger_extra(extra), "kv_consumer" if kv_role == "kv_consumer" else "kv_producer"
+    return from_extra_config(
+        extra,
+        kv_role=kv_role,
+        engine_id=str(transfer.engine_id),
+        dp_rank=parallel.data_parallel_rank,
+        dp_size=parallel.data_parallel_size,
+        tp_rank=tp_rank,
+        tp_size=parallel.tensor_parallel_size,
+    )
+
+
+def _observed(vllm_config: VllmConfig) -> ObserveConfig | None:
+    transfer = vllm_config.kv_transfer_config
+    return observe_config(transfer.kv_connector_extra_config) if transfer is not None else None
+
+
+def _observed_class(kv_transfer_config: Any) -> type[KVConnectorBase_V1] | None:
+    """Observe mode's wrapped connector class, from the engine's KVTransferConfig (class-level hooks)."""
+    observe = observe_config(getattr(kv_transfer_config, "kv_connector_extra_config", None))
+    if observe is None:
+        return None
+    from connector.observe.adapter import wrapped_class
+
+    return wrapped_class(kv_transfer_config, observe)
+
+
 class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM's KV connector; `SupportsHMA`: hybrid models' block ids per KV cache group, as NIXL's connector."""
 
+    def __new__(
+        cls, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None
+    ) -> LedgerConnector:
+        """Observe mode (`kv_connector_extra_config.observe`): vLLM gets an `ObserveConnector` wrapping the
+        named connector instead (not a LedgerConnector, so Python does not run `__init__` on it again)."""
+        observe = _observed(vllm_config)
+        if observe is None:
+            return super().__new__(cls)
+        from connector.observe.adapter import ObserveConnector
+
+        config = engine_config(vllm_config, role)
+        return ObserveConnector(  # type: ignore[return-value]
+            vllm_config, role, kv_cache_config, config=config, observe=observe
+        )
+
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
-        transfer = vllm_config.kv_transfer_config
-        assert transfer is not None
-        parallel = vllm_config.parallel_config
-        tp_rank = 0
-        if role == KVConnectorRole.WORKER:
-            from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-
-            tp_rank = get_tensor_model_parallel_rank()
-        self.config = from_extra_config(
-            transfer.kv_connector_extra_config,
-            kv_role=str(transfer.kv_role),
-            engine_id=str(transfer.engine_id),
-            dp_rank=parallel.data_parallel_rank,
-            dp_size=parallel.data_parallel_size,
-            tp_rank=tp_rank,
-            tp_size=parallel.tensor_parallel_size,
-        )
+        self.config = engine_config(vllm_config, role)
         _check_groups(kv_cache_config, self.config.mode, role)
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
         self._layer_groups = _layer_groups(kv_cache_config)
@@ -162,9 +215,12 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         a failed load reaches it through failed_recving alone, and it fails or recomputes the request."""
         self.scheduler: SchedulerCore | None = None
         self.worker: WorkerCore | None = None
+        self._figures: LedgerFigures | None = None
+        self._dropped_reported: Counter[str] = Counter()
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = build_scheduler(self.config)
             ledger = self.scheduler.ledger
+            self._figures = LedgerFigures(ledger)
         else:
             self.worker = build_worker(self.config)
             ledger = self.worker.ledger
@@ -186,8 +242,50 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
         """vLLM 0.33 asks before it allows sleep mode (0.32 never does). No: the transports hold the KV
         caches registered at start (mori pins their memory), and a remap at wake-up would leave a peer
-        reading or writing the old pages. vLLM then refuses the configuration at start, by name."""
+        reading or writing the old pages. vLLM then refuses the configuration at start, by name.
+        Observe mode answers as the wrapped connector does."""
+        wrapped = _observed_class(kv_transfer_config)
+        if wrapped is not None and hasattr(wrapped, "supports_sleep_mode"):
+            return bool(wrapped.supports_sleep_mode(kv_transfer_config))
         return False
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """Observe mode: the wrapped connector's layout (NIXL asks for HND on some backends)."""
+        wrapped = _observed_class(vllm_config.kv_transfer_config)
+        return wrapped.get_required_kvcache_layout(vllm_config) if wrapped is not None else None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        observe = observe_config(extra_config)
+        if observe is None:
+            return False
+        from vllm.config.kv_transfer import KVTransferConfig
+
+        engine = KVTransferConfig(kv_connector="LedgerConnector", kv_connector_extra_config=extra_config)
+        wrapped = _observed_class(engine)
+        return wrapped is not None and wrapped.requires_piecewise_for_cudagraph(observe.wrapped_extra)
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        """`vllm:kvledger_*` in vLLM's /metrics, in both modes; observe mode adds the wrapped connector's own."""
+        from connector.prom import LedgerPromMetrics
+
+        wrapped_cls = _observed_class(vllm_config.kv_transfer_config)
+        observe = _observed(vllm_config)
+        wrapped = None
+        if wrapped_cls is not None and observe is not None:
+            from connector.observe.adapter import wrapped_vllm_config
+
+            temp = wrapped_vllm_config(vllm_config, observe)
+            wrapped = wrapped_cls.build_prom_metrics(temp, metric_types, labelnames, per_engine_labelvalues)
+        return LedgerPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues, wrapped=wrapped)
 
     # -- scheduler side ---------------------------------------------------------
 
@@ -270,17 +368,28 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
     def has_pending_push_work(self) -> bool:
         return self.scheduler is not None and self.scheduler.has_pending_push_work()
 
+    @guarded(nothing)
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """The scheduler's fold and figures (it decides); a worker adds only the control messages it dropped."""
         core = self.scheduler
         if core is None:
-            return None  # the scheduler's fold is the one that decides; workers' counters stay local
+            worker = self._work()
+            dropped = dropped_since({**worker.channel.counters, **worker.counters}, self._dropped_reported)
+            return LedgerStats(data={CONTROL_DROPPED: dropped}) if dropped else None
+        assert self._figures is not None
         guard = {f"hook_errors_{k}": v for k, v in hook_errors.items()}
         guard.update({f"hooks_over_bound_{k}": v for k, v in hooks_over_bound.items()})
-        return LedgerStats(data={**core.stats(), **guard})
+        return LedgerStats(data={**core.stats(), **guard, **self._figures.take(time.time())})
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
-        return LedgerStats(data=data or {})
+        """A stats payload back as stats (vLLM's log aggregates them); observe mode's nests the wrapped one's."""
+        data = data or {}
+        if KVLEDGER in data or WRAPPED in data:
+            from connector.observe.adapter import observed_stats_from
+
+            return observed_stats_from(data)
+        return LedgerStats(data=data)
 
     # -- worker side --------------------------------------------------------------
 

@@ -40,7 +40,15 @@ def make_llm(spec: dict[str, Any]) -> Any:
     }
     if spec.get("kv_transfer_config"):
         kwargs["kv_transfer_config"] = spec["kv_transfer_config"]
-    return LLM(**kwargs)
+    if spec.get("metrics_port"):
+        kwargs["disable_log_stats"] = False  # vLLM's Prometheus stat logger records every step's stats
+    llm = LLM(**kwargs)
+    if spec.get("metrics_port"):
+        # The registry vLLM's OpenAI server serves at /metrics, served here by prometheus_client on loopback.
+        from prometheus_client import start_http_server
+
+        start_http_server(spec["metrics_port"], addr="127.0.0.1")
+    return llm
 
 
 def answer(payload: dict[str, Any]) -> None:

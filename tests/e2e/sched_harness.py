@@ -105,6 +105,7 @@ def model_output(
     finished_recving: set[str] | None = None,
     failed_recving: set[str] | None = None,
     invalid_block_ids: set[int] | None = None,
+    kv_connector_stats: Any = None,
     token: int = 7,
 ) -> ModelRunnerOutput:
     """What the workers would return for a step that ran `requests` (one sampled token each)."""
@@ -114,6 +115,7 @@ def model_output(
         finished_recving=finished_recving,
         failed_recving=failed_recving or set(),
         invalid_block_ids=invalid_block_ids or set(),
+        kv_connector_stats=kv_connector_stats,
     )
     return ModelRunnerOutput(
         req_ids=ids,
