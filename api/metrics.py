@@ -49,6 +49,15 @@ class LiveCollector(Collector):
         for reason, count in state.forged_by_reason.items():
             forged.add_metric([reason], count)
         yield forged
+        leases = CounterMetricFamily(
+            "kvledger_leases",
+            "Lease renewals folded (renewals), producer sides expired after a missed lease (expiries), and reads "
+            "refused because the producer no longer held the transfer (reads_refused)",
+            labels=["what"],
+        )
+        for what in ("renewals", "expiries", "reads_refused"):
+            leases.add_metric([what], state.lease_counts.get(what, 0))
+        yield leases
         findings = GaugeMetricFamily("kvledger_findings", "Audit findings now, by code", labels=["code", "severity"])
         for code, count in counts_by_code(live.findings(live.clock_now())).items():
             findings.add_metric([code, CODES[code]], count)

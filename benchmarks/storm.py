@@ -5,6 +5,13 @@ Run:
     python benchmarks/storm.py                  # 2,000 requests at concurrency 512, READ and WRITE, seed 1
     python benchmarks/storm.py --seed 17        # one seed, everything it found (replay a failing seed)
     python benchmarks/storm.py --seeds 1-200    # many seeds (smaller storms); prints each seed that fails
+
+Beside the storms with every protection on, a full run (not --seeds) runs three more per mode with the same
+requests, all without peer_death (a dead producer fails every late read, which would hide what they are
+about): every protection on (`no_death_*`: the leases at work), leases off (late readers must then be
+refused: `leases_off_late_reads_refused`, `leases_off_corrupt_receives` 0) and the negative control, every
+protection off (no leases, reads of released blocks served, as before leases): `naive_corrupt_receives` and
+`naive_premature_releases` must be above 0, or the storm could not see the failure it guards against.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument(
         "--load-before-forward", action="store_true", help="step workers in the older order (start_load_kv first)"
     )
+    parser.add_argument("--no-control", action="store_true", help="skip the leases-off and negative-control runs")
     parser.add_argument("--log", type=Path, help="write each storm's merged JSONL incident log (suffixed by mode)")
     parser.add_argument("--ledger-url", help="persist each storm's ledgers to this (fresh) store")
     return parser.parse_args()
@@ -122,8 +130,46 @@ def main() -> int:
         print(side_by_side(worst))
     else:
         print(side_by_side(results))
-    print(json.dumps(figures(results)))
-    return 1 if failed or any(not r.ok for r in results) else 0
+    out = figures(results)
+    control_failed = False
+    if not sweep and not args.no_control and "late_reader" in base.faults:
+        control = _controls(base, modes, seeds[0])
+        out.update(control)
+        control_failed = (
+            control["naive_corrupt_receives"] == 0
+            or control["no_death_failed_storms"] > 0
+            or control["no_death_corrupt_receives"] > 0
+            or control["leases_off_corrupt_receives"] > 0
+            or control["leases_off_premature_releases"] > 0
+        )
+    print(json.dumps(out))
+    return 1 if failed or control_failed or any(not r.ok for r in results) else 0
+
+
+def _controls(base: StormConfig, modes: list[Mode], seed: int) -> dict[str, int]:
+    """Without peer_death (a dead producer fails every late read, hiding what these are about): the storms
+    with every protection (the leases hold the late readers' KV), with leases off (refusal alone must keep
+    every late read off reused blocks), and the negative control (every protection off: the late reads must
+    be seen to land on other requests' KV)."""
+    faults = base.faults - {"peer_death"}
+    leased = [run_storm(replace(base, seed=seed, mode=m, faults=faults)) for m in modes]
+    refusing = [run_storm(replace(base, seed=seed, mode=m, faults=faults, kv_lease_duration_s=0.0)) for m in modes]
+    naive = [run_storm(replace(base, seed=seed, mode=m, faults=faults, protections=False)) for m in modes]
+    return {
+        "no_death_late_reads": sum(r.late_reads for r in leased),
+        "no_death_lease_renewals": sum(r.lease_renewals for r in leased),
+        "no_death_lease_expiries": sum(r.lease_expiries for r in leased),
+        "no_death_corrupt_receives": sum(r.corrupt_receives for r in leased),
+        "no_death_premature_releases": sum(r.premature_releases for r in leased),
+        "no_death_failed_storms": sum(1 for r in leased if not r.ok),
+        "leases_off_late_reads": sum(r.late_reads for r in refusing),
+        "leases_off_late_reads_refused": sum(r.late_reads_refused for r in refusing),
+        "leases_off_corrupt_receives": sum(r.corrupt_receives for r in refusing),
+        "leases_off_premature_releases": sum(r.premature_releases for r in refusing),
+        "naive_late_reads": sum(r.late_reads for r in naive),
+        "naive_corrupt_receives": sum(r.corrupt_receives for r in naive),
+        "naive_premature_releases": sum(r.premature_releases for r in naive),
+    }
 
 
 if __name__ == "__main__":

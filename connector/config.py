@@ -70,6 +70,13 @@ class ConnectorConfig:
     transfer_timeout_s: float = limits.DEFAULT_TRANSFER_TIMEOUT_S
     defer_timeout_s: float = limits.DEFAULT_DEFER_TIMEOUT_S
     recv_abort_timeout_s: float = limits.DEFAULT_RECV_ABORT_TIMEOUT_S
+    kv_lease_duration_s: float = limits.DEFAULT_KV_LEASE_DURATION_S
+    """NIXL's `kv_lease_duration`; 0: no leases (a producer holds for `defer_timeout`, then frees)."""
+    kv_lease_max_s: float = limits.DEFAULT_KV_LEASE_MAX_S
+    refuse_released_reads: bool = True
+    """A producer's tcp transport serves a read only while the transfer's side is held (checked before and
+    after the bytes are copied); a consumer reads only a side it could confirm (mori). False (the storm's
+    negative control, and nothing else) serves any registered bytes, as before leases."""
     ledger_url: str | None = None
     source_name: str = ""
     peers: tuple[PeerEngine, ...] = ()
@@ -93,6 +100,8 @@ class ConnectorConfig:
         for peer in self.peers:
             allowed |= peer.listens_on()
         object.__setattr__(self, "allowed", frozenset(allowed))
+        if self.kv_lease_duration_s < 0 or self.kv_lease_max_s <= 0:
+            raise ConfigError("kv_lease_duration must be >= 0 (0: off) and kv_lease_max > 0")
         if not self.source_name:
             object.__setattr__(self, "source_name", self.engine_id)
 
@@ -104,6 +113,24 @@ class ConnectorConfig:
             return f"{self.source_name}/sched"
         rank = f"tp{self.tp_rank}" if self.dp_size == 1 else f"dp{self.dp_rank}tp{self.tp_rank}"
         return f"{self.source_name}/{rank}"
+
+    @property
+    def leases(self) -> bool:
+        """Whether consumers renew producers' holds (and producers hold past defer_timeout while renewed)."""
+        return self.kv_lease_duration_s > 0
+
+    @property
+    def lease_renew_interval_s(self) -> float:
+        return self.kv_lease_duration_s / limits.LEASE_RENEWALS_PER_LEASE
+
+    def producer_deadline(self, now: float, *, scheduler: bool) -> float:
+        """A producer side's deadline mapped at `now`. The worker holds for defer_timeout and moves it with each
+        lease renewal; with leases on, the scheduler half's deadline is the backstop (kv_lease_max, never
+        sooner than defer_timeout): it is decided by its worker's report, or at the backstop if the worker
+        died."""
+        if scheduler and self.leases:
+            return now + max(self.defer_timeout_s, self.kv_lease_max_s)
+        return now + self.defer_timeout_s
 
     def my_port(self, base: int) -> int:
         return rank_port(base, self.dp_rank, self.tp_rank, self.tp_size)
@@ -151,6 +178,13 @@ def _seconds(extra: Mapping[str, Any], name: str, default: float) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"{_key(name)}: must be a positive number of seconds, got {value!r}")
     return seconds
+
+
+def _lease_seconds(extra: Mapping[str, Any]) -> float:
+    """`kv_lease_duration` (NIXL's name): seconds, or 0 for no leases."""
+    if extra.get("kv_lease_duration") in (0, "0", 0.0):
+        return 0.0
+    return _seconds(extra, "kv_lease_duration", limits.DEFAULT_KV_LEASE_DURATION_S)
 
 
 def _port(value: Any, name: str) -> int:
@@ -264,6 +298,8 @@ KNOWN_KEYS = frozenset(
         "test_hook_corrupt_received_kv",
         "control_key_env",
         "control_key_file",
+        "kv_lease_duration",
+        "kv_lease_max",
     }
 )
 
@@ -338,6 +374,8 @@ def from_extra_config(
         transfer_timeout_s=_seconds(extra, "transfer_timeout", limits.DEFAULT_TRANSFER_TIMEOUT_S),
         defer_timeout_s=_seconds(extra, "defer_timeout", limits.DEFAULT_DEFER_TIMEOUT_S),
         recv_abort_timeout_s=_seconds(extra, "recv_abort_timeout", limits.DEFAULT_RECV_ABORT_TIMEOUT_S),
+        kv_lease_duration_s=_lease_seconds(extra),
+        kv_lease_max_s=_seconds(extra, "kv_lease_max", limits.DEFAULT_KV_LEASE_MAX_S),
         ledger_url=check_ledger_url(extra.get("ledger_url")),
         source_name=source_name,
         peers=_peers(extra.get("peers")),

@@ -8,6 +8,27 @@ DEFAULT_TRANSFER_TIMEOUT_S = 30.0
 DEFAULT_DEFER_TIMEOUT_S = 60.0
 """MoRIIO's `defer_timeout`: how long a producer holds blocks for a remote decode."""
 
+DEFAULT_KV_LEASE_DURATION_S = 30.0
+"""NIXL's `kv_lease_duration`: a consumer still waiting renews the producer's hold every sixth of it, and
+each renewal holds the blocks for this long from its receipt; a consumer that stops renewing (a crashed
+decode) is expired one lease after its last renewal. 0 turns leases off."""
+
+LEASE_RENEWALS_PER_LEASE = 6
+"""Renewals a waiting consumer sends per lease (NIXL's heartbeat interval is a sixth of the lease): five
+can be lost before the hold lapses."""
+
+DEFAULT_KV_LEASE_MAX_S = 480.0
+"""The longest a producer holds a transfer however often it is renewed (NIXL's abort timeout): the bound on
+what a consumer that renews for ever, but never reads, can strand. The scheduler half's deadline with leases
+on (its backstop should its worker die)."""
+
+LEASES_TRACKED_MAX = 65536
+"""Waiting consumer requests a scheduler half renews for; beyond it a new one is not renewed (counted): it
+may then find its producer expired, which is a refused read and a recompute, never wrong KV."""
+
+LEASE_IDS_PER_MESSAGE_MAX = 4096
+"""Transfer ids one lease message names (~40 bytes each, far below MESSAGE_BYTES_MAX); more go in more messages."""
+
 DEFAULT_RECV_ABORT_TIMEOUT_S = 120.0
 """How long a consumer waits for its KV before giving the blocks back (failed load)."""
 

@@ -1,8 +1,8 @@
 """Typed notification messages between engines, msgpack on the wire, with a version field.
 
 Every message is a frozen msgspec Struct tagged by `type` (MoRIIO's names:
-`remote_blocks`, `write_done`, `write_failed`, `release`, plus the handshake
-pair). `decode` never raises on bad input: it returns a `Rejected` value saying
+`remote_blocks`, `write_done`, `write_failed`, `release`, plus `lease` renewals
+and the handshake pair). `decode` never raises on bad input: it returns a `Rejected` value saying
 why, so the listener can count and drop it. A transfer id, rank or block id that
 the ledger will record must be valid there too (`ledger.valid`): a peer cannot
 make this process append an event its store would refuse.
@@ -75,6 +75,35 @@ class ReleaseBlocks(_Message, frozen=True, tag="release"):
     consumer_tp_size: int
 
 
+class LeaseRenew(_Message, frozen=True, tag="lease"):
+    """Consumer rank -> holder rank: these transfers' requests still wait here; hold their blocks one more
+    lease (`kv_lease_duration` from receipt). Sent at a bounded rate (a sixth of the lease), never waited on."""
+
+    transfer_ids: tuple[TransferIdText, ...]
+    rank: Int64
+
+
+class ReadIntent(_Message, frozen=True, tag="read_intent"):
+    """Consumer rank -> holder rank, for a one-sided read (mori) that the producer's CPU never sees: before
+    the read (`after` False), "do you hold this transfer? hold it while I read"; after it (`after` True), "did
+    you hold it throughout?". The answer is a `read_confirm`; a read not confirmed both times is a load error."""
+
+    transfer_id: TransferIdText
+    sender: RankAddress
+    after: bool = False
+
+
+class ReadConfirm(_Message, frozen=True, tag="read_confirm"):
+    """Holder rank -> consumer rank: whether it holds the transfer now (a hold never comes back once let go,
+    so held after the read means held throughout it)."""
+
+    transfer_id: TransferIdText
+    rank: Int64
+    held: bool | None
+    """None: not mapped on this rank yet (its metadata comes with its next step): ask again."""
+    after: bool = False
+
+
 class HandshakeRequest(_Message, frozen=True, tag="handshake_request"):
     sender: RankAddress
 
@@ -90,7 +119,17 @@ class HandshakeMetadata(_Message, frozen=True, tag="handshake"):
     layers: tuple[LayerDescriptor, ...]
 
 
-Message: TypeAlias = RemoteBlocks | WriteDone | WriteFailed | ReleaseBlocks | HandshakeRequest | HandshakeMetadata
+Message: TypeAlias = (
+    RemoteBlocks
+    | WriteDone
+    | WriteFailed
+    | ReleaseBlocks
+    | LeaseRenew
+    | ReadIntent
+    | ReadConfirm
+    | HandshakeRequest
+    | HandshakeMetadata
+)
 
 
 class Rejected(msgspec.Struct, frozen=True):
@@ -128,6 +167,8 @@ def authentic(message: Message, key: bytes | None) -> bool:
 
 
 def transfer_of(message: Message) -> str | None:
+    if isinstance(message, LeaseRenew):
+        return message.transfer_ids[0] if message.transfer_ids else None
     tid: str | None = getattr(message, "transfer_id", None)
     return tid
 

@@ -80,12 +80,20 @@ class FailItem(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
+class LeaseItem(msgspec.Struct, frozen=True, kw_only=True):
+    """Consumer: this waiting transfer's lease is due for renewal; the workers tell its holder ranks."""
+
+    transfer_id: TransferId
+    peer: PeerRef
+
+
 class StepMetadata(msgspec.Struct, kw_only=True):
     recv: list[RecvItem] = msgspec.field(default_factory=list)
     send: list[SendItem] = msgspec.field(default_factory=list)
     save: list[SaveItem] = msgspec.field(default_factory=list)
     abort: list[AbortItem] = msgspec.field(default_factory=list)
     failed: list[FailItem] = msgspec.field(default_factory=list)
+    lease: list[LeaseItem] = msgspec.field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.recv or self.send or self.save or self.abort or self.failed)
+        return not (self.recv or self.send or self.save or self.abort or self.failed or self.lease)

@@ -11,14 +11,15 @@ by `build_meta`), never a second copy of transfer state.
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from connector.config import ConnectorConfig
 from connector.index import RequestIndex
-from connector.metadata import AbortItem, FailItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
+from connector.limits import LEASES_TRACKED_MAX
+from connector.metadata import AbortItem, FailItem, LeaseItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
 from connector.params import TransferParams, consumer_params
 from connector.store import abandon_inherited
 from ledger.decisions import Release
@@ -59,6 +60,12 @@ class SchedulerCore:
         """Consumer requests whose failure this half decided and handed to the workers to report: their
         report passes through update_connector_output as the workers made it."""
         """Producer releases decided by a tick outside update_connector_output, reported at the next one."""
+        self._leases: dict[TransferId, PeerRef] = {}
+        """Consumer: waiting transfers whose producer's hold this half renews (until this side's decision, or
+        the request ends), bounded by LEASES_TRACKED_MAX."""
+        self._lease_due: deque[tuple[float, TransferId]] = deque()
+        """(next renewal time, transfer) in time order: every lease has the same interval, so a FIFO is
+        ordered; entries of transfers no longer renewed are skipped when they come up."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
@@ -123,6 +130,38 @@ class SchedulerCore:
             return 0, False  # known before the load: the request prefills locally (on_alloc records why)
         count = num_prompt_tokens - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
+
+    def on_new_request(self, request_id: ReqId, params: TransferParams | None, now: float) -> None:
+        """on_new_request (vLLM adds a request): a consumer request that will load remote KV renews its
+        producer's hold every kv_lease_duration / 6 from now until this side decides (NIXL's heartbeats), so
+        a decode backlog longer than defer_timeout finds the KV still held. Sans-IO: the renewals due go to
+        the workers in the step's metadata, and the workers send them without waiting."""
+        c = self.config
+        if c.role != "consumer" or not c.leases or params is None or not params.do_remote_prefill:
+            return
+        tid = params.transfer_id
+        if tid in self._leases or self._refused(tid):
+            return
+        peer = params.peer()
+        if peer is None or not self._allowed_peer(peer):
+            return
+        if len(self._leases) >= LEASES_TRACKED_MAX:
+            self.counters["leases_untracked"] += 1  # it may find its producer expired: a refused read, a recompute
+            return
+        self._leases[tid] = peer
+        self._lease_due.append((now + c.lease_renew_interval_s, tid))
+
+    def _renew_leases(self, now: float) -> None:
+        due, leases, interval = self._lease_due, self._leases, self.config.lease_renew_interval_s
+        while due and due[0][0] <= now:
+            _, tid = due.popleft()
+            peer = leases.get(tid)
+            if peer is None:
+                continue
+            self._step.lease.append(LeaseItem(transfer_id=tid, peer=peer))
+            due.append((now + interval, tid))
+        if not leases:
+            due.clear()
 
     def on_alloc(
         self,
@@ -241,6 +280,7 @@ class SchedulerCore:
             return False, None
         if self.config.role == "producer":
             return self._producer_finished(request_id, params, tuple(block_ids), now, block_groups)
+        self._leases.pop(params.transfer_id, None)
         if params.do_remote_prefill and not self._refused(params.transfer_id):
             self._consumer_aborted(request_id, params, now)  # ended before its first allocation
         # A mapped consumer request: vLLM itself keeps its blocks until finished_recving.
@@ -273,7 +313,7 @@ class SchedulerCore:
                 mode=config.mode,
                 block_ids=blocks,
                 peer=peer.label if peer else None,
-                deadline=now + config.defer_timeout_s,
+                deadline=config.producer_deadline(now, scheduler=True),
                 block_groups=block_groups,
             )
         )
@@ -314,6 +354,7 @@ class SchedulerCore:
         # Recorded as a failed, blockless side so that the log says what happened and replay agrees.
         tid = params.transfer_id
         peer = params.peer()
+        self._leases.pop(tid, None)
         self._record_blockless_map(request_id, params, "consumer", now)
         self._record(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_ABORTED_BEFORE_ALLOCATION))
         if peer is not None and self._allowed_peer(peer):
@@ -325,6 +366,8 @@ class SchedulerCore:
         if now is not None:
             self.tick(now)
             self._route(self.ledger.take_releases(), reported=False)
+            if self._lease_due:
+                self._renew_leases(now)
         step, self._step = self._step, StepMetadata()
         return step
 
@@ -395,6 +438,8 @@ class SchedulerCore:
             if release.role == "producer":
                 self._sending.add(release.request_id)
                 continue
+            if self._leases:
+                self._leases.pop(release.transfer_id, None)  # decided: nothing more to wait for
             if release.reason == REASON_ABORTED_BEFORE_ALLOCATION:
                 continue  # vLLM already freed the request: reporting it would be a KeyError there
             if not reported:
@@ -436,6 +481,7 @@ class SchedulerCore:
             "live": len(state.live),
             "blocks_held": state.blocks_held,
             "released": dict(state.releases_by_cause),
+            "leases_renewed_for": len(self._leases),
             "events": self.ledger.log.next_seq - 1,
             **{f"count_{k}": v for k, v in self.counters.items()},
         }

@@ -294,6 +294,12 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         return self._sched().matched_tokens(_params(request), request.num_prompt_tokens, num_computed_tokens)
 
     @guarded(nothing)
+    def on_new_request(self, request: Request) -> None:
+        # vLLM added the request: a consumer starts renewing its producer's hold (leases) while it waits.
+        if self.scheduler is not None:
+            self.scheduler.on_new_request(ReqId(request.request_id), _params(request), time.time())
+
+    @guarded(nothing)
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         core, params, now = self._sched(), _params(request), time.time()
         request_id = ReqId(request.request_id)

@@ -28,6 +28,7 @@ from connector.index import RequestIndex
 from connector.layout import Geometry, LayerDescriptor, LayoutError, block_ops, geometry_of
 from connector.limits import (
     HANDSHAKE_TIMEOUT_S,
+    LEASE_IDS_PER_MESSAGE_MAX,
     LINK_WAIT_MAX,
     POLL_MESSAGES_MAX,
     REMOTE_DIRECTORY_MAX,
@@ -38,21 +39,24 @@ from connector.linker import Linker
 from connector.links import PeerKey, PeerLink
 from connector.messages import (
     HandshakeMetadata,
+    LeaseRenew,
     Message,
     RankAddress,
+    ReadConfirm,
+    ReadIntent,
     ReleaseBlocks,
     RemoteBlocks,
     WriteDone,
     WriteFailed,
 )
-from connector.metadata import FailItem, PeerRef, StepMetadata
+from connector.metadata import FailItem, LeaseItem, PeerRef, StepMetadata
 from connector.ports import holder_ranks, rank_port, releases_expected
 from connector.store import abandon_inherited
-from connector.transports.base import Op, TransferHandle, Transport
+from connector.transports.base import Code, Op, TransferHandle, Transport
 from connector.waiting import WaitingRoom
 from ledger.decisions import Release
 from ledger.events import Ack, Drop, Event, Fail, Map, ReqId, Schedule, Seal, TransferId, block_groups_of
-from ledger.fold import TransferState
+from ledger.fold import REASON_READ_REFUSED, TransferState
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -87,6 +91,8 @@ class Inflight:
 
     handles: list[tuple[int | None, TransferHandle]] = field(default_factory=list)
     read_failed: bool = False
+    read_failed_terminally: bool = False
+    """A terminal failure of this read was recorded (a second one would be a late event)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -141,11 +147,16 @@ class WorkerCore:
         self._finished_recving: set[ReqId] = set()
         self._failed_recving: set[ReqId] = set()
         self._load_errors: set[int] = set()
+        self._confirming: dict[TransferId, str] = {}
+        """One-sided reads (mori) being confirmed with the producer: `before` (asked, the read waits),
+        `confirmed` (the read may go), `after` (landed, asked whether the hold lasted). Dropped at release."""
         self._last_now = 0.0
         """The clock of the last call that had one (the forward's save_kv_layer has none)."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
+        if config.role == "producer" and config.refuse_released_reads:
+            transport.set_hold_check(self._holds)
 
     # -- setup ----------------------------------------------------------------
 
@@ -260,6 +271,37 @@ class WorkerCore:
             self._tell_holders(
                 abort.peer, ReleaseBlocks(transfer_id=abort.transfer_id, rank=c.tp_rank, consumer_tp_size=c.tp_size)
             )
+        if meta.lease:
+            self._renew(meta.lease)
+
+    def _renew(self, items: list[LeaseItem]) -> None:
+        """Consumer: tell each waiting transfer's holder ranks to hold on (one message per peer, batched). Never
+        waits: a renewal the channel could not queue is counted, and the next one comes a sixth of a lease on."""
+        by_peer: dict[PeerRef, list[TransferId]] = {}
+        for item in items:
+            tid = item.transfer_id
+            if self.state.was_mapped((self.source, tid)) and self._live(tid) is None:
+                continue  # this side decided (read or failed): nothing to hold for
+            by_peer.setdefault(item.peer, []).append(tid)
+        rank = self.config.tp_rank
+        for peer, tids in by_peer.items():
+            for start in range(0, len(tids), LEASE_IDS_PER_MESSAGE_MAX):
+                chunk = tuple(tids[start : start + LEASE_IDS_PER_MESSAGE_MAX])
+                if self._tell_holders(peer, LeaseRenew(transfer_ids=chunk, rank=rank)):
+                    self.counters["lease_renewals_sent"] += len(chunk)
+                else:
+                    self.counters["lease_renewals_not_sent"] += len(chunk)
+
+    def _holds(self, transfer_id: str) -> bool | None:
+        """The tcp transport's server thread asks: does this producer rank still hold `transfer_id`? True: held;
+        False: let go (never held again); None: not mapped here yet (the metadata comes with the next step,
+        while the scheduler half already holds the blocks). Dict lookups, atomic under the GIL: a side leaves
+        `live` at its decision, before vLLM hears of it (and frees its blocks), and never comes back."""
+        key = (self.source, TransferId(transfer_id))
+        t = self.state.live.get(key)
+        if t is not None:
+            return t.role == "producer"
+        return False if self.state.was_mapped(key) else None
 
     def _scheduler_failed(self, failed: FailItem, now: float) -> None:
         """The scheduler half decided a receive failed: report it to vLLM from here (failed_recving and load
@@ -410,18 +452,123 @@ class WorkerCore:
         elif isinstance(message, WriteDone):
             events.append(Ack(ts=now, source=source, transfer_id=message.transfer_id, what="recv", rank=message.rank))
         elif isinstance(message, WriteFailed):
+            refused = message.reason.startswith(REASON_READ_REFUSED)
             events.append(
                 Fail(
                     ts=now,
                     source=source,
                     transfer_id=message.transfer_id,
-                    reason=f"write_failed from rank {message.rank}: {message.reason}",
+                    reason=(f"{REASON_READ_REFUSED}: " if refused else "")
+                    + f"write_failed from rank {message.rank}: {message.reason}",
                 )
             )
         elif isinstance(message, RemoteBlocks):
             self._on_remote_blocks(message, now)
+        elif isinstance(message, LeaseRenew):
+            self._on_lease(message, now, events)
+        elif isinstance(message, ReadIntent):
+            self._on_read_intent(message, now, events)
+        elif isinstance(message, ReadConfirm):
+            self._on_read_confirm(message, now, events)
         else:
             self.counters["unexpected_message"] += 1
+
+    def _on_lease(self, message: LeaseRenew, now: float, events: list[Event]) -> None:
+        """Producer: a consumer rank still waits for these transfers; each side this rank holds is held one
+        lease from now (an `ack` what=lease the fold moves the deadline with), never past kv_lease_max from
+        its map. Renewals for sides not held (decided, or never mapped here) are counted and not recorded: a
+        renewal cannot create a side."""
+        c = self.config
+        if c.role != "producer" or not c.leases:
+            self.counters["lease_renewals_ignored"] += len(message.transfer_ids)
+            return
+        hold_max = max(c.defer_timeout_s, c.kv_lease_max_s) - c.defer_timeout_s
+        for tid in message.transfer_ids:
+            t = self._live(TransferId(tid))
+            m = t.map_event if t is not None else None
+            if t is None or m is None or t.role != "producer":
+                self.counters["lease_renewals_for_unheld"] += 1
+                continue
+            # The map's deadline is the scheduler's map time + defer_timeout: the cap is the scheduler
+            # half's backstop, so the worker never holds longer than the scheduler keeps the blocks.
+            until = min(now + c.kv_lease_duration_s, m.deadline + hold_max)
+            self.counters["lease_renewals"] += 1
+            events.append(
+                Ack(
+                    ts=now,
+                    source=self.source,
+                    transfer_id=TransferId(tid),
+                    what="lease",
+                    rank=message.rank,
+                    until=until,
+                )
+            )
+
+    # -- one-sided reads (mori): confirmed with the producer before and after -----------------
+
+    def _must_confirm(self) -> bool:
+        return self.config.refuse_released_reads and bool(getattr(self.transport, "one_sided", False))
+
+    def _ask_holders(self, tid: TransferId, peer: PeerRef, *, after: bool, now: float) -> None:
+        self._confirming[tid] = "after" if after else "before"
+        if not self._tell_holders(peer, ReadIntent(transfer_id=tid, sender=self.my_address(), after=after)):
+            self._fail(tid, f"{REASON_NOT_SENT}: read_intent", now)
+
+    def _on_read_intent(self, message: ReadIntent, now: float, events: list[Event]) -> None:
+        """Producer: answer whether this rank holds the transfer. Before a read, hold it at least a transfer
+        timeout more (an `ack` what=lease: the read's own lease), so it cannot expire while the NIC reads."""
+        c, sender = self.config, message.sender
+        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        if c.role != "producer" or not c.may_dial(sender.host, port):
+            self.counters["read_intent_refused"] += 1
+            return
+        tid = TransferId(message.transfer_id)
+        held = self._holds(tid)
+        t = self._live(tid)
+        if held and not message.after and t is not None and t.map_event is not None:
+            cap = t.map_event.deadline - c.defer_timeout_s + max(c.defer_timeout_s, c.kv_lease_max_s)
+            until = min(now + c.transfer_timeout_s, cap)
+            events.append(Ack(ts=now, source=self.source, transfer_id=tid, what="lease", until=until))
+        self.counters[f"read_intents_{'held' if held else 'unknown' if held is None else 'released'}"] += 1
+        self._send(sender.host, port, ReadConfirm(transfer_id=tid, rank=c.tp_rank, held=held, after=message.after))
+
+    def _on_read_confirm(self, message: ReadConfirm, now: float, events: list[Event]) -> None:
+        """Consumer: the producer's answer. Before: held, the read goes; not yet mapped, ask again after a
+        backoff (a transient failure); let go, a load error. After: held throughout, the read counts; else
+        its bytes may be another request's KV: a load error, never a success."""
+        tid = TransferId(message.transfer_id)
+        state, t = self._confirming.get(tid), self._live(tid)
+        if t is None or state != ("after" if message.after else "before"):
+            self.counters["read_confirms_unexpected"] += 1
+            return
+        source = self.source
+        if message.held is None and not message.after:
+            del self._confirming[tid]
+            reason = f"{Code.NOT_HELD_YET.name}: the producer has not mapped the transfer yet"
+            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=reason, retryable=True))
+            return
+        if not message.held:
+            del self._confirming[tid]
+            self.counters["reads_refused"] += 1
+            when = "after the read" if message.after else "before the read"
+            reason = f"{REASON_READ_REFUSED}: the producer did not hold the transfer {when}"
+            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=reason))
+            return
+        if message.after:
+            del self._confirming[tid]
+            self.counters["reads_confirmed"] += 1
+            events.append(Ack(ts=now, source=source, transfer_id=tid, what="read"))
+            return
+        self._confirming[tid] = "confirmed"
+        self._start_read(t, now, attempt=t.transient_failures)
+
+    def _released_unread(self, tid: TransferId) -> bool:
+        """Whether this rank let `tid` go by expiry or failure (not by completing it: a duplicate remote_blocks
+        after write_done changes nothing)."""
+        if self._live(tid) is not None:
+            return False
+        side = self.state.side((self.source, tid))
+        return side is not None and side.decision is not None and side.decision.cause != "completed"
 
     def _on_remote_blocks(self, message: RemoteBlocks, now: float) -> None:
         sender = message.sender
@@ -436,6 +583,14 @@ class WorkerCore:
             )
             return
         target = RemoteTarget(message.block_ids, sender, message.prompt_digest)
+        tid = message.transfer_id
+        if self.config.refuse_released_reads and self._released_unread(tid):
+            # Released (expired, failed, completed) before the consumer said where to write: its blocks may
+            # hold another request's KV now. The consumer is told at once (a load error; vLLM recomputes).
+            self.counters["late_reads_refused"] += 1
+            reason = f"{REASON_READ_REFUSED}: the producer released this transfer before remote_blocks came"
+            self._send(sender.host, port, WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason=reason))
+            return
         if not self._same_prompt(message.transfer_id, target):
             self._refuse_other_prompt(message.transfer_id, target)
             return
@@ -461,13 +616,21 @@ class WorkerCore:
                     if layer is not None:
                         done_layers.append(layer)
                 else:
+                    if layer is None and flight.read_failed_terminally:
+                        continue  # the read already failed for good: its other layers' failures add nothing
                     flight.read_failed = flight.read_failed or layer is None
+                    if layer is None and not status.transient:
+                        flight.read_failed_terminally = True
+                    reason = f"{status.code.name}: {status.message}"
+                    if status.code == Code.REFUSED:
+                        self.counters["reads_refused"] += 1
+                        reason = f"{REASON_READ_REFUSED}: {reason}"
                     events.append(
                         Fail(
                             ts=now,
                             source=source,
                             transfer_id=tid,
-                            reason=f"{status.code.name}: {status.message}",
+                            reason=reason,
                             retryable=status.transient,
                         )
                     )
@@ -477,7 +640,12 @@ class WorkerCore:
             # A read lands when every layer's batch of this attempt succeeded.
             reading = any(layer is None for layer, _ in flight.handles)
             if reading and not still and not flight.read_failed:
-                events.append(Ack(ts=now, source=source, transfer_id=tid, what="read"))
+                if self._must_confirm():
+                    peer = self.peers.get(tid)
+                    if peer is not None:
+                        self._ask_holders(tid, peer, after=True, now=now)  # landed: did the hold last?
+                else:
+                    events.append(Ack(ts=now, source=source, transfer_id=tid, what="read"))
             if still:
                 flight.handles = still
             else:
@@ -522,6 +690,7 @@ class WorkerCore:
             tid = release.transfer_id
             self.index.forget(release.request_id, tid)
             self.inflight.pop(tid, None)
+            self._confirming.pop(tid, None)
             self.waiting.drop(tid)
             self._step_saves.pop(tid, None)
             peer = self.peers.pop(tid, None)
@@ -672,6 +841,10 @@ class WorkerCore:
         link = self._link(tid, key, now)
         if link is None:
             return  # parked until the peer links (or failed: not allow-listed)
+        if self._must_confirm() and self._confirming.get(tid) != "confirmed":
+            if tid not in self._confirming:
+                self._ask_holders(tid, peer, after=False, now=now)
+            return  # the read goes when the producer confirms it holds the transfer
         flight = Inflight()
         m = t.map_event
         assert m is not None, "a live transfer has its map"
@@ -688,7 +861,7 @@ class WorkerCore:
                     raise LayoutError(f"layer {name!r} is in KV cache group {group}, which the transfer lacks")
                 ops = _cached_ops(layer.geometry, remote_geometry, local_groups[group], remote_groups[group])
                 if ops:
-                    flight.handles.append((None, self.transport.read(link.session, name, name, ops)))
+                    flight.handles.append((None, self.transport.read(link.session, name, name, ops, transfer_id=tid)))
         except LayoutError as error:
             self._fail(tid, f"{REASON_LAYOUT}: {error}", now)
             return

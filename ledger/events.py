@@ -19,7 +19,7 @@ ReqId = NewType("ReqId", str)
 
 Role: TypeAlias = Literal["producer", "consumer"]
 Mode: TypeAlias = Literal["read", "write"]
-AckWhat: TypeAlias = Literal["write", "read", "release", "recv"]
+AckWhat: TypeAlias = Literal["write", "read", "release", "recv", "lease"]
 DeadlineName: TypeAlias = Literal["defer", "transfer"]
 
 UNASSIGNED_SEQ = 0
@@ -120,12 +120,27 @@ class Ack(_Envelope, tag="ack", frozen=True):
 
     `write`: layers landed; `read`: a read finished (`layers` None = all);
     `release`: consumer rank `rank` says the producer may free; `recv`: all KV
-    arrived at the consumer.
+    arrived at the consumer; `lease`: the consumer (rank `rank`) still waits for
+    this transfer and renewed the producer's hold until `until` (absolute ts).
+
+    A lease renewal is an `ack`, not a seventh kind nor a `schedule`: like
+    `release` it is what a producer observes from its consumer over the control
+    channel (authenticated the same way), it is folded on the side it names and,
+    after the side's decision, it is late evidence like any ack (a renewal after
+    an expire means the lease was too short for the consumer's rhythm). A
+    `schedule` is what a side itself issues; a renewal issues nothing. Its only
+    effect is to move the side's deadline later (never earlier).
     """
 
     what: AckWhat
     layers: tuple[int, ...] | None = None
     rank: int = 0
+    until: float | None = None
+    """`lease` only: the new deadline the renewal asks for."""
+
+    def __post_init__(self) -> None:
+        if (self.what == "lease") != (self.until is not None):
+            raise ValueError("ack.until is set exactly for a lease ack")
 
 
 class Fail(_Envelope, tag="fail", frozen=True):

@@ -122,6 +122,8 @@ ACKS_A_SIDE_RECEIVES: frozenset[tuple[Role, Mode, str]] = frozenset({
     ("producer", "read", "release"),
     ("producer", "write", "write"),
     ("producer", "write", "release"),
+    ("producer", "read", "lease"),
+    ("producer", "write", "lease"),
     ("consumer", "read", "read"),
     ("consumer", "read", "recv"),
     ("consumer", "write", "recv"),
@@ -134,6 +136,13 @@ CAUSE_PHASE: dict[Cause, PhaseName] = {
     "failed": Phase.FAILED,
     "expired": Phase.EXPIRED,
 }
+
+REASON_LEASE_MISSED = "lease_missed"
+"""An expire of a side whose deadline a lease renewal had moved: its consumer stopped renewing."""
+
+REASON_READ_REFUSED = "read_refused"
+"""A read the producer refused (its side was no longer held) or one a consumer could not confirm: a load
+error, never a success. Counted by the fold (`lease_counts["reads_refused"]`)."""
 
 REASON_LOCAL_EXCEEDS_REMOTE = "local_blocks_exceed_remote"
 """A consumer holding more blocks than the producer sent cannot be filled."""
@@ -195,6 +204,11 @@ class TransferState(msgspec.Struct, gc=False):
     reuse_seqs: list[int] | None = None
     reused_by: list[ReqId] | None = None
     """The requests whose maps of this side's id were refused (id_reuse), in order."""
+    lease_until: float | None = None
+    """The deadline the consumer's latest lease renewal moved this side to (None: its map's deadline
+    holds). Per side: forgotten with it."""
+    leases: int = 0
+    """Lease renewals folded on this side."""
 
     @property
     def key(self) -> Key:
@@ -218,6 +232,9 @@ class TransferState(msgspec.Struct, gc=False):
 
     @property
     def deadline(self) -> float | None:
+        """The map's deadline, or the later one a lease renewal moved it to."""
+        if self.lease_until is not None:
+            return self.lease_until
         return self.map_event.deadline if self.map_event is not None else None
 
     @property
@@ -402,6 +419,10 @@ class LedgerState:
         self.releases_by_cause: dict[Cause, int] = {"completed": 0, "failed": 0, "expired": 0}
         self.forged_by_reason: dict[str, int] = {}
         """Control messages refused as unproven (`drop` events), by reason: what the service counts."""
+        self.lease_counts: dict[str, int] = {}
+        """`renewals`: lease renewals folded (`ack` what=lease); `expiries`: sides expired after a renewal
+        had moved their deadline (the consumer stopped renewing); `reads_refused`: reads refused because
+        the side they named was no longer held (`fail` with REASON_READ_REFUSED). What the service counts."""
         self.forged_recent: deque[Drop] = deque(maxlen=FORGED_KEPT_MAX)
         """The latest `drop` events, the audit's evidence (a snapshot keeps the counts, not these)."""
         self.blocks_held = 0
@@ -556,7 +577,9 @@ class LedgerState:
             t.phase = Phase.ACTIVE
         self.live[key] = t
         self._claim_blocks(t, key)
-        heapq.heappush(self.deadlines, (e.deadline, e.seq, e.source, e.transfer_id))
+        if t.lease_until is not None and (e.role != "producer" or t.lease_until <= e.deadline):
+            t.lease_until = None  # a renewal before the map counts only where it moves a producer's deadline
+        heapq.heappush(self.deadlines, (t.deadline or e.deadline, e.seq, e.source, e.transfer_id))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
         if local_exceeds_remote(e):
@@ -614,6 +637,9 @@ class LedgerState:
 
     def _on_ack(self, t: TransferState, e: Ack) -> Release | None:
         what = e.what
+        if what == "lease":
+            self._on_lease(t, e)
+            return None
         layers = e.layers
         if what == "write" and layers is not None and t.role == "producer" and t.mode == "write":
             # The hot path (write acks of a mapped WRITE producer): same rules, fewer steps. A READ
@@ -662,7 +688,32 @@ class LedgerState:
             self._over_ack(t, e.seq)
         return self._check_complete(t, e.seq, e.ts)
 
+    def _on_lease(self, t: TransferState, e: Ack) -> None:
+        """A lease renewal moves the side's deadline to `until` when that is later (never earlier): the
+        deadline heap gets the new entry, and `due` skips the old one."""
+        until = e.until
+        assert until is not None  # Ack validates it
+        counts = self.lease_counts
+        counts["renewals"] = counts.get("renewals", 0) + 1
+        t.leases += 1
+        if t.role is None:
+            if t.lease_until is None or until > t.lease_until:
+                t.lease_until = until  # weighed against the map's deadline when it arrives
+            return
+        if t.role != "producer":
+            self._over_ack(t, e.seq)  # only a producer holds blocks for a peer
+            return
+        current = t.deadline
+        if current is not None and until <= current:
+            return
+        t.lease_until = until
+        heapq.heappush(self.deadlines, (until, t.map_seq, t.source, t.transfer_id))
+        if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
+            self._sweep_deadlines()
+
     def _on_fail(self, t: TransferState, e: Fail) -> Release | None:
+        if e.reason.startswith(REASON_READ_REFUSED):
+            self.lease_counts["reads_refused"] = self.lease_counts.get("reads_refused", 0) + 1
         if e.retryable:
             t.transient_failures += 1
             if t.transient_since is None:
@@ -687,6 +738,9 @@ class LedgerState:
             if self.retrying:
                 self.retrying.pop(key, None)
             return None
+        if t.lease_until is not None:
+            self.lease_counts["expiries"] = self.lease_counts.get("expiries", 0) + 1
+            return self._decide(t, "expired", e.seq, e.ts, f"{REASON_LEASE_MISSED} ({t.leases} renewals)")
         return self._decide(t, "expired", e.seq, e.ts, f"{e.deadline} deadline passed")
 
     # -- guards and bookkeeping ------------------------------------------
@@ -845,7 +899,11 @@ class LedgerState:
 
     def _sweep_deadlines(self) -> None:
         live = self.live
-        self.deadlines = [d for d in self.deadlines if (d[2], d[3]) in live]
+        self.deadlines = [
+            d
+            for d in self.deadlines
+            if (t := live.get((d[2], d[3]))) is not None and t.deadline == d[0]  # type: ignore[arg-type]
+        ]
         heapq.heapify(self.deadlines)
 
     # -- queries used by the shells --------------------------------------
@@ -865,7 +923,7 @@ class LedgerState:
             if deadline > now:
                 continue
             t = live.get((source, tid))  # type: ignore[arg-type]
-            if t is not None and t.map_seq == seq:
+            if t is not None and t.map_seq == seq and (t.lease_until is None or t.lease_until == deadline):
                 found.append((deadline, seq, t))
             for child in (2 * i + 1, 2 * i + 2):
                 if child < len(heap):

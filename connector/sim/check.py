@@ -76,6 +76,10 @@ def evaluate(storm: Storm, tally: Tally) -> StormResult:
     mismatched = mismatched_sources(live, releases)
     r.replay_matches = not mismatched
 
+    counts = state.lease_counts
+    r.late_reads_refused = counts.get("reads_refused", 0)
+    r.lease_renewals, r.lease_expiries = counts.get("renewals", 0), counts.get("expiries", 0)
+    r.late_reads = sum(1 for q in storm.requests if q.faults.late_reader_rounds and q.consumer.admitted)
     findings = audit(state, tally.final_now, audit_config(cfg))
     faulted = {q.transfer_id for q in storm.requests if q.faults is not NO_FAULTS} | tally.death_touched
     judge_findings(storm, findings, faulted, {("forged_message", tid) for tid in tally.forged}, r)

@@ -10,11 +10,11 @@ from ledger.events import Mode
 
 FaultKind: TypeAlias = Literal[
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
-    "forged_release",
+    "forged_release", "late_reader",
 ]  # fmt: skip
 FAULT_KINDS: tuple[FaultKind, ...] = (
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
-    "forged_release",
+    "forged_release", "late_reader",
 )  # fmt: skip
 """sq_full: a burst of send-queue-full (transient) transport failures; transfer_fail: a terminal transport
 failure; drop / duplicate / reorder / late: a notification lost, delivered twice, held a few rounds, or held
@@ -22,7 +22,9 @@ past every deadline; early: the producer worker binds a transfer late, so the co
 remote_blocks (WRITE) reaches it before its map; never_ready: the consumer never takes the request (a READ
 consumer that never reads, a WRITE consumer that never sends remote_blocks); peer_death: one engine dies
 mid-run (its worker closes; its scheduler stops); forged_release: someone on an allow-listed address (the
-loopback) sends the producer a `release` for the transfer without the storm's control key."""
+loopback) sends the producer a `release` for the transfer without the storm's control key; late_reader: the
+consumer request waits in a decode backlog and starts its read (READ) or sends remote_blocks (WRITE) after
+the producer's defer deadline (leases must keep the blocks held, or the read must be refused)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,14 @@ class StormConfig:
     recv_abort_timeout_s: float = 3.0
     """Longer than defer_timeout: the producer gives up before the consumer, so no write lands in blocks the
     consumer has already handed back."""
+    kv_lease_duration_s: float = 1.2
+    """Leases at the storm's scale (defer 2 s): renewed every 0.2 s, a crashed consumer's hold lapses 1.2 s
+    after its last renewal."""
+    kv_lease_max_s: float = 8.0
+    """Longer than the latest late reader waits (defer + proxy delay + 4 s)."""
+    protections: bool = True
+    """False: the negative control. No leases and reads of released blocks served (the connector as it was):
+    late readers then receive other requests' KV (checksums) and the audit finds premature releases."""
     start_load_before_forward: bool = False
     """vLLM (0.33) calls start_load_kv after launching the forward when no load is synchronous, as here;
     True steps the workers in the older order (start_load_kv first)."""
@@ -129,6 +139,14 @@ class StormResult:
     """Forged `release` messages sent to the producer (the forged_release fault)."""
     forged_messages_accepted: int = 0
     """Of those, the ones not recorded as dropped (`drop` events): must be 0."""
+    late_reads: int = 0
+    """Consumers (late_reader) that started after their producer's defer deadline."""
+    late_reads_refused: int = 0
+    """Reads (or remote_blocks) refused because the producer no longer held the transfer (read_refused)."""
+    lease_renewals: int = 0
+    """Lease renewals the producer worker folded."""
+    lease_expiries: int = 0
+    """Producer sides expired after a missed lease."""
     hook_us_max: float = 0.0
     """The longest wall time any one hook call took, in microseconds (a peer never makes a hook wait)."""
     problems: list[str] = field(default_factory=list)
@@ -136,6 +154,11 @@ class StormResult:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def corrupt_receives(self) -> int:
+        """Receives reported good whose bytes are not the producer's (the checksums): wrong answers."""
+        return self.integrity_failures
 
     @property
     def sim_requests_per_s(self) -> float:

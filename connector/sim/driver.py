@@ -46,6 +46,8 @@ from ledger.events import ReqId, Role, TransferId
 
 HOST = "127.0.0.1"
 STORM_CONTROL_KEY = b"kvledger-storm-control-key-0001"
+LOCAL_TRAFFIC_NUMBER_BASE = 1 << 40
+"""Content numbers of the producer's local traffic: apart from every storm request's."""
 """Both engines sign their control messages with it; a forged_release is sent without it."""
 
 
@@ -65,6 +67,9 @@ def engine_config(storm: StormConfig, role: Role, mine: list[int], theirs: list[
         ledger_url=storm.ledger_url,
         peers=(peer,),
         control_key=STORM_CONTROL_KEY,
+        kv_lease_duration_s=storm.kv_lease_duration_s if storm.protections else 0.0,
+        kv_lease_max_s=storm.kv_lease_max_s,
+        refuse_released_reads=storm.protections,
     )
 
 
@@ -181,6 +186,7 @@ class Storm:
         self._arrivals(round_number, now)
         producer, consumer = self.producer, self.consumer
         if producer.alive:
+            self._local_traffic(round_number)
             self._producer_admissions(round_number, now)
             self._on_producer_report(producer.step(now, round_number))
             self._request_finished(round_number, now)
@@ -234,6 +240,8 @@ class Storm:
         else:
             producer.admit_round += lead  # the decode engine allocated first; the prefill runs a little later
         consumer.needed = not faults.never_ready and self.consumer.alive
+        if faults.late_reader_rounds:
+            consumer.admit_round = round_number + faults.late_reader_rounds  # a decode backlog: past the deadline
         producer.needed = self.producer.alive
         if not producer.needed and cfg.mode == "read":
             consumer.needed = False
@@ -286,6 +294,19 @@ class Storm:
                 engine.lagged[request.transfer_id] = first + request.faults.lag_rounds
             self._finishing.append(request)
 
+    def _local_traffic(self, round_number: int) -> None:
+        """The prefill engine's other work (requests it serves itself): each round one of them writes its KV
+        into the blocks on top of the free list and finishes. The pool is as it was (same blocks, same order),
+        but a block freed too early now holds another request's KV, as in a busy engine, so a late read of it
+        shows in the checksums even after the storm's own arrivals have ended."""
+        cfg, pool = self.config, self.producer.pool
+        owner = TransferId("local-traffic")
+        blocks = pool.allocate(cfg.blocks_per_request, owner)
+        if blocks is None:
+            return
+        prefill(self.producer.caches, blocks, cfg.seed, LOCAL_TRAFFIC_NUMBER_BASE + round_number)
+        pool.free(blocks, owner)
+
     def _request_finished(self, round_number: int, now: float) -> None:
         """After the prefill's forward: max_tokens=1, so the request finishes in the same step."""
         engine = self.producer
@@ -329,8 +350,16 @@ class Storm:
     def _consumer_admissions(self, round_number: int, now: float) -> None:
         for request in list(self.unresolved.values()):
             side = request.consumer
-            if side.admitted or not side.needed or side.admit_round > round_number or not request.handed_over:
+            if side.admitted or not side.needed or not request.handed_over:
                 continue  # READ: until the prefill finished, the proxy has nothing to hand over
+            if not side.arrived:
+                # vLLM's add_request: the connector hears of it (on_new_request) and, while it waits, renews.
+                side.arrived = True
+                self.consumer._timed(
+                    self.consumer.scheduler.on_new_request, side.request_id, request.consumer_params, now
+                )
+            if side.admit_round > round_number:
+                continue
             if not self._schedule_consumer(request, now):
                 raise SimulationError(f"consumer would not load {request.transfer_id}")
 
@@ -454,7 +483,7 @@ class Storm:
                 side.lost = True
             elif not side.admitted:
                 side.needed = False
-            if engine is self.producer and self.config.mode == "read" and not request.consumer.admitted:
+            if engine is self.producer and self.config.mode == "read" and not request.handed_over:
                 request.consumer.needed = False  # the prefill never finished: nothing to hand the decode engine
             self._check_resolved(request)
         engine.kill()

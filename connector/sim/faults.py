@@ -11,6 +11,9 @@ from connector.sim.config import FaultKind, StormConfig
 from connector.sim.limits import (
     LAG_ROUNDS_MAX,
     LAG_ROUNDS_MIN,
+    LATE_READER_PAST_DEADLINE_ROUNDS_MAX,
+    LATE_READER_PAST_DEADLINE_ROUNDS_MIN,
+    PROXY_DELAY_ROUNDS_MAX,
     REORDER_ROUNDS_MAX,
     SQ_FULL_BURST_OPS_MAX,
     SQ_FULL_ENDLESS_OPS,
@@ -53,6 +56,9 @@ class TransferFaults:
     never_ready: bool = False
     forged_release: bool = False
     """A `release` without the control key reaches the producer when the prefill finishes."""
+    late_reader_rounds: int = 0
+    """The consumer request waits this many rounds (a decode backlog) before vLLM schedules it: past the
+    producer's defer deadline."""
 
     def kinds(self) -> list[FaultKind]:
         out: list[FaultKind] = []
@@ -67,6 +73,8 @@ class TransferFaults:
             out.append("never_ready")
         if self.forged_release:
             out.append("forged_release")
+        if self.late_reader_rounds:
+            out.append("late_reader")
         return out
 
 
@@ -81,7 +89,18 @@ def late_delay_rounds(config: StormConfig) -> int:
 def horizon_s(config: StormConfig) -> float:
     """Simulated seconds after a request's arrival by which every fault on it has played out (every deadline
     passed, every held notification sent): what is unresolved then is hung."""
-    return 2 * (config.recv_abort_timeout_s + config.transfer_timeout_s) + late_delay_rounds(config) * config.step_s
+    late_reader_s = 0.0
+    if "late_reader" in config.faults:
+        late_reader_s = (late_reader_base_rounds(config) + LATE_READER_PAST_DEADLINE_ROUNDS_MAX) * config.step_s
+    return 2 * (config.recv_abort_timeout_s + config.transfer_timeout_s) + max(
+        late_delay_rounds(config) * config.step_s, late_reader_s
+    )
+
+
+def late_reader_base_rounds(config: StormConfig) -> int:
+    """Rounds from a request's arrival to its producer's defer deadline, at the latest (the proxy's delay
+    included): a late reader waits this long plus its draw."""
+    return math.ceil(config.defer_timeout_s / config.step_s) + PROXY_DELAY_ROUNDS_MAX + 1
 
 
 def draw_faults(rng: random.Random, config: StormConfig) -> TransferFaults:
@@ -118,9 +137,16 @@ def draw_faults(rng: random.Random, config: StormConfig) -> TransferFaults:
     lag_rounds = rng.randint(LAG_ROUNDS_MIN, LAG_ROUNDS_MAX) if hit("early") else 0
     never_ready = hit("never_ready")
     forged_release = hit("forged_release")
-    if not (sq_full_ops or terminal or messages or lag_rounds or never_ready or forged_release):
+    late_reader_rounds = 0
+    if hit("late_reader") and not never_ready:
+        late_reader_rounds = late_reader_base_rounds(config) + rng.randint(
+            LATE_READER_PAST_DEADLINE_ROUNDS_MIN, LATE_READER_PAST_DEADLINE_ROUNDS_MAX
+        )
+    if not (sq_full_ops or terminal or messages or lag_rounds or never_ready or forged_release or late_reader_rounds):
         return NO_FAULTS
-    return TransferFaults(sq_full_ops, terminal, tuple(messages), lag_rounds, never_ready, forged_release)
+    return TransferFaults(
+        sq_full_ops, terminal, tuple(messages), lag_rounds, never_ready, forged_release, late_reader_rounds
+    )
 
 
 @dataclass(frozen=True)

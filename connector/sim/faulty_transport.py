@@ -19,6 +19,7 @@ from connector.sim.network import SimNetwork
 from connector.transports.base import (
     IN_PROGRESS,
     Code,
+    HoldCheck,
     Op,
     RegionDescriptor,
     Session,
@@ -65,6 +66,10 @@ class FaultyTransport:
         self.hung: list[GatedHandle] = []
         """Handles to a dead engine: they never finish."""
 
+    @property
+    def one_sided(self) -> bool:
+        return self.inner.one_sided
+
     def register(self, name: str, tensor: Any) -> RegionDescriptor:
         return self.inner.register(name, tensor)
 
@@ -74,8 +79,15 @@ class FaultyTransport:
     def connect(self, endpoint: TransportEndpoint, regions: Sequence[RegionDescriptor]) -> Session:
         return self.inner.connect(endpoint, regions)
 
-    def read(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
-        return self._issue(session, local, ops, lambda: self.inner.read(session, local, remote, ops))
+    def read(
+        self, session: Session, local: str, remote: str, ops: Sequence[Op], *, transfer_id: str = ""
+    ) -> TransferHandle:
+        return self._issue(
+            session, local, ops, lambda: self.inner.read(session, local, remote, ops, transfer_id=transfer_id)
+        )
+
+    def set_hold_check(self, held: HoldCheck | None) -> None:
+        self.inner.set_hold_check(held)
 
     def write(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
         return self._issue(session, local, ops, lambda: self.inner.write(session, local, remote, ops))

@@ -26,6 +26,12 @@ proxy delay plus a read and its release take, far less than transfer_timeout (an
 REORDER_ROUNDS_MAX = 4
 """The most rounds a `reorder` fault holds a notification back."""
 
+LATE_READER_PAST_DEADLINE_ROUNDS_MIN = 25
+LATE_READER_PAST_DEADLINE_ROUNDS_MAX = 400
+"""How far past the producer's defer deadline a `late_reader` consumer starts its read (READ) or sends
+remote_blocks (WRITE): 0.25 s to 4 s at 10 ms a round, an eighth of the defer timeout to twice it (the
+decode backlog of seconds to minutes against a 60 s defer_timeout, at the storm's scale)."""
+
 PROXY_DELAY_ROUNDS_MAX = 2
 """The most rounds the proxy takes to hand a request to the second engine."""
 

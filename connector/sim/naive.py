@@ -24,7 +24,9 @@ from what a naive engine would have seen live, it differs in the naive side's fa
 it holds messages that exist only because the fold decided something the naive rules
 would not have (a consumer released as failed still sends `release`, so the naive
 producer sees a release it would never have got; retries after a send-queue-full
-happened only because the connector retried). So the naive figures are a lower bound
+happened only because the connector retried; a read the producer answered "not held yet" because its worker
+had not mapped the transfer yet is left out, since a naive producer served every read blindly). So the
+naive figures are a lower bound
 on what naive bookkeeping strands live under the same faults. Scheduler logs are not
 fed: MoRIIO's scheduler frees blocks exactly when its workers report, so the workers'
 naive decisions are the engine's.
@@ -37,9 +39,12 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
+from connector.transports.base import Code
 from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Mode, ReqId, Role, Seal, TransferId
 
 log = logging.getLogger(__name__)
+
+_NOT_HELD_YET = Code.NOT_HELD_YET.name
 
 
 @dataclass
@@ -84,6 +89,8 @@ class NaiveBookkeeping:
         if t.released or t.failed or isinstance(event, Expire):
             return  # rule 1: no deadlines; rule 4: a failed transfer is done for
         if isinstance(event, Fail):
+            if event.retryable and event.reason.startswith(_NOT_HELD_YET):
+                return  # a naive producer served this read without asking (see the module docstring)
             t.failed = True  # rules 3 and 4: retryable or not
             return
         if isinstance(event, Seal):

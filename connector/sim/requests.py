@@ -18,6 +18,8 @@ class SideRecord:
     """False when this engine never gets the request (never_ready consumer, or an engine already dead)."""
     admit_round: int = -1
     admitted: bool = False
+    arrived: bool = False
+    """The consumer engine's vLLM has the request (on_new_request called); it waits until `admit_round`."""
     blocks: tuple[int, ...] = ()
     reported: int = 0
     """Times vLLM was told this side finished (finished_sending / finished_recving): must end at 1."""

@@ -11,7 +11,7 @@ backoff) or terminal; the caller decides what to do, the transport never retries
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any, Protocol, TypeAlias
@@ -55,6 +55,11 @@ class Code(IntEnum):
     REMOTE_ERROR = 4
     CLOSED = 5
     TIMEOUT = 6
+    REFUSED = 7
+    """The producer no longer holds the transfer the read named (released or expired): its blocks may hold
+    another request's KV, so no byte of them was sent. Terminal: the consumer reports a load error."""
+    NOT_HELD_YET = 8
+    """The producer rank has not mapped the transfer yet (its metadata comes with its next step): transient."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,11 @@ class TransferHandle:
         return self._done.wait(timeout_s)
 
 
+HoldCheck: TypeAlias = Callable[[str], bool | None]
+"""Whether this process holds the named transfer's blocks: True held, False let go (for good), None not known
+here yet. Safe to call from any thread."""
+
+
 class Session(Protocol):
     endpoint: TransportEndpoint
 
@@ -140,6 +150,11 @@ class Transport(Protocol):
     """One engine rank's transport; methods are called from one thread (the worker's)."""
 
     backend: str
+
+    @property
+    def one_sided(self) -> bool:
+        """True where the producer never sees a read (RDMA): it cannot refuse one, so the consumer confirms."""
+        ...
 
     def register(self, name: str, tensor: Any) -> RegionDescriptor:
         """Make a KV tensor readable and writable by peers under `name`."""
@@ -151,8 +166,19 @@ class Transport(Protocol):
         """A session with a peer whose regions were learnt in a completed handshake."""
         ...
 
-    def read(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
-        """Copy remote region bytes into the local region, op by op; returns at once."""
+    def read(
+        self, session: Session, local: str, remote: str, ops: Sequence[Op], *, transfer_id: str = ""
+    ) -> TransferHandle:
+        """Copy remote region bytes into the local region, op by op; returns at once. `transfer_id` names the
+        transfer the bytes belong to: a peer that serves reads refuses one for a transfer it no longer holds."""
+        ...
+
+    def set_hold_check(self, held: HoldCheck | None) -> None:
+        """Serve a peer's read only while `held(transfer_id)` is True, checked before the bytes are copied and
+        again after (False: refused, REFUSED; None: refused for now, NOT_HELD_YET, transient). A hold is never
+        taken back once let go, so True after the copy means the blocks were held throughout it. Called from
+        the transport's own threads. A one-sided transport (mori) cannot refuse a read: there the consumer
+        confirms with the producer instead."""
         ...
 
     def write(self, session: Session, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:

@@ -12,6 +12,7 @@ from typing import Any
 from connector.transports.base import (
     SUCCEEDED,
     Code,
+    HoldCheck,
     Op,
     RegionDescriptor,
     TransferHandle,
@@ -35,9 +36,12 @@ class LoopbackSession:
 
 class LoopbackTransport:
     backend = BACKEND
+    one_sided = False
+    """The producer serves each read, so it refuses one for a transfer it no longer holds."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._regions: dict[str, TensorRegion] = {}
+        self._hold_check: HoldCheck | None = None
         self._closed = False
         with _registry_lock:
             port = next(_ports)
@@ -57,8 +61,13 @@ class LoopbackTransport:
             raise ValueError(f"a loopback transport cannot talk to a {endpoint.backend!r} endpoint")
         return LoopbackSession(endpoint, {r.name: r for r in regions})
 
-    def read(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
-        return self._copy(session, local, remote, ops, into_local=True)
+    def read(
+        self, session: Any, local: str, remote: str, ops: Sequence[Op], *, transfer_id: str = ""
+    ) -> TransferHandle:
+        return self._copy(session, local, remote, ops, into_local=True, transfer_id=transfer_id)
+
+    def set_hold_check(self, held: HoldCheck | None) -> None:
+        self._hold_check = held
 
     def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
         return self._copy(session, local, remote, ops, into_local=False)
@@ -71,7 +80,9 @@ class LoopbackTransport:
         with _registry_lock:
             _registry.pop(self._endpoint.port, None)
 
-    def _copy(self, session: Any, local: str, remote: str, ops: Sequence[Op], *, into_local: bool) -> TransferHandle:
+    def _copy(
+        self, session: Any, local: str, remote: str, ops: Sequence[Op], *, into_local: bool, transfer_id: str = ""
+    ) -> TransferHandle:
         if self._closed:
             return TransferHandle(failed(Code.CLOSED, "transport closed"))
         peer = _registry.get(session.endpoint.port)
@@ -80,6 +91,12 @@ class LoopbackTransport:
         mine, theirs = self._regions.get(local), peer._regions.get(remote)
         if mine is None or theirs is None or remote not in session.regions:
             return TransferHandle(failed(Code.BAD_REQUEST, f"unknown region {local!r} or {remote!r}"))
+        held = peer._hold_check
+        answer = (held(transfer_id) if transfer_id else False) if into_local and held is not None else True
+        if answer is None:
+            return TransferHandle(failed(Code.NOT_HELD_YET, "transfer not held yet", transient=True))
+        if answer is False:
+            return TransferHandle(failed(Code.REFUSED, "transfer not held by the producer: no bytes sent"))
         try:
             for lo, ro, size in ops:
                 mine.check(lo, size)

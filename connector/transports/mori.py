@@ -37,6 +37,7 @@ from connector.limits import (
 from connector.transports.base import (
     SUCCEEDED,
     Code,
+    HoldCheck,
     Op,
     RegionDescriptor,
     TransferHandle,
@@ -181,6 +182,8 @@ class MoriTransport:
     """See the module docstring. `mori_io` injects a module (tests pass the fake); else `mori.io` is imported."""
 
     backend = BACKEND
+    one_sided = True
+    """RDMA reads never reach the producer's CPU: the worker confirms the hold before and after instead."""
 
     def __init__(
         self,
@@ -254,8 +257,15 @@ class MoriTransport:
             self._remote_engines[engine_desc.key] = engine_desc
         return MoriSession(endpoint, engine_desc.key, {r.name: r for r in regions})
 
-    def read(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+    def read(
+        self, session: Any, local: str, remote: str, ops: Sequence[Op], *, transfer_id: str = ""
+    ) -> TransferHandle:
+        # One-sided: the producer's CPU never sees this read, so it cannot refuse it. The worker confirms the
+        # hold with the producer before and after instead (`transfer_id` is not sent anywhere).
         return self._submit(session, local, remote, ops, read=True)
+
+    def set_hold_check(self, held: HoldCheck | None) -> None:
+        """Nothing to check on this side: an RDMA read never reaches the producer's CPU."""
 
     def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
         return self._submit(session, local, remote, ops, read=False)

@@ -34,6 +34,7 @@ from connector.limits import (
 from connector.transports.base import (
     SUCCEEDED,
     Code,
+    HoldCheck,
     Op,
     RegionDescriptor,
     TransferHandle,
@@ -48,12 +49,16 @@ log = logging.getLogger(__name__)
 
 BACKEND = "tcp"
 
+_NOT_HELD = "transfer not held by the producer (released or expired): no bytes sent"
+
 
 class _Request(msgspec.Struct, array_like=True):
     id: int
     op: str  # "read" or "write"
     region: str
     spans: list[tuple[int, int]]  # (remote offset, size)
+    transfer: str = ""
+    """The transfer a read is for: a server with a hold check serves it only while that transfer is held."""
 
 
 class _Reply(msgspec.Struct, array_like=True):
@@ -90,11 +95,15 @@ class TcpTransport:
     """See the module docstring. `port=0` picks a free port (tests)."""
 
     backend = BACKEND
+    one_sided = False
+    """The producer serves each read, so it refuses one for a transfer it no longer holds."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, context: zmq.Context[Any] | None = None) -> None:
         self._own_context = context is None
         self._context: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._regions: dict[str, TensorRegion] = {}
+        self._hold_check: HoldCheck | None = None
+        """Set by the worker of a producer: reads are served only for transfers it holds."""
         self._ids = itertools.count(1)
         self._stop = threading.Event()
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
@@ -132,8 +141,13 @@ class TcpTransport:
             raise ValueError(f"a tcp transport cannot talk to a {endpoint.backend!r} endpoint")
         return TcpSession(endpoint, {r.name: r for r in regions})
 
-    def read(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
-        return self._submit(session, "read", local, remote, ops)
+    def read(
+        self, session: Any, local: str, remote: str, ops: Sequence[Op], *, transfer_id: str = ""
+    ) -> TransferHandle:
+        return self._submit(session, "read", local, remote, ops, transfer_id)
+
+    def set_hold_check(self, held: HoldCheck | None) -> None:
+        self._hold_check = held
 
     def write(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
         return self._submit(session, "write", local, remote, ops)
@@ -162,7 +176,9 @@ class TcpTransport:
 
     # -- the caller's side ----------------------------------------------------
 
-    def _submit(self, session: Any, op: str, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+    def _submit(
+        self, session: Any, op: str, local: str, remote: str, ops: Sequence[Op], transfer_id: str = ""
+    ) -> TransferHandle:
         if self._stop.is_set():
             return TransferHandle(failed(Code.CLOSED, "transport closed"))
         checked = self._check(session, local, remote, ops)
@@ -175,7 +191,7 @@ class TcpTransport:
                 return TransferHandle(failed(Code.SEND_QUEUE_FULL, "send queue full", transient=True))
             self._inflight += 1
         op_list = list(ops)
-        request = _Request(next(self._ids), op, remote, [(ro, size) for _, ro, size in op_list])
+        request = _Request(next(self._ids), op, remote, [(ro, size) for _, ro, size in op_list], transfer_id)
         frames: list[Any] = [_req_encoder.encode(request)]
         if op == "write":
             try:
@@ -255,7 +271,8 @@ class TcpTransport:
         self._done_one()
         if reply.code != Code.OK:
             self._drain(sock)
-            job.handle.finish(failed(Code(reply.code), reply.message, transient=reply.code == Code.SEND_QUEUE_FULL))
+            transient = reply.code in (Code.SEND_QUEUE_FULL, Code.NOT_HELD_YET)
+            job.handle.finish(failed(Code(reply.code), reply.message, transient=transient))
             return
         if job.read_into is None:
             self._drain(sock)
@@ -321,8 +338,21 @@ class TcpTransport:
             ]
         try:
             if request.op == "read":
-                views = [region.view(offset, size) for offset, size in request.spans]
-                return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK)), *views]
+                held = self._hold_check
+                if held is None:
+                    views: list[Any] = [region.view(offset, size) for offset, size in request.spans]
+                    return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK)), *views]
+                # Checked before a byte is copied and again after: holds are never taken back, so a side held
+                # after the copy was held throughout it, and the copy (not the tensor, which vLLM may reuse
+                # once the hold ends) is what goes on the wire.
+                answer = held(request.transfer) if request.transfer else False
+                if answer is not True:
+                    code = Code.NOT_HELD_YET if answer is None else Code.REFUSED
+                    return [identity, msgspec.msgpack.encode(_Reply(request.id, code, _NOT_HELD))]
+                copies = [bytes(region.view(offset, size)) for offset, size in request.spans]
+                if held(request.transfer) is not True:
+                    return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.REFUSED, _NOT_HELD))]
+                return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK)), *copies]
             if request.op == "write":
                 payload = frames[2:]
                 if len(payload) != len(request.spans):

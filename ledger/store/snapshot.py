@@ -19,7 +19,7 @@ from ledger.fold import LedgerState, TransferState
 from ledger.idmemory import IdMemory
 from ledger.tombstone import Compacted
 
-FORMAT = 6
+FORMAT = 7
 """Bumped whenever the encoding below changes."""
 
 _STATE_FIELDS = frozenset({
@@ -31,7 +31,7 @@ _STATE_FIELDS = frozenset({
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `_handlers` and `layer_masks` are rebuilt, not written, and
 `forged_recent` (audit evidence of dropped forged messages) starts empty again: their counts are kept."""
-_COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason")
+_COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason", "lease_counts")
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
 
 

@@ -9,7 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from ledger.events import Event
+from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, TransferId
+from ledger.fold import REASON_READ_REFUSED
 from ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, settings_for
 from tests.ledger.builders import Side
@@ -161,3 +162,20 @@ def test_bad_query_values_are_422(empty: TestClient, query: str) -> None:
     response = empty.get(query)
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"][0] == "query"
+
+
+def test_metrics_count_lease_renewals_expiries_and_refused_reads(empty: TestClient) -> None:
+    tid, p, c = TransferId("tx-lease"), "prefill-0/tp0", "decode-0/tp0"
+    events: list[Event] = [
+        Map(seq=1, ts=1.0, source=p, transfer_id=tid, request_id=ReqId("p"), role="producer", mode="read",
+            block_ids=(1,), deadline=5.0),
+        Ack(seq=2, ts=2.0, source=p, transfer_id=tid, what="lease", until=9.0),
+        Expire(seq=3, ts=9.0, source=p, transfer_id=tid, deadline="defer"),
+        Map(seq=1, ts=1.0, source=c, transfer_id=tid, request_id=ReqId("c"), role="consumer", mode="read",
+            block_ids=(2,), deadline=50.0),
+        Fail(seq=2, ts=10.0, source=c, transfer_id=tid, reason=f"{REASON_READ_REFUSED}: released"),
+    ]  # fmt: skip
+    assert empty.post("/events", json=body(events), headers=AUTH).status_code == 200
+    text = empty.get("/metrics").text
+    for what in ("renewals", "expiries", "reads_refused"):
+        assert f'kvledger_leases_total{{what="{what}"}} 1.0' in text

@@ -84,6 +84,8 @@ class Side:
     failed_recving: set[ReqId] = field(default_factory=set)
     invalid_blocks: set[int] = field(default_factory=set)
     saves: int = 0
+    tick_in_meta: bool = False
+    """Give build_meta the clock, as the adapter does (the tick and lease renewals run there)."""
 
     @classmethod
     def build(cls, config: ConnectorConfig, fill: bool, seed: int) -> Side:
@@ -94,7 +96,7 @@ class Side:
         return cls(scheduler, worker, caches)
 
     def step(self, now: float) -> WorkerOutcome:
-        meta = self.scheduler.build_meta()
+        meta = self.scheduler.build_meta(now if self.tick_in_meta else None)
         self.worker.bind(meta, now)
         self.worker.start_load(now)
         if meta.save:

@@ -21,13 +21,15 @@ class Flaky:
         self.inner, self.transient, self.terminal = inner, transient, terminal
         self.backend = inner.backend
 
-    def read(self, session: Any, local: str, remote: str, ops: Sequence[Op]) -> TransferHandle:
+    def read(
+        self, session: Any, local: str, remote: str, ops: Sequence[Op], *, transfer_id: str = ""
+    ) -> TransferHandle:
         if self.terminal:
             return TransferHandle(failed(Code.REMOTE_ERROR, "link down"))
         if self.transient > 0:
             self.transient -= 1
             return TransferHandle(failed(Code.SEND_QUEUE_FULL, "SQ full", transient=True))
-        return self.inner.read(session, local, remote, ops)  # type: ignore[no-any-return]
+        return self.inner.read(session, local, remote, ops, transfer_id=transfer_id)  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

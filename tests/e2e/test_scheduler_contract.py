@@ -33,8 +33,11 @@ DEFER_TIMEOUT_S = 30.0
 PROMPT_TOKENS = 40  # three 16-token blocks
 
 
-def producer(model: str) -> Any:
-    extra = {"read_mode": True, "defer_timeout": DEFER_TIMEOUT_S, **PRODUCER_PORTS}
+LEASE_MAX_S = 120.0
+
+
+def producer(model: str, **more: Any) -> Any:
+    extra = {"read_mode": True, "defer_timeout": DEFER_TIMEOUT_S, **PRODUCER_PORTS, **more}
     return make_scheduler(make_vllm_config(model, "kv_producer", extra))
 
 
@@ -90,7 +93,9 @@ def test_producer_holds_blocks_until_the_connector_reports_the_release(model: st
 
 
 def test_producer_blocks_come_back_by_expire(model: str, clock: Clock) -> None:
-    scheduler = producer(model)
+    # Leases off: the scheduler half's own deadline is defer_timeout (with leases on its workers decide, and
+    # report the release, as a lease expires; the test below).
+    scheduler = producer(model, kv_lease_duration=0)
     request = finish_prefill(scheduler, "tx-expire")
     clock.now += DEFER_TIMEOUT_S - 1
     step(scheduler)
@@ -99,6 +104,26 @@ def test_producer_blocks_come_back_by_expire(model: str, clock: Clock) -> None:
     step(scheduler)
     assert_empty(scheduler)
     assert scheduler.connector.scheduler.stats()["released"]["expired"] == 1
+
+
+def test_with_leases_the_scheduler_half_holds_until_its_backstop_unless_its_workers_report(
+    model: str, clock: Clock
+) -> None:
+    """With leases on, a renewal reaches the producer's workers, never its scheduler half: the workers decide
+    (at defer_timeout, or one lease after the last renewal) and report it; the scheduler half's own deadline
+    is kv_lease_max, the backstop should its workers die."""
+    scheduler = producer(model, kv_lease_max=LEASE_MAX_S)
+    reported = finish_prefill(scheduler, "tx-lease-report")
+    backstop = finish_prefill(scheduler, "tx-lease-backstop")
+    clock.now += DEFER_TIMEOUT_S + 1
+    step(scheduler)
+    assert blocks_of(scheduler, reported.request_id) and blocks_of(scheduler, backstop.request_id)
+    step(scheduler, finished_sending={reported.request_id})  # its workers let it go (a lease expired)
+    assert not blocks_of(scheduler, reported.request_id) and blocks_of(scheduler, backstop.request_id)
+    clock.now += LEASE_MAX_S
+    step(scheduler)
+    assert_empty(scheduler)
+    assert scheduler.connector.scheduler.stats()["released"] == {"completed": 1, "failed": 0, "expired": 1}
 
 
 # -- remote prefill (the consumer) -------------------------------------------------------

@@ -52,8 +52,8 @@ def hybrid_groups() -> list[KVCacheGroupSpec]:
     ]
 
 
-def hybrid(model: str, role: str, policy: str = "fail", *, mode: str = "read") -> Any:
-    extra: dict[str, Any] = {"read_mode": mode == "read", "defer_timeout": DEFER_TIMEOUT_S}
+def hybrid(model: str, role: str, policy: str = "fail", *, mode: str = "read", **more: Any) -> Any:
+    extra: dict[str, Any] = {"read_mode": mode == "read", "defer_timeout": DEFER_TIMEOUT_S, **more}
     if role == "kv_producer":
         extra.update(PRODUCER_PORTS)
     else:
@@ -111,7 +111,8 @@ def test_producer_holds_every_groups_blocks_until_the_release(model: str, clock:
 
 
 def test_producer_expire_frees_every_group(model: str, clock: Clock) -> None:
-    scheduler = hybrid(model, "kv_producer")
+    # Leases off: the scheduler half's own deadline is defer_timeout (with leases on, its workers decide).
+    scheduler = hybrid(model, "kv_producer", kv_lease_duration=0)
     prefill(scheduler, "tx-h-expire")
     before = free_blocks(scheduler)
     clock.now += DEFER_TIMEOUT_S + 1
