@@ -20,7 +20,7 @@ from api import plots
 from api.limits import BOARD_COST_FACTOR, BOARD_SYNC_BUILD_MAX_S
 from api.live import Live
 from ledger.advice import late_after_expire, percentiles, verdict
-from ledger.audit import CODES, SEVERITY_RANK, Finding, audit, found_at
+from ledger.audit import CODES, SEVERITY_RANK, Finding, found_at
 from ledger.fold import TransferState
 from ledger.sources import SourceHealth
 
@@ -65,7 +65,6 @@ class Board:
     build_s: float = 0.0
     findings_total: int = 0
     live_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODES, 0))
-    lost_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CODES, 0))
     groups: list[Group] = field(default_factory=list)
     sources: list[SourceHealth] = field(default_factory=list)
     lost: list[LostEngine] = field(default_factory=list)
@@ -101,7 +100,7 @@ def build(live: Live, now: float, *, explicit: bool = False) -> Board:
     board = Board(now=now, explicit=explicit, version=live.version, cursor=live.cursor)
     health = live.health(now)
     board.sources = sorted(health.values(), key=lambda h: (not h.lost, h.source))
-    findings = audit(state, now, live.audit_config)
+    findings = live.findings(now)
     board.findings_total = len(findings)
     _group(board, findings, health)
     _lost_engines(board, health)
@@ -133,7 +132,8 @@ def _group(board: Board, findings: list[Finding], health: dict[str, SourceHealth
     made = []
     for (code, source), members in groups.items():
         lost = source in health and health[source].lost
-        (board.lost_counts if lost else board.live_counts)[code] += len(members)
+        if not lost:
+            board.live_counts[code] += len(members)
         blocks = sum(len(f.block_ids) for f in members)
         made.append(Group(code, CODES[code], source, lost, members, blocks))
     # Worst first: live before lost, then severity, then the larger group, then a stable order.

@@ -85,9 +85,9 @@ class Live:
         """Events in the store's quarantine (refused for their content), as of the last poll."""
         self.store_limiter = CapacityLimiter(settings.store_threads_max)
         self._on_release = on_release
-        self._audit_key: tuple[int, float] | None = None
-        self._audit: list[Finding] = []
-        self._finding_keys: set[Key] | None = None
+        # One tuple each, replaced whole: the page's board reads these from a worker thread.
+        self._audit: tuple[tuple[int, float], list[Finding]] | None = None
+        self._finding_keys: tuple[tuple[int, float], set[Key]] | None = None
 
     async def store_call(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`call(*args)` on one of the store's own threads (see the module's docstring)."""
@@ -182,11 +182,10 @@ class Live:
     def findings(self, now: float) -> list[Finding]:
         """The ledger's audit at `now`, computed once per (state version, now)."""
         key = (self.version, now)
-        if self._audit_key != key:
-            self._audit = audit(self.state, now, self.audit_config)
-            self._audit_key = key
-            self._finding_keys = None
-        return self._audit
+        cached = self._audit
+        if cached is None or cached[0] != key:
+            cached = self._audit = (key, audit(self.state, now, self.audit_config))
+        return cached[1]
 
     def health(self, now: float) -> dict[str, SourceHealth]:
         """Every source's health at `now`: which are lost (silent while holding blocks, or known dead)."""
@@ -200,6 +199,8 @@ class Live:
 
     def keys_with_findings(self, now: float) -> set[Key]:
         findings = self.findings(now)
-        if self._finding_keys is None:
-            self._finding_keys = {(f.source, f.transfer_id) for f in findings}
-        return self._finding_keys
+        key = (self.version, now)
+        cached = self._finding_keys
+        if cached is None or cached[0] != key:
+            cached = self._finding_keys = (key, {(f.source, f.transfer_id) for f in findings})
+        return cached[1]

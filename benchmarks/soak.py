@@ -22,7 +22,7 @@ import json  # noqa: E402
 import time  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
-from connector.sim.config import FAULT_KINDS, FaultKind  # noqa: E402
+from connector.sim.config import FaultKind  # noqa: E402
 from connector.sim.report import soak_account, soak_figures  # noqa: E402
 from connector.sim.soak_config import (  # noqa: E402
     SOAK_FAULT_KINDS,
@@ -64,7 +64,7 @@ def _parse() -> argparse.Namespace:
 
 def main() -> int:
     args = _parse()
-    faults: frozenset[FaultKind] = _kinds(args.faults, FAULT_KINDS, STORM_KINDS_IN_SOAK)  # type: ignore[assignment]
+    faults: frozenset[FaultKind] = _kinds(args.faults, STORM_KINDS_IN_SOAK, STORM_KINDS_IN_SOAK)  # type: ignore[assignment]
     soak_faults: frozenset[SoakFaultKind] = _kinds(args.soak_faults, SOAK_FAULT_KINDS, SOAK_FAULT_KINDS)  # type: ignore[assignment]
     base = SoakConfig(
         seed=args.seed,

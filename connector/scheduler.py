@@ -383,14 +383,14 @@ class SchedulerCore:
         source, index = self.source, self.index
         # vLLM hands over sets: sorting makes the log's order independent of string hashing, so
         # the same run gives the same log byte for byte in every process.
-        failed = sorted(set(failed_recving))
+        failed_set = set(failed_recving)
         out = WorkerOutcome()
         for request_id in sorted(set(finished_recving) & self._handed):
             self._handed.discard(request_id)
             out.finished_recving.add(request_id)
-            if request_id in failed:
+            if request_id in failed_set:
                 out.failed_recving.add(request_id)
-        for request_id in failed:
+        for request_id in sorted(failed_set):
             if request_id in out.finished_recving:
                 continue
             tid = index.get(request_id)
@@ -398,7 +398,6 @@ class SchedulerCore:
                 self.counters["unknown_request"] += 1
                 continue
             events.append(Fail(ts=now, source=source, transfer_id=tid, reason=REASON_WORKER_RECV_FAILED))
-        failed_set = set(failed)
         for request_id in sorted(finished_recving):
             tid = index.get(request_id)
             if request_id in failed_set or request_id in out.finished_recving:

@@ -303,8 +303,9 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
         core, params, now = self._sched(), _params(request), time.time()
         request_id = ReqId(request.request_id)
-        digest = _write_prompt_digest(request, self.config.mode, params)
         if self.config.role == "consumer":
+            # Hashed only where on_alloc reads it: an allocation for an external load.
+            digest = _write_prompt_digest(request, self.config.mode, params) if num_external_tokens > 0 else None
             # Every KV cache group's new blocks (not prefix-cache hits, not null placeholders), as NIXL.
             per_group = blocks.get_unhashed_block_ids_all_groups() if num_external_tokens > 0 else []
             block_ids, groups = flatten_groups(per_group)
@@ -316,6 +317,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         elif self.config.mode == "write" and params is not None and params.do_remote_decode:
             # The whole prompt runs in this step (chunked prefill is not supported for WRITE producers yet);
             # WRITE serves one KV cache group (`_check_groups`).
+            digest = _write_prompt_digest(request, self.config.mode, params)
             core.on_save(request_id, params, blocks.get_block_ids()[0], now, prompt_digest=digest)
 
     @guarded(lambda: LedgerConnectorMetadata(StepMetadata()))

@@ -347,7 +347,6 @@ def layers_mask(layers: tuple[int, ...]) -> int:
     return mask
 
 
-Tombstone: TypeAlias = Compacted
 """A compacted mapped side (a never-mapped side that expired is kept whole in `orphan_tombstones`)."""
 
 
@@ -386,10 +385,10 @@ class LedgerState:
         self.retrying: dict[Key, TransferState] = {}
         """Undecided sides with a transient failure: what a worker re-issues, without scanning every live side."""
         self.sources: dict[str, None] = {}
-        self.tombstones: dict[Key, Tombstone] = {}
+        self.tombstones: dict[Key, Compacted] = {}
         """Compacted sides, newest generation. When it holds `tombstones_max / 2` it becomes
         `tombstones_old` and the older one is evicted: bounded, no per-key pop."""
-        self.tombstones_old: dict[Key, Tombstone] = {}
+        self.tombstones_old: dict[Key, Compacted] = {}
         self.tombstones_max = TOMBSTONES_MAX
         self.tombstones_evicted = 0
         """Tombstones evicted by the bound: from the first one on, answers about those sides are
@@ -1059,7 +1058,7 @@ class LedgerState:
         by_mode[mode] = by_mode.get(mode, 0) + 1
         return True
 
-    def _evict(self, generation: dict[Key, Tombstone]) -> None:
+    def _evict(self, generation: dict[Key, Compacted]) -> None:
         """The bound: the oldest tombstones go; from now on their keys are only in the id memory."""
         if not generation:
             return
@@ -1069,7 +1068,7 @@ class LedgerState:
             for key in generation:
                 expired.pop(key, None)
 
-    def _tombstone(self, key: Key) -> Tombstone | None:
+    def _tombstone(self, key: Key) -> Compacted | None:
         tomb = self.tombstones.get(key)
         return tomb if tomb is not None else self.tombstones_old.get(key)
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from ledger.limits import TS_MAX  # the last second `datetime` can write
+
 _MINUTE_S, _HOUR_S, _DAY_S = 60, 3600, 86400
-_TS_PRINTABLE_MAX = 253402300799.0
-"""The last second of year 9999: `datetime` cannot write a later one."""
 
 
 def duration(seconds: float) -> str:
@@ -64,7 +64,7 @@ def offset(seconds: float) -> str:
 
 def utc(ts: float, *, digits: int = 3, date: bool = True, zone: bool = True) -> str:
     """`2025-05-01 12:00:03.120 UTC`; `digits` of a second (0, 3 or 6), the date and the zone optional."""
-    if not 0 <= ts <= _TS_PRINTABLE_MAX:
+    if not 0 <= ts <= TS_MAX:
         return f"{ts:.3f} s since the epoch (not a printable date)"
     moment = datetime.fromtimestamp(ts, UTC)
     text = moment.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S")
@@ -75,7 +75,7 @@ def utc(ts: float, *, digits: int = 3, date: bool = True, zone: bool = True) -> 
 
 def iso(ts: float) -> str:
     """ISO 8601 for machines (an HTML `<time datetime>`): `2025-05-01T12:00:03.120Z`."""
-    if not 0 <= ts <= _TS_PRINTABLE_MAX:
+    if not 0 <= ts <= TS_MAX:
         return ""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 

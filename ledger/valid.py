@@ -65,11 +65,6 @@ _TEXT_CHARS_MAX: dict[str, int | None] = {
 }
 
 
-def ints_problem(name: str, values: tuple[int, ...] | None) -> tuple[str, str] | None:
-    """(field, why) when a member of the integer list `values` of field `name` is not 64-bit, else None."""
-    return _ints(name, values)
-
-
 def _time(name: str, value: float) -> tuple[str, str] | None:
     if 0.0 <= value <= TS_MAX:  # False for NaN too
         return None
@@ -82,7 +77,7 @@ def _int(name: str, value: int) -> tuple[str, str] | None:
     return name, f"integer {value} does not fit in 64 bits"
 
 
-def _ints(name: str, values: tuple[int, ...] | None) -> tuple[str, str] | None:
+def ints_problem(name: str, values: tuple[int, ...] | None) -> tuple[str, str] | None:
     # min and max run in C: a block list of thousands costs a few microseconds, not a loop.
     if values and (min(values) < INT64_MIN or max(values) > INT64_MAX):
         bad = next(v for v in values if not INT64_MIN <= v <= INT64_MAX)
@@ -111,19 +106,19 @@ def event_problem(event: Event, *, assigned: bool = True) -> tuple[str, str] | N
         m: Map = event  # type: ignore[assignment]
         return (
             _text("request_id", m.request_id, None)
-            or _ints("block_ids", m.block_ids)
-            or _ints("remote_block_ids", m.remote_block_ids)
-            or _ints("block_groups", m.block_groups)
-            or _ints("remote_block_groups", m.remote_block_groups)
+            or ints_problem("block_ids", m.block_ids)
+            or ints_problem("remote_block_ids", m.remote_block_ids)
+            or ints_problem("block_groups", m.block_groups)
+            or ints_problem("remote_block_groups", m.remote_block_groups)
             or _time("deadline", m.deadline)
             or _int("acks_expected", m.acks_expected)
         )
     if kind is Ack:
         a: Ack = event  # type: ignore[assignment]
-        return _ints("layers", a.layers) or _int("rank", a.rank)
+        return ints_problem("layers", a.layers) or _int("rank", a.rank)
     if kind is Schedule:
         s: Schedule = event  # type: ignore[assignment]
-        return _ints("layers", s.layers) or _int("attempt", s.attempt)
+        return ints_problem("layers", s.layers) or _int("attempt", s.attempt)
     if kind is Seal:
         return _int("expected", event.expected)  # type: ignore[union-attr]
     return None  # fail and expire carry no other number or identifier

@@ -71,9 +71,7 @@ async def index(request: Request, live: LiveDep, now: Now = None) -> HTMLRespons
         "problems": problems,
         "lines": verdict(board, problems),
         "activity": activity(board, problems),
-        "quiet_s": quiet_s
-        if quiet_s is not None and quiet_s > silence_limit_s(live.settings.transfer_timeout_s)
-        else None,
+        "quiet_s": quiet_s,
         "live_groups": board.live_groups[:GROUPS_SHOWN_MAX],
         "lost_groups": board.lost_groups[:GROUPS_SHOWN_MAX],
         "rows_shown": GROUP_ROWS_SHOWN,

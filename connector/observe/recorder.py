@@ -124,7 +124,7 @@ class Recorder:
         (None when it reports no such figure: a passed hold time alone then says expired)."""
         failed = set(failed_recving)
         invalid = set(invalid_block_ids)
-        if invalid:
+        if invalid and not invalid.isdisjoint(self.state.held.get(self.source, ())):
             for held in list(self.state.live.values()):
                 if held.source == self.source and held.role == "consumer" and invalid.intersection(held.block_ids):
                     self._append(Fail(ts=now, source=self.source, transfer_id=held.transfer_id,

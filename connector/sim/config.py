@@ -159,7 +159,3 @@ class StormResult:
     def corrupt_receives(self) -> int:
         """Receives reported good whose bytes are not the producer's (the checksums): wrong answers."""
         return self.integrity_failures
-
-    @property
-    def sim_requests_per_s(self) -> float:
-        return self.requests / self.wall_seconds if self.wall_seconds > 0 else 0.0

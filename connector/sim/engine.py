@@ -101,8 +101,6 @@ class SimEngine:
         self._notices: list[tuple[int, ReqId]] = []
         self.hook_s_max = 0.0
         """The longest wall time one hook call took in this engine."""
-        self.hook_s_max_by: dict[str, float] = {}
-        """The same, per core method (what a long call was)."""
         ledgers = []
         for scheduler in (True, False):
             ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock, tombstones_max=tombstones_max)
@@ -184,8 +182,6 @@ class SimEngine:
         finally:
             took = time.perf_counter() - start
             self.hook_s_max = max(self.hook_s_max, took)
-            name = getattr(hook, "__name__", "?")
-            self.hook_s_max_by[name] = max(self.hook_s_max_by.get(name, 0.0), took)
 
     def step(self, now: float, round_number: int) -> StepReport:
         """One engine step in vLLM's order. The scheduler half ticks in build_connector_meta; vLLM calls

@@ -185,10 +185,6 @@ class SoakResult(StormResult):
     """Per-request state left in a live connector at the end (request index, unreported sends, in-flight
     handles, peers): it would grow with the run."""
 
-    @property
-    def sim_requests_per_s(self) -> float:
-        return self.requests / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
 
 def log_uniform(low: float, high: float, draw: float) -> float:
     """The value at `draw` (in [0, 1)) of a log-uniform distribution on [low, high]: seconds to minutes."""
