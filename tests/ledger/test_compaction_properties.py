@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import ledger.fold as fold_module
+from cli.replay import _report_compaction
 from ledger.audit import audit
-from ledger.cli_replay import _report_compaction
 from ledger.decisions import Release
 from ledger.events import Event
 from ledger.fold import LedgerState, fold_all

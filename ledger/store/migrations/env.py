@@ -24,7 +24,8 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    from ledger.store.connect import create_store_engine, ensure_pg_schema, parse_url
+    from ledger.store.connect import create_store_engine, ensure_pg_schema
+    from ledger.store.url import parse_url
 
     url = context.get_x_argument(as_dictionary=True).get("db") or os.environ.get("KVLEDGER_DB")
     if not url:
