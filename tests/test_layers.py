@@ -188,3 +188,23 @@ def test_lazy_and_type_checking_imports_are_arrows() -> None:
         ("connector.store", 6),
     ]
     assert len(wrong_way(found)) == 2
+
+
+def private_imports(path: Path) -> Iterator[str]:
+    """`from x import _name`: another module's private, which that module may change without looking here."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    yield f"{path.relative_to(ROOT)}:{node.lineno}: imports {node.module}.{alias.name}"
+
+
+def test_no_module_imports_another_modules_privates() -> None:
+    bad = [line for path in all_files() for line in private_imports(path)]
+    assert not bad, "private names imported from another module:\n" + "\n".join(bad)
+
+
+def test_routes_import_no_other_route() -> None:
+    """Routes share helpers through api modules named for what they hold (api/params.py, ...), not each other."""
+    found = [a for a in all_arrows() if a.importer.startswith("api.routes.") and a.imported.startswith("api.routes.")]
+    assert not found, "routes importing routes:\n" + "\n".join(map(str, found))
