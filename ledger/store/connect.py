@@ -113,8 +113,8 @@ def ensure_pg_schema(engine: Engine, store_url: StoreUrl, *, create: bool) -> No
 
 
 def open_store(url: str | StoreUrl, *, create: bool = False, schema: str | None = None) -> EventStore:
-    """Open the store at `url` (a URL, or one already parsed), checking its schema version; `create`
-    makes a new empty one.
+    """Open the store at `url` (a URL, or one already parsed: `schema` then applies to a URL string only),
+    checking its schema version; `create` makes a new empty one.
 
     Refuses (SchemaMismatch, naming `kvledger db upgrade`) a database whose schema
     version this code does not know, and (NotALedger) one that holds other tables.
