@@ -9,8 +9,9 @@ WORKDIR /app
 COPY pyproject.toml README* alembic.ini ./
 COPY ledger ledger
 COPY api api
-COPY migrations migrations
 COPY connector connector
+COPY cli cli
+COPY proxy proxy
 RUN pip install '.[postgres]' pydantic-settings jinja2 \
     && useradd --create-home --uid 10001 kvledger
 

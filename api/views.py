@@ -13,7 +13,7 @@ from ledger.decisions import Release
 from ledger.events import Event
 from ledger.fold import TransferState
 from ledger.store.base import StoreError
-from ledger.store.connect import parse_url
+from ledger.store.url import parse_url
 
 
 def transfer_out(t: TransferState) -> TransferOut:

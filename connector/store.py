@@ -20,6 +20,7 @@ from pathlib import Path
 from connector.config import ConnectorConfig
 from ledger.events import Fail
 from ledger.ledger import Ledger
+from ledger.store.url import StoreUrl, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -30,10 +31,11 @@ SPILL_DIR_DEFAULT = "kvledger-spill"
 """Where spill files go when the store is not a local SQLite file (relative to the working directory)."""
 
 
-def spill_dir(config: ConnectorConfig, source: str) -> Path:
-    """One spill folder per source: next to a SQLite store, else under `kvledger-spill/`."""
-    url = config.ledger_url or ""
-    base = Path(url.removeprefix("sqlite:///") + ".spill") if url.startswith("sqlite:///") else Path(SPILL_DIR_DEFAULT)
+def spill_dir(store_url: StoreUrl, source: str) -> Path:
+    """One spill folder per source: next to a SQLite store's file (`ledger.db.spill/`), else under
+    `kvledger-spill/`."""
+    sqlite_path = store_url.sqlite_path
+    base = Path(f"{sqlite_path}.spill") if sqlite_path is not None else Path(SPILL_DIR_DEFAULT)
     return base / re.sub(r"[^A-Za-z0-9_.-]", "_", source)
 
 
@@ -49,8 +51,8 @@ def open_ledger(
     A reopened ledger holds what the running one held: its refold forgets decided sides as the cores'
     maintenance does (`defer_timeout_s` after their decision), within the tombstone bound
     (`tombstones_max`, default `TOMBSTONES_MAX`)."""
-    url = config.ledger_url
-    if url is None or url.startswith("memory"):
+    store_url = parse_url(config.ledger_url) if config.ledger_url is not None else None
+    if store_url is None or store_url.is_memory:
         ledger = Ledger(source, clock=clock)
         if tombstones_max is not None:
             ledger.state.tombstones_max = tombstones_max
@@ -59,8 +61,8 @@ def open_ledger(
     from ledger.store.recovery import open_ledger as reopen
     from ledger.store.writer import BackgroundWriter
 
-    store = open_store(url, create=True)
-    spill = spill_dir(config, source)
+    store = open_store(store_url, create=True)
+    spill = spill_dir(store_url, source)
     try:
         ledger = reopen(
             store, source, spill_dir=spill, clock=clock, retain_s=config.defer_timeout_s, tombstones_max=tombstones_max
@@ -72,7 +74,7 @@ def open_ledger(
     ledger.log.subscribe(writer.put)
     ledger.on_close(store.close)
     ledger.on_close(writer.close)
-    log.info("ledger %s persists to %s (next seq %d)", source, url.split("@")[-1], ledger.log.next_seq)
+    log.info("ledger %s persists to %s (next seq %d)", source, store_url.display, ledger.log.next_seq)
     return ledger
 
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ledger.decisions import Release
-from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal
+from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal, kind_of
 from ledger.fold import LedgerState, TransferState
 from ledger.humanize import utc
 
@@ -106,8 +106,7 @@ def build(events: Iterable[Event], transfer_id: str) -> Timeline:
         release = state.apply(event)
         gap = 0.0 if previous is None else event.ts - previous
         previous = event.ts
-        kind = event.__struct_config__.tag
-        timeline.rows.append(Row(event.ts, gap, event.source, event.seq, str(kind), describe(event)))
+        timeline.rows.append(Row(event.ts, gap, event.source, event.seq, kind_of(event), describe(event)))
         if release is not None:
             side = state.transfers[(release.source, release.transfer_id)]
             timeline.releases.append(release)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import LiveDep
 from api.live import Live
-from api.routes.transfers import Now, check_limit
+from api.params import Now, check_limit
 from api.schemas import AuditOut, AuditSummary, OldestHeld
 from api.views import finding_out
 from ledger.advice import late_after_expire, percentiles, verdict

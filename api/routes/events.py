@@ -15,7 +15,7 @@ from api.deps import LiveDep, StoreDep, require_token
 from api.errors import read_limited
 from api.ingest import decode_batch, find_gaps
 from api.live import Live
-from api.routes.transfers import check_limit
+from api.params import check_limit
 from api.schemas import EventPage, EventRow, IngestResult
 from api.views import event_json
 

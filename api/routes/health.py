@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from api.deps import LiveDep, StoreDep
-from api.routes.transfers import check_limit
+from api.params import check_limit
 from api.schemas import Health, QuarantinedOut, QuarantineOut, Ready
 from api.views import display_url
 from ledger.store.base import StoreError

@@ -16,8 +16,8 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import LiveDep
 from api.errors import read_limited
+from api.params import check_limit
 from api.replay import replay_file
-from api.routes.transfers import check_limit
 from api.schemas import ReplayOut
 from ledger.limits import TS_MAX
 

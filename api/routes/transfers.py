@@ -3,37 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import islice
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
 from api.deps import LiveDep, StoreDep
-from api.errors import InvalidBody
-from api.live import Live
+from api.params import Now, TransferIdPath, check_limit
 from api.schemas import RequestDetail, TransferDetail, TransferOut, TransferPage
+from api.transfer_events import transfer_events
 from api.views import event_json, findings_of, transfer_out
 from ledger.decisions import Key
-from ledger.events import Event, TransferId
+from ledger.events import TransferId
 from ledger.fold import PhaseName, TransferState
-from ledger.limits import TRANSFER_ID_CHARS_MAX, TS_MAX
-from ledger.store.base import EventStore
 
 SCAN_SIDES_MAX = 100_000
 """Transfer sides one page request looks at; a rare filter returns a short page and a cursor, not a stall."""
 
-Now = Annotated[float | None, Query(ge=0, le=TS_MAX, description="Audit time (s since epoch); default: now")]
-TransferIdPath = Annotated[
-    str, Path(min_length=1, max_length=TRANSFER_ID_CHARS_MAX, pattern="^[^\x00]*$", description="A transfer id")
-]
-"""What a valid event's transfer id may be (ledger.valid): anything else is 422, never a store error."""
-
 router = APIRouter(tags=["transfers"])
-
-
-def check_limit(live: Live, limit: int) -> None:
-    if limit > live.settings.page_limit_max:
-        raise InvalidBody(("query", "limit"), f"at most {live.settings.page_limit_max}, got {limit}")
 
 
 @router.get("/transfers", response_model=TransferPage, summary="Transfer sides, filtered, oldest first")
@@ -75,16 +61,6 @@ def _matches(t: TransferState, phase: PhaseName | None, source: str | None, mode
     )
 
 
-def _timeline(store: EventStore, transfer_id: str, events_max: int) -> list[Event]:
-    events = store.read(transfer_id=TransferId(transfer_id))
-    try:
-        return list(islice(events, events_max + 1))
-    finally:
-        close = getattr(events, "close", None)
-        if close is not None:
-            close()  # a generator over a database cursor: release it now, not at garbage collection
-
-
 @router.get(
     "/transfers/{transfer_id}",
     response_model=TransferDetail,
@@ -100,7 +76,7 @@ async def get_transfer(
     state = live.state
     sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
     events_max = live.settings.timeline_events_max
-    timeline = await live.store_call(_timeline, store, transfer_id, events_max)
+    timeline = await live.store_call(transfer_events, store, transfer_id, events_max)
     if not sides and not timeline:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
     findings = live.findings(now if now is not None else live.clock_now())

@@ -10,12 +10,13 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from api import timeline
 from api.board import Board, BoardKeeper
 from api.deps import LiveDep, StoreDep
 from api.limits import FINDINGS_PAGE_ROWS, GROUP_ROWS_SHOWN, GROUPS_SHOWN_MAX
 from api.live import Live
-from api.routes.transfers import Now, TransferIdPath, _timeline
+from api.params import Now, TransferIdPath
+from api.timeline_view import lay_out
+from api.transfer_events import transfer_events
 from api.trust import TrustChecks
 from api.verdict import activity, verdict
 from api.views import display_url
@@ -111,7 +112,7 @@ async def transfer_page(
 ) -> HTMLResponse:
     state = live.state
     sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
-    events = await live.store_call(_timeline, store, transfer_id, live.settings.timeline_events_max)
+    events = await live.store_call(transfer_events, store, transfer_id, live.settings.timeline_events_max)
     if not sides and not events:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
     # The same audit as the front page's, so a transfer reached from it tells the same story.
@@ -127,7 +128,7 @@ async def transfer_page(
             "sides": sides,
             "findings": findings,
             "health": health,
-            "view": timeline.build(events, sides, at, frozenset(h.source for h in board.sources if h.lost)),
+            "view": lay_out(events, sides, at, frozenset(h.source for h in board.sources if h.lost)),
             "truncated": len(events) > live.settings.timeline_events_max,
             "utc": humanize.utc,
             "duration": humanize.duration,

@@ -1,8 +1,5 @@
-"""Open a store by URL: `memory://`, a SQLite file (the embedded default) or PostgreSQL (psycopg 3).
-
-URLs: `sqlite:///path/to/ledger.db` (or a bare file path), `postgresql+psycopg://user@host/db`
-(plain `postgresql://` and `postgres://` are rewritten to psycopg), with an optional
-`?schema=name` for PostgreSQL so that several ledgers share one database.
+"""Open a store by URL (parsed by `url.py`): `memory://`, a SQLite file (the embedded default) or
+PostgreSQL (psycopg 3).
 
 Every PostgreSQL connection carries a `lock_timeout` and a `statement_timeout` (named in
 `limits.py`), so a lock held elsewhere or a stuck statement fails a call instead of
@@ -12,11 +9,9 @@ ours and win.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, exc, inspect, make_url, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL
 
 from ledger.store.base import EventStore, StoreUnavailable
@@ -27,62 +22,12 @@ from ledger.store.limits import (
     PG_STATEMENT_TIMEOUT_MS,
     SQLITE_BUSY_TIMEOUT_MS,
 )
+from ledger.store.url import StoreUrl, parse_url
 
 SQLITE_SYNCHRONOUS = "NORMAL"
 """WAL + NORMAL: a commit survives a crash of the process (SIGKILL) but the last commits
 may be lost on power failure or an OS crash; the database is never corrupted.
 FULL would fsync the WAL on every commit (one fsync per batch). See ledger/store/README.md."""
-
-MEMORY_URL = "memory://"
-
-
-@dataclass(frozen=True)
-class StoreUrl:
-    """A parsed store URL: the SQLAlchemy URL, the PostgreSQL schema, and a printable form."""
-
-    url: URL | None  # None for the memory store
-    schema: str | None
-    display: str
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.url is not None and self.url.get_backend_name() == "sqlite"
-
-    @property
-    def is_postgres(self) -> bool:
-        return self.url is not None and self.url.get_backend_name() == "postgresql"
-
-
-def parse_url(raw: str, *, schema: str | None = None) -> StoreUrl:
-    """Check and normalise a store URL; raises StoreUnavailable naming it when it cannot be used."""
-    if raw in (MEMORY_URL, "memory:"):
-        return StoreUrl(None, None, MEMORY_URL)
-    if "://" not in raw:
-        # A bare path is a SQLite file, so a store file is accepted wherever a log path is.
-        return StoreUrl(URL.create("sqlite", database=str(Path(raw))), None, raw)
-    try:
-        url = make_url(raw)
-    except (exc.ArgumentError, ValueError) as error:
-        raise StoreUnavailable(f"{raw}: not a store URL ({error})") from None
-    display = url.render_as_string(hide_password=True)
-    backend, _, driver = url.drivername.partition("+")
-    if backend in ("postgresql", "postgres"):
-        if driver not in ("", "psycopg"):
-            raise StoreUnavailable(f"{display}: driver {driver!r} is not supported; use postgresql+psycopg://")
-        query = dict(url.query)
-        url_schema = query.pop("schema", None)
-        url = url.set(drivername="postgresql+psycopg", query=query)
-        chosen = schema or (url_schema if isinstance(url_schema, str) else None)
-        return StoreUrl(
-            url, chosen, url.render_as_string(hide_password=True) + (f" (schema {chosen})" if chosen else "")
-        )
-    if backend == "sqlite":
-        if not url.database or url.database == ":memory:":
-            raise StoreUnavailable(f"{display}: an in-memory SQLite store is not supported; use {MEMORY_URL}")
-        return StoreUrl(url.set(drivername="sqlite"), None, display)
-    raise StoreUnavailable(
-        f"{display}: unsupported store {backend!r}; use sqlite:///path, postgresql://... or memory://"
-    )
 
 
 def _sqlite_engine(url: URL) -> Engine:
@@ -136,8 +81,8 @@ def create_store_engine(store_url: StoreUrl) -> Engine:
 
 def check_sqlite_path(store_url: StoreUrl, *, create: bool) -> None:
     """A missing file is an error unless creating; SQLite would silently create an empty one."""
-    assert store_url.url is not None and store_url.url.database
-    path = Path(store_url.url.database)
+    path = store_url.sqlite_path
+    assert path is not None, "not a SQLite store"
     if path.is_dir():
         raise StoreUnavailable(f"{store_url.display}: {path} is a directory, not a store file")
     if not path.exists():
@@ -167,8 +112,9 @@ def ensure_pg_schema(engine: Engine, store_url: StoreUrl, *, create: bool) -> No
             conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{store_url.schema}"')
 
 
-def open_store(url: str, *, create: bool = False, schema: str | None = None) -> EventStore:
-    """Open the store at `url`, checking its schema version; `create` makes a new empty one.
+def open_store(url: str | StoreUrl, *, create: bool = False, schema: str | None = None) -> EventStore:
+    """Open the store at `url` (a URL, or one already parsed: `schema` then applies to a URL string only),
+    checking its schema version; `create` makes a new empty one.
 
     Refuses (SchemaMismatch, naming `kvledger db upgrade`) a database whose schema
     version this code does not know, and (NotALedger) one that holds other tables.
@@ -178,7 +124,7 @@ def open_store(url: str, *, create: bool = False, schema: str | None = None) -> 
     from ledger.store.memory import MemoryStore
     from ledger.store.sql import SqlStore
 
-    store_url = parse_url(url, schema=schema)
+    store_url = parse_url(url, schema=schema) if isinstance(url, str) else url
     if store_url.url is None:
         return MemoryStore(store_url.display)
     if store_url.is_sqlite:

@@ -18,14 +18,8 @@ UPGRADE_COMMAND = "kvledger db upgrade --db {url}"
 
 
 def script_location() -> Path:
-    """The `migrations/` package directory, wherever kvledger is installed."""
-    import migrations  # the top-level package holding env.py and versions/
-
-    # __path__, not __file__: an editable install may present the package as a namespace.
-    for entry in migrations.__path__:
-        if (Path(entry) / "env.py").is_file():
-            return Path(entry)
-    raise RuntimeError(f"kvledger's migrations/env.py not found in {list(migrations.__path__)}")
+    """The Alembic scripts (env.py, versions/), shipped inside this package wherever kvledger is installed."""
+    return Path(__file__).resolve().parent / "migrations"
 
 
 def alembic_config() -> Config:

@@ -14,11 +14,11 @@ from sqlalchemy import Connection, Engine, Select, delete, func, insert, select
 
 from ledger.events import Event, TransferId, from_msgpack
 from ledger.store.base import ConflictError, Quarantined, StoredSnapshot, StoreError
-from ledger.store.connect import StoreUrl
 from ledger.store.errors import translate
 from ledger.store.limits import QUARANTINE_READ_MAX, READ_CHUNK_ROWS, TAIL_EVENTS_MAX
 from ledger.store.rows import INSERT_COLUMNS, QUARANTINE_COLUMNS, Row, encode_rows, quarantine_row
 from ledger.store.schema import events, quarantine, snapshots
+from ledger.store.url import StoreUrl
 
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 

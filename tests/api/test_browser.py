@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from api.app import create_app
-from ledger.cli_demo import demo_settings, run_demo_storm, wait_for_storm_end
+from cli.demo import demo_settings, run_demo_storm, wait_for_storm_end
 from tests.api.conftest import ServerThread, settings_for
 from tests.api.test_page import DEAD, LEAKY, NOW, TIMEOUTS, store_with, storm
 

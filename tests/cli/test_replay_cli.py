@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ledger.cli import app
+from cli.app import app
 from ledger.jsonl import write_log
 from ledger.ledger import Ledger
 from ledger.synth import SynthConfig, generate
@@ -22,7 +22,7 @@ from tests.ledger.builders import Side
 runner = CliRunner()
 KVLEDGER = shutil.which("kvledger") or "kvledger"
 ROOT = Path(__file__).resolve().parents[2]
-CHECKOUT_CLI = [sys.executable, "-m", "ledger.cli"]
+CHECKOUT_CLI = [sys.executable, "-m", "cli"]
 """The command of this checkout (the console script may run another install's code)."""
 
 

@@ -11,6 +11,7 @@ from ledger.decisions import Release
 from ledger.events import Event, Map, ReqId, TransferId
 from ledger.ledger import Ledger
 from ledger.store.connect import open_store
+from ledger.store.url import parse_url
 from tests.connector.pd import EnginePorts, make_config
 
 
@@ -44,7 +45,20 @@ def test_events_reach_the_store_and_a_restart_continues_the_log(tmp_path: Path) 
     event, _ = _map(again, 50)
     assert event.seq == 51
     again.close()
-    assert spill_dir(config, "prefill-0/tp0") == Path(f"{tmp_path}/ledger.db.spill/prefill-0_tp0")
+    assert spill_dir(parse_url(url), "prefill-0/tp0") == Path(f"{tmp_path}/ledger.db.spill/prefill-0_tp0")
+
+
+def test_a_bare_path_store_spills_next_to_its_file(tmp_path: Path) -> None:
+    """A bare file path is a SQLite store (as everywhere a store URL is read): its spill folder lies beside
+    that file, as for `sqlite:///`, not under the working directory's `kvledger-spill/`."""
+    bare = str(tmp_path / "ledger.db")
+    assert spill_dir(parse_url(bare), "decode-0/tp1") == tmp_path / "ledger.db.spill" / "decode-0_tp1"
+    assert spill_dir(parse_url(f"sqlite:///{bare}"), "decode-0/tp1") == spill_dir(parse_url(bare), "decode-0/tp1")
+    assert spill_dir(parse_url("postgresql://u@h/db"), "decode-0/tp1") == Path("kvledger-spill/decode-0_tp1")
+    ledger = open_ledger(_config(bare), "decode-0/tp1")
+    _map(ledger, 1)
+    ledger.close()
+    assert (tmp_path / "ledger.db").is_file()
 
 
 def test_memory_url_keeps_the_ledger_in_memory(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 import ledger.fold as fold_module
+from cli.replay import report_compaction
 from ledger.audit import audit
-from ledger.cli_replay import _report_compaction
 from ledger.decisions import Release
 from ledger.events import Event
 from ledger.fold import LedgerState, fold_all
@@ -124,7 +124,7 @@ def test_a_tombstone_bound_that_is_hit_is_counted_and_the_replay_warns(
     warning = compaction_warning(state)
     evicted = f"{state.tombstones_evicted} compacted transfer sides evicted past 8 tombstones"
     assert warning is not None and evicted in warning
-    _report_compaction(hit)
+    report_compaction(hit)
     assert f"kvledger: warning: {warning}" in capsys.readouterr().err
     # Past the bound findings may be lost (counted), decisions are not: the id memory refuses reused ids.
     assert hit.releases == whole.releases

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from cli.app import app
 from connector.sim.check import evaluate
 from connector.sim.config import StormConfig
 from connector.sim.driver import Storm
-from ledger.cli import app
 from ledger.decisions import Release
 from ledger.jsonl import read_chunks
 from ledger.replay import replay_chunks

@@ -10,10 +10,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
-from ledger.cli import app
+from cli.app import app
 from ledger.store import migrate, schema
 from ledger.store.base import SchemaMismatch, StoreError
-from ledger.store.connect import create_store_engine, ensure_pg_schema, open_store, parse_url
+from ledger.store.connect import create_store_engine, ensure_pg_schema, open_store
+from ledger.store.url import parse_url
 
 runner = CliRunner()
 

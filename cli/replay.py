@@ -115,7 +115,7 @@ def _report_skipped(skipped: list[tuple[str, int, str]]) -> None:
         sys.stderr.write(f"kvledger: skipped {name}:{line}: {why}\n")
 
 
-def _report_compaction(result: ReplayResult) -> None:
+def report_compaction(result: ReplayResult) -> None:
     """Never silent: when the replay's bounded memory evicted tombstones, some answers are approximate."""
     warning = compaction_warning(result.state)
     if warning is not None:
@@ -161,7 +161,7 @@ def replay_command(
     config = guarded(lambda: AuditConfig(transfer_timeout_s=transfer_timeout, clock_skew_s=clock_skew))
     result, skipped = load(logs, until_seq=until_seq, until_ts=until_ts, skip_bad=skip_bad_lines, keep_releases=as_json)
     _report_skipped(skipped)
-    _report_compaction(result)
+    report_compaction(result)
     clock = now if now is not None else (result.last_ts or 0.0)
     findings = audit(result.state, clock, config)
     summary = summarize(result.state, findings)
@@ -227,7 +227,7 @@ def audit_command(
     config = guarded(lambda: AuditConfig(transfer_timeout_s=transfer_timeout, clock_skew_s=clock_skew))
     result, skipped = load(logs, until_seq=None, until_ts=None, skip_bad=skip_bad_lines)
     _report_skipped(skipped)
-    _report_compaction(result)
+    report_compaction(result)
     clock = now if now is not None else (result.last_ts or 0.0)
     findings = audit(result.state, clock, config)
     if as_json:

@@ -1,6 +1,6 @@
 """Alembic environment: migrations run on the connection ledger.store.migrate hands over.
 
-Run by hand with `alembic -x db=URL upgrade head` (alembic.ini at the repo top), though
+Run by hand with `alembic -x db=URL upgrade head` (alembic.ini at the repo top points here), though
 `kvledger db upgrade --db URL` is the supported way.
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 
 from alembic import context
+from sqlalchemy import Connection
 
 from ledger.store.schema import VERSION_TABLE, metadata
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=metadata, version_table=VERSION_TABLE)
     with context.begin_transaction():
         context.run_migrations()
@@ -24,7 +25,8 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    from ledger.store.connect import create_store_engine, ensure_pg_schema, parse_url
+    from ledger.store.connect import create_store_engine, ensure_pg_schema
+    from ledger.store.url import parse_url
 
     url = context.get_x_argument(as_dictionary=True).get("db") or os.environ.get("KVLEDGER_DB")
     if not url:

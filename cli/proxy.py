@@ -1,4 +1,4 @@
-"""`kvledger proxy`: the 1P1D front (connector/proxy.py) under uvicorn."""
+"""`kvledger proxy`: the 1P1D front (proxy/app.py) under uvicorn."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def proxy(
     # Imported here: the web stack loads only for this command.
     import uvicorn
 
-    from connector.proxy import KvAddress, ProxySettings, create_app
+    from proxy.app import KvAddress, ProxySettings, create_app
 
     settings = ProxySettings(
         prefill_url=prefill.rstrip("/"),

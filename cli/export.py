@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ledger.cli_replay import guarded
+from cli.replay import guarded
 from ledger.events import Event
 from ledger.inputs import is_sqlite_file
 from ledger.jsonl import LogWriter, open_log

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from ledger.cli_db import db_app
-from ledger.cli_demo import demo_command
-from ledger.cli_export import export_command
-from ledger.cli_proxy import proxy
-from ledger.cli_replay import audit_command, replay_command, timeline_command
-from ledger.cli_serve import serve
+from cli.db import db_app
+from cli.demo import demo_command
+from cli.export import export_command
+from cli.proxy import proxy
+from cli.replay import audit_command, replay_command, timeline_command
+from cli.serve import serve
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
 app.command("demo")(demo_command)
@@ -27,5 +27,5 @@ def main() -> None:
     """kvledger: an event-sourced ledger of KV-cache transfers for vLLM P/D disaggregation."""
 
 
-if __name__ == "__main__":  # `python -m ledger.cli`: the command from a checkout, without the console script
+if __name__ == "__main__":  # `python -m cli.app` (or `python -m cli`): the command from a checkout
     app()

@@ -89,7 +89,7 @@ def demo_command(
     if result.problems:
         raise typer.Exit(1)
     if serve:
-        from ledger.cli_serve import run_service
+        from cli.serve import run_service
 
         wait_for_storm_end(result, config)
         out.print(f"audit service: http://127.0.0.1:{port}/  (Ctrl-C to stop)")
@@ -130,7 +130,7 @@ def wait_for_storm_end(result: Any, config: Any) -> None:
 def demo_settings(result: Any, config: Any) -> Settings:
     """The service over the demo's ledger, with the storm's timeouts, told (as an orchestrator would tell
     it) which engine the storm killed."""
-    from ledger.cli_serve import service_settings
+    from cli.serve import service_settings
 
     dead = {result.dead_engine: "killed by the demo's storm"} if result.dead_engine is not None else {}
     return service_settings(

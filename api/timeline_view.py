@@ -1,4 +1,6 @@
-"""A transfer's story for the web page: events placed on a time axis (one lane per source), in words."""
+"""A transfer's events laid out for the web page: marks on a time axis (one lane per source) and a row in words
+each. Presentation only: the words are ledger.timeline's `describe`, and the story a fold tells (decisions and
+why) is ledger.timeline's `build`."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ class TimelineView:
     """(time, +offset, source, kind, what happened) per event, in store order."""
 
 
-def build(
+def lay_out(
     events: list[Event], sides: list[TransferState], now: float, lost: frozenset[str] = frozenset()
 ) -> TimelineView:
     """Lay out `events` over the span from the first event to the last event or deadline, and on to `now`
