@@ -15,8 +15,9 @@ from api.schemas import RequestDetail, TransferDetail, TransferOut, TransferPage
 from api.views import event_json, findings_of, transfer_out
 from ledger.decisions import Key
 from ledger.events import Event, TransferId
-from ledger.fold import PhaseName, TransferState
+from ledger.lifecycle import PhaseName
 from ledger.limits import TRANSFER_ID_CHARS_MAX, TS_MAX
+from ledger.side import TransferState
 from ledger.store.base import EventStore
 
 SCAN_SIDES_MAX = 100_000
