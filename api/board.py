@@ -21,7 +21,7 @@ from api.limits import BOARD_COST_FACTOR, BOARD_SYNC_BUILD_MAX_S
 from api.live import Live
 from ledger.advice import late_after_expire, percentiles, verdict
 from ledger.audit import CODES, SEVERITY_RANK, Finding, found_at
-from ledger.fold import TransferState
+from ledger.side import TransferState
 from ledger.sources import SourceHealth
 
 CODE_ORDER = {code: i for i, code in enumerate(CODES)}

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from api.svg import time_ticks
 from ledger.events import Event, kind_of
-from ledger.fold import TransferState
 from ledger.humanize import duration, offset, utc
+from ledger.side import TransferState
 from ledger.timeline import describe
 
 WIDTH_PX, LANE_PX, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, TOP_PX = 960, 56, 170, 30, 36

@@ -11,7 +11,7 @@ from api.schemas import FindingOut, ReleaseOut, TransferOut
 from ledger.audit import Finding
 from ledger.decisions import Release
 from ledger.events import Event
-from ledger.fold import TransferState
+from ledger.side import TransferState
 from ledger.store.base import StoreError
 from ledger.store.url import parse_url
 

@@ -19,6 +19,7 @@ import msgspec
 from connector.layout import LayerDescriptor
 from connector.limits import MESSAGE_BYTES_MAX, MESSAGE_VERSION
 from connector.transports.base import TransportEndpoint
+from ledger.events import FailCode
 from ledger.valid import Int64, TransferIdText
 
 
@@ -65,6 +66,8 @@ class WriteFailed(_Message, frozen=True, tag="write_failed"):
     transfer_id: TransferIdText
     rank: Int64
     reason: str
+    code: FailCode = "error"
+    """What the consumer's `fail` says to its fold (`read_refused`: the producer no longer held the side)."""
 
 
 class ReleaseBlocks(_Message, frozen=True, tag="release"):

@@ -39,7 +39,7 @@ from connector.figures import (
 )
 from ledger.audit import CODES
 from ledger.decisions import CAUSES
-from ledger.fold import Phase
+from ledger.lifecycle import Phase
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -356,7 +356,15 @@ class SchedulerCore:
         peer = params.peer()
         self._leases.pop(tid, None)
         self._record_blockless_map(request_id, params, "consumer", now)
-        self._record(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_ABORTED_BEFORE_ALLOCATION))
+        self._record(
+            Fail(
+                ts=now,
+                source=self.source,
+                transfer_id=tid,
+                reason=REASON_ABORTED_BEFORE_ALLOCATION,
+                code="aborted_before_allocation",
+            )
+        )
         if peer is not None and self._allowed_peer(peer):
             self._step.abort.append(AbortItem(transfer_id=tid, request_id=request_id, peer=peer))
 
@@ -439,7 +447,7 @@ class SchedulerCore:
                 continue
             if self._leases:
                 self._leases.pop(release.transfer_id, None)  # decided: nothing more to wait for
-            if release.reason == REASON_ABORTED_BEFORE_ALLOCATION:
+            if release.why == "aborted_before_allocation":
                 continue  # vLLM already freed the request: reporting it would be a KeyError there
             if not reported:
                 self._handed.add(release.request_id)

@@ -55,13 +55,15 @@ from connector.store import abandon_inherited
 from connector.transports.base import Code, Op, TransferHandle, Transport
 from connector.waiting import WaitingRoom
 from ledger.decisions import Release
-from ledger.events import Ack, Drop, Event, Fail, Map, ReqId, Schedule, Seal, TransferId, block_groups_of
-from ledger.fold import REASON_READ_REFUSED, TransferState
+from ledger.events import Ack, Drop, Event, Fail, FailCode, Map, ReqId, Schedule, Seal, TransferId, block_groups_of
 from ledger.ledger import Ledger
+from ledger.side import TransferState, awaits_data
 
 log = logging.getLogger(__name__)
 
 REASON_LAYOUT = "layout_mismatch"
+REASON_READ_REFUSED = "read_refused"
+"""The words of a `read_refused` fail (its code says it to the fold)."""
 REASON_TRANSIENT_TIMEOUT = "transient_failures_past_transfer_timeout"
 REASON_PEER_UNLINKED = "peer_not_linked"
 """A transfer waited a transfer timeout for its peer's handshake: the reason names the peer (the log says why)."""
@@ -452,14 +454,13 @@ class WorkerCore:
         elif isinstance(message, WriteDone):
             events.append(Ack(ts=now, source=source, transfer_id=message.transfer_id, what="recv", rank=message.rank))
         elif isinstance(message, WriteFailed):
-            refused = message.reason.startswith(REASON_READ_REFUSED)
             events.append(
                 Fail(
                     ts=now,
                     source=source,
                     transfer_id=message.transfer_id,
-                    reason=(f"{REASON_READ_REFUSED}: " if refused else "")
-                    + f"write_failed from rank {message.rank}: {message.reason}",
+                    reason=f"write_failed from rank {message.rank}: {message.reason}",
+                    code=message.code,
                 )
             )
         elif isinstance(message, RemoteBlocks):
@@ -552,7 +553,7 @@ class WorkerCore:
             self.counters["reads_refused"] += 1
             when = "after the read" if message.after else "before the read"
             reason = f"{REASON_READ_REFUSED}: the producer did not hold the transfer {when}"
-            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=reason))
+            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=reason, code="read_refused"))
             return
         if message.after:
             del self._confirming[tid]
@@ -589,7 +590,11 @@ class WorkerCore:
             # hold another request's KV now. The consumer is told at once (a load error; vLLM recomputes).
             self.counters["late_reads_refused"] += 1
             reason = f"{REASON_READ_REFUSED}: the producer released this transfer before remote_blocks came"
-            self._send(sender.host, port, WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason=reason))
+            self._send(
+                sender.host,
+                port,
+                WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason=reason, code="read_refused"),
+            )
             return
         if not self._same_prompt(message.transfer_id, target):
             self._refuse_other_prompt(message.transfer_id, target)
@@ -622,16 +627,13 @@ class WorkerCore:
                     if layer is None and not status.transient:
                         flight.read_failed_terminally = True
                     reason = f"{status.code.name}: {status.message}"
+                    code: FailCode = "error"
                     if status.code == Code.REFUSED:
                         self.counters["reads_refused"] += 1
-                        reason = f"{REASON_READ_REFUSED}: {reason}"
+                        reason, code = f"{REASON_READ_REFUSED}: {reason}", "read_refused"
                     events.append(
                         Fail(
-                            ts=now,
-                            source=source,
-                            transfer_id=tid,
-                            reason=reason,
-                            retryable=status.transient,
+                            ts=now, source=source, transfer_id=tid, reason=reason, retryable=status.transient, code=code
                         )
                     )
                     self.counters["transient_failures" if status.transient else "terminal_failures"] += 1
@@ -658,14 +660,8 @@ class WorkerCore:
             if t.transfer_id in self.inflight:
                 continue
             tid = TransferId(t.transfer_id)
-            if t.mode == "read" and t.role == "consumer":
-                pending = not t.whole_acked
-            elif t.mode == "write" and t.role == "producer":
-                pending = t.expected is not None and t.acked_mask.bit_count() < t.expected and tid in self.remote
-            else:
-                continue
-            if not pending:
-                continue
+            if not awaits_data(t) or (t.role == "producer" and tid not in self.remote):
+                continue  # nothing of its own to move, or a WRITE producer not yet told where to write
             since = t.transient_since if t.transient_since is not None else t.first_ts
             if now - since >= self.config.transfer_timeout_s:  # counted from the first transient failure
                 failures.append(Fail(ts=now, source=self.source, transfer_id=tid, reason=REASON_TRANSIENT_TIMEOUT))

@@ -12,9 +12,10 @@ from typing import Any
 
 from ledger.audit import Finding
 from ledger.decisions import Release
-from ledger.fold import LedgerState, TransferState
+from ledger.fold import LedgerState
 from ledger.humanize import duration
 from ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
+from ledger.side import TransferState
 
 BUCKET_RATIO = 1.02
 """Each histogram bucket is 2% wider than the last: percentiles are within 2%."""

@@ -12,9 +12,10 @@ from typing import Literal, TypeAlias
 import msgspec
 
 from ledger.events import ReqId, TransferId
-from ledger.fold import LedgerState, TransferState
+from ledger.fold import LedgerState
 from ledger.humanize import duration, utc
 from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_TRANSFER_TIMEOUT_S
+from ledger.side import TransferState
 
 Severity: TypeAlias = Literal["error", "warning", "info"]
 SEVERITY_RANK: dict[str, int] = {"error": 0, "warning": 1, "info": 2}

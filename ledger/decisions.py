@@ -7,10 +7,16 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from ledger.events import Mode, ReqId, Role, TransferId
+from ledger.events import FailCode, Mode, ReqId, Role, TransferId
 
 Cause: TypeAlias = Literal["completed", "failed", "expired"]
 CAUSES: tuple[Cause, ...] = ("completed", "failed", "expired")
+
+Why: TypeAlias = Literal[
+    "completed", "local_exceeds_remote", "deadline", "lease_missed", "expired_before_map"
+] | FailCode  # fmt: skip
+"""Why a side was released, a closed set: control flow reads this, never the words in `reason`. A
+failure's `why` is its fail event's `code`."""
 
 Key: TypeAlias = tuple[str, TransferId]
 """One side of a transfer: (source, transfer_id). Decisions are per key."""
@@ -33,7 +39,9 @@ class Release(msgspec.Struct, frozen=True, gc=False):
     cause: Cause
     seq: int
     ts: float
-    reason: str = ""
+    reason: str
+    """The evidence in words (a fail's own reason, the deadline that passed): for people and logs."""
+    why: Why
 
     @property
     def load_error(self) -> bool:

@@ -21,6 +21,11 @@ Role: TypeAlias = Literal["producer", "consumer"]
 Mode: TypeAlias = Literal["read", "write"]
 AckWhat: TypeAlias = Literal["write", "read", "release", "recv", "lease"]
 DeadlineName: TypeAlias = Literal["defer", "transfer"]
+FailCode: TypeAlias = Literal["error", "read_refused", "aborted_before_allocation"]
+"""What a failure means for the ledger, a closed set (the free-text `reason` is for people): `error`, any
+failure; `read_refused`, a read the producer refused (its side was no longer held) or one a consumer
+could not confirm, counted apart; `aborted_before_allocation`, a consumer request vLLM dropped before
+it held blocks, which vLLM must not be told about again."""
 
 UNASSIGNED_SEQ = 0
 
@@ -148,6 +153,7 @@ class Fail(_Envelope, tag="fail", frozen=True):
 
     reason: str
     retryable: bool = False
+    code: FailCode = "error"
 
 
 class Expire(_Envelope, tag="expire", frozen=True):

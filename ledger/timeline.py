@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 from ledger.decisions import Release
 from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal, kind_of
-from ledger.fold import LedgerState, TransferState
+from ledger.fold import LedgerState
 from ledger.humanize import utc
+from ledger.side import TransferState, completed_by
 
 BLOCKS_SHOWN_MAX = 8
 """Block ids spelled out in a map's description; the rest are counted."""
@@ -83,14 +84,15 @@ def why(release: Release, side: TransferState) -> str:
         return f"failed: {release.reason}" + (" (its blocks are load errors)" if release.load_error else "")
     if release.cause == "expired":
         return f"expired: {release.reason}" + (" (its blocks are load errors)" if release.load_error else "")
-    if side.role == "producer" and side.mode == "read":
+    evidence = completed_by(side)
+    if evidence == "release_acks" and side.mode == "read":
         ranks = ",".join(map(str, sorted(side.release_ranks)))
         return f"completed: {side.acks_expected} release ack(s) arrived (ranks {ranks})"
-    if side.role == "producer":
-        if side.expected is not None and side.acked_mask.bit_count() >= side.expected:
-            return f"completed: sealed at {side.expected} writes, all acked"
+    if evidence == "release_acks":
         return "completed: the consumer released the transfer"
-    if side.recv:
+    if evidence == "all_written":
+        return f"completed: sealed at {side.expected} writes, all acked"
+    if evidence == "recv":
         return "completed: all KV arrived (recv)"
     return "completed: every read finished"
 

@@ -19,7 +19,7 @@ from array import array
 
 import msgspec
 
-from ledger.decisions import Cause, Release
+from ledger.decisions import Cause, Release, Why
 from ledger.events import Map, Mode, ReqId, Role, TransferId
 
 _NUMBERS = struct.Struct("<ddddqqqqq")
@@ -33,6 +33,7 @@ class Compacted(msgspec.Struct, frozen=True, gc=False, array_like=True):
     mode: Mode
     cause: Cause
     reason: str
+    why: Why
     packed: bytes
     """`_NUMBERS`, then the block ids as signed 64-bit ints."""
 
@@ -45,7 +46,7 @@ def compacted(m: Map, decision: Release, arrived_ts: float | None, arrived_seq: 
         m.acks_expected, m.seq, decision.seq, arrived_seq, events,
     )  # fmt: skip
     blocks = array("q", m.block_ids).tobytes()
-    return Compacted(m.request_id, m.role, m.mode, decision.cause, decision.reason, numbers + blocks)
+    return Compacted(m.request_id, m.role, m.mode, decision.cause, decision.reason, decision.why, numbers + blocks)
 
 
 class Unpacked(msgspec.Struct, frozen=True, gc=False):
@@ -83,5 +84,5 @@ def map_of(source: str, transfer_id: TransferId, c: Compacted, n: Unpacked) -> M
 def release_of(source: str, transfer_id: TransferId, c: Compacted, n: Unpacked) -> Release:
     return Release(
         source, transfer_id, c.request_id, c.role, c.mode, n.block_ids, c.cause, n.decision_seq, n.decision_ts,
-        c.reason,
+        c.reason, c.why,
     )  # fmt: skip

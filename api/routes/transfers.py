@@ -14,7 +14,8 @@ from api.transfer_events import transfer_events
 from api.views import event_json, findings_of, transfer_out
 from ledger.decisions import Key
 from ledger.events import TransferId
-from ledger.fold import PhaseName, TransferState
+from ledger.lifecycle import PhaseName
+from ledger.side import TransferState
 
 SCAN_SIDES_MAX = 100_000
 """Transfer sides one page request looks at; a rare filter returns a short page and a cursor, not a stall."""

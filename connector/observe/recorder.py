@@ -32,8 +32,8 @@ from typing import Any
 from connector.index import RequestIndex
 from connector.observe.keys import ParamsKeys
 from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Role, TransferId
-from ledger.fold import TransferState
 from ledger.ledger import Ledger
+from ledger.side import TransferState
 
 log = logging.getLogger(__name__)
 

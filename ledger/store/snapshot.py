@@ -15,11 +15,12 @@ from typing import Any
 import msgspec
 
 from ledger.decisions import Cause, Key
-from ledger.fold import LedgerState, TransferState
+from ledger.fold import LedgerState
 from ledger.idmemory import IdMemory
+from ledger.side import TransferState
 from ledger.tombstone import Compacted
 
-FORMAT = 7
+FORMAT = 8
 """Bumped whenever the encoding below changes."""
 
 _STATE_FIELDS = frozenset({

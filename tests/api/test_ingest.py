@@ -10,7 +10,6 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, TransferId
-from ledger.fold import REASON_READ_REFUSED
 from ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, settings_for
 from tests.ledger.builders import Side
@@ -173,7 +172,7 @@ def test_metrics_count_lease_renewals_expiries_and_refused_reads(empty: TestClie
         Expire(seq=3, ts=9.0, source=p, transfer_id=tid, deadline="defer"),
         Map(seq=1, ts=1.0, source=c, transfer_id=tid, request_id=ReqId("c"), role="consumer", mode="read",
             block_ids=(2,), deadline=50.0),
-        Fail(seq=2, ts=10.0, source=c, transfer_id=tid, reason=f"{REASON_READ_REFUSED}: released"),
+        Fail(seq=2, ts=10.0, source=c, transfer_id=tid, reason="read_refused: released", code="read_refused"),
     ]  # fmt: skip
     assert empty.post("/events", json=body(events), headers=AUTH).status_code == 200
     text = empty.get("/metrics").text

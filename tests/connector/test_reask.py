@@ -4,7 +4,7 @@ fold's single-use rule, never from how long the fold happens to remember a side.
 from __future__ import annotations
 
 from connector.params import TransferParams, parse_params, remote_prefill_taken
-from connector.scheduler import REASON_ABORTED_BEFORE_ALLOCATION, SchedulerCore
+from connector.scheduler import SchedulerCore
 from ledger.audit import audit
 from ledger.events import Map, ReqId, TransferId
 from ledger.ledger import Ledger
@@ -90,7 +90,7 @@ def test_a_request_with_nothing_to_load_frees_the_producer_at_once() -> None:
     meta = core.build_meta()
     assert [a.transfer_id for a in meta.abort] == [T]
     outcome = core.on_worker_output([], [], [], now=100.0)
-    assert outcome.releases[0].reason == REASON_ABORTED_BEFORE_ALLOCATION and not outcome.finished_recving
+    assert outcome.releases[0].why == "aborted_before_allocation" and not outcome.finished_recving
 
 
 def test_a_producer_refuses_a_used_id_and_holds_nothing_for_it() -> None:

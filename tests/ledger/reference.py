@@ -96,7 +96,8 @@ class Verdict:
     ranks: set[int] = field(default_factory=set)
     recv: bool = False
     expected: int | None = None
-    pending_fail: str | None = None
+    pending_fail: tuple[str, str] | None = None
+    """The first terminal fail before the map: (reason, code)."""
     arrived: tuple[float, int] | None = None
     late: list[int] = field(default_factory=list)
     duplicate: list[int] = field(default_factory=list)
@@ -143,7 +144,7 @@ def judge(key: Key, events: list[Event]) -> Verdict:
     """The side `key` after `events` (its own, in log order)."""
     v = Verdict(key, events)
 
-    def decide(i: int, e: Event, cause: str, reason: str) -> None:
+    def decide(i: int, e: Event, cause: str, reason: str, why: str) -> None:
         m = v.mapped
         assert m is not None and v.decision is None
         v.decision = Release(
@@ -156,7 +157,8 @@ def judge(key: Key, events: list[Event]) -> Verdict:
             cause,
             e.seq,
             e.ts,
-            reason,  # type: ignore[arg-type]
+            reason,
+            why,  # type: ignore[arg-type]
         )
         v.decided_at = i
         v.phase = cause
@@ -187,29 +189,29 @@ def judge(key: Key, events: list[Event]) -> Verdict:
             v.early -= v.scheduled
             remote = e.remote_block_ids
             if e.role == "consumer" and remote is not None and len(e.block_ids) > len(remote):
-                decide(i, e, "failed", "local_blocks_exceed_remote")
+                decide(i, e, "failed", "local_blocks_exceed_remote", "local_exceeds_remote")
             elif v.pending_fail is not None:
-                decide(i, e, "failed", v.pending_fail)
+                decide(i, e, "failed", *v.pending_fail)
             elif v.orphan_expired:
-                decide(i, e, "expired", "expired before its map arrived")
+                decide(i, e, "expired", "expired before its map arrived", "expired_before_map")
             elif _complete(v):
-                decide(i, e, "completed", "")
+                decide(i, e, "completed", "", "completed")
             continue
         if isinstance(e, Fail):
             if e.retryable:
                 continue
             if v.mapped is None:
                 if v.pending_fail is None:
-                    v.pending_fail = e.reason
+                    v.pending_fail = (e.reason, e.code)
             else:
-                decide(i, e, "failed", e.reason)
+                decide(i, e, "failed", e.reason, e.code)
             continue
         if isinstance(e, Expire):
             if v.mapped is None:
                 v.orphan_expired = True
                 v.phase = "expired"
             else:
-                decide(i, e, "expired", f"{e.deadline} deadline passed")
+                decide(i, e, "expired", f"{e.deadline} deadline passed", "deadline")
             continue
         if isinstance(e, Schedule):
             first_try = not e.deferred and e.attempt == 0
@@ -276,7 +278,7 @@ def judge(key: Key, events: list[Event]) -> Verdict:
             if v.mapped is not None and e.what not in RECEIVES[(v.mapped.role, v.mapped.mode)]:
                 _note(v.over_ack, e.seq)
         if v.mapped is not None and _complete(v):
-            decide(i, e, "completed", "")
+            decide(i, e, "completed", "", "completed")
     return v
 
 

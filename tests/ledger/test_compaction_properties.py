@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-import ledger.fold as fold_module
+import ledger.upkeep as upkeep_module
 from cli.replay import report_compaction
 from ledger.audit import audit
 from ledger.decisions import Release
@@ -102,7 +102,7 @@ def test_a_small_tombstone_bound_that_is_not_hit_changes_nothing(seed: int) -> N
     forgets = _forgets(events)
     bound = 2 * (forgets // 2 + 1)  # one generation turns over, the second never fills
     whole = _replay(events, 1, None)
-    with mock.patch.object(fold_module, "TOMBSTONES_MAX", bound):
+    with mock.patch.object(upkeep_module, "TOMBSTONES_MAX", bound):
         small = _replay(events, 1, 1)
     assert small.state.tombstones_max == bound and small.state.tombstones_old, "a generation turned over"
     assert small.state.tombstones_evicted == 0 and compaction_warning(small.state) is None
@@ -116,7 +116,7 @@ def test_a_tombstone_bound_that_is_hit_is_counted_and_the_replay_warns(
 ) -> None:
     events = history(seed, LONG)
     whole = _replay(events, 1, None)
-    with mock.patch.object(fold_module, "TOMBSTONES_MAX", 8):
+    with mock.patch.object(upkeep_module, "TOMBSTONES_MAX", 8):
         hit = _replay(events, 1, 1)
     state = hit.state
     assert state.tombstones_evicted > 0 and state.tombstone_count <= 8

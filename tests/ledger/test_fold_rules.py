@@ -8,7 +8,8 @@ import pytest
 from ledger.audit import audit, counts_by_code
 from ledger.decisions import failed_recving, finished_recving, finished_sending, load_error_blocks
 from ledger.events import block_groups_of, from_json, from_msgpack, to_json, to_msgpack
-from ledger.fold import REASON_LOCAL_EXCEEDS_REMOTE, TRANSITIONS, LedgerState, Phase, fold_all
+from ledger.fold import REASON_LOCAL_EXCEEDS_REMOTE, LedgerState, fold_all
+from ledger.lifecycle import TRANSITIONS, Phase
 from ledger.valid import event_problem
 from tests.ledger.builders import Side
 

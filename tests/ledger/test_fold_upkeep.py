@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-import ledger.fold as fold_module
+import ledger.upkeep as upkeep_module
 from ledger.audit import audit, counts_by_code
-from ledger.fold import LedgerState, bits, fold_all, layers_mask
+from ledger.fold import LedgerState, fold_all
 from ledger.limits import LAYERS_MAX, RANKS_MAX
+from ledger.side import bits, layers_mask
 from ledger.store import snapshot
 from tests.ledger.builders import Side
 
@@ -134,7 +135,7 @@ def test_an_orphan_expired_then_mapped_is_forgotten_once() -> None:
 
 
 def test_snapshot_round_trips_masks_and_both_tombstone_generations(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fold_module, "TOMBSTONES_MAX", 4)  # read when the state is made
+    monkeypatch.setattr(upkeep_module, "TOMBSTONES_MAX", 4)  # read when the state is made
     p = Side("prefill-0/tp0")
     events = [p.map("w", "p-w", "producer", "write", blocks=(50,)), p.schedule("w", (0, 2, 70), op="write")]
     events.append(p.ack("w", "write", (2,)))

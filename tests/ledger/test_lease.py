@@ -7,7 +7,7 @@ import msgspec
 import pytest
 
 from ledger.events import Ack, Expire, Fail, Map, ReqId, TransferId
-from ledger.fold import REASON_LEASE_MISSED, REASON_READ_REFUSED, LedgerState
+from ledger.fold import LedgerState
 
 P = "prefill-0/tp0"
 T = TransferId("tx-1")
@@ -50,7 +50,7 @@ def test_a_consumer_that_stops_renewing_is_expired_at_its_last_lease() -> None:
     state.apply(_lease(20.0, seq=2))
     release = state.apply(Expire(seq=3, ts=20.0, source=P, transfer_id=T, deadline="defer"))
     assert release is not None and release.cause == "expired"
-    assert release.reason.startswith(REASON_LEASE_MISSED)
+    assert release.why == "lease_missed"
     assert state.lease_counts["expiries"] == 1
 
 
@@ -82,7 +82,9 @@ def test_a_lease_on_a_consumer_side_is_over_ack_evidence_and_moves_nothing() -> 
 def test_refused_reads_are_counted() -> None:
     state = LedgerState()
     state.apply(_map(deadline=10.0, role="consumer"))
-    release = state.apply(Fail(seq=2, ts=1.0, source=P, transfer_id=T, reason=f"{REASON_READ_REFUSED}: released"))
+    release = state.apply(
+        Fail(seq=2, ts=1.0, source=P, transfer_id=T, reason="read_refused: released", code="read_refused")
+    )
     assert release is not None and release.load_error
     assert state.lease_counts["reads_refused"] == 1
 

@@ -1,0 +1,214 @@
+"""The indexes the fold keeps beside its sides, and the queries the audits and shells ask of them:
+which sides are live or never mapped, who holds each block (claims, double ownership), when each live
+side is due (a deadline heap), which sides carry evidence for a finding. Sans-IO; every update is
+O(1) or O(blocks of the side), so an event's cost does not grow with the number of sides."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from ledger.decisions import Key
+from ledger.events import ReqId
+from ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX
+from ledger.side import TransferState
+
+
+def _note(seqs: list[int] | None, seq: int) -> list[int]:
+    if seqs is None:
+        return [seq]
+    if len(seqs) < EVIDENCE_SEQS_MAX:
+        seqs.append(seq)
+    return seqs
+
+
+class Indexes:
+    """The sides of one log (or of several merged) and the indexes over them."""
+
+    def __init__(self) -> None:
+        self.transfers: dict[Key, TransferState] = {}
+        self.live: dict[Key, TransferState] = {}
+        """Mapped, undecided: the sides holding blocks."""
+        self.unmapped: dict[Key, TransferState] = {}
+        """Events seen, no map yet; ordered by first sight for the orphan audit."""
+        self.deadlines: list[tuple[float, int, str, str]] = []
+        """Heap of (deadline, map seq, source, transfer id) of live transfers; stale
+        entries (already decided) are skipped and swept when they dominate."""
+        self.held: dict[str, set[int]] = {}
+        """Per source: the block ids live transfer sides hold (a set: claims and frees run at C speed)."""
+        self.contested: dict[tuple[str, int], list[Key]] = {}
+        """(source, block) -> every live side claiming a block held twice, first claimant first."""
+        self.double_owned: dict[Key, list[tuple[int, Key, int]]] = {}
+        """Transfer side -> (block, other owner, map seq) claims that collided."""
+        self.anomalous: dict[Key, None] = {}
+        """Transfer sides with late, duplicate, over-ack or id-reuse evidence."""
+        self.orphans_expired: dict[Key, None] = {}
+        """Never-mapped sides whose early events were expired."""
+        self.expired_producers: dict[Key, None] = {}
+        """Producer sides released by expire: candidates for premature_release."""
+        self.retrying: dict[Key, TransferState] = {}
+        """Undecided sides with a transient failure: what a worker re-issues, without scanning every live side."""
+        self.sources: dict[str, None] = {}
+        self.decided: deque[tuple[float, Key, TransferState]] = deque()
+        """(decision ts, key, side) in decision order: what `forget_decided` pops from, O(1) per side.
+        Holds only sides still in `transfers` (`compact` filters it)."""
+        self.blocks_held = 0
+        """Blocks held by live sides, each claim counted once."""
+
+    # -- block claims ----------------------------------------------------
+
+    def _claim_blocks(self, t: TransferState, key: Key) -> None:
+        held = self.held.get(t.source)
+        if held is None:
+            held = self.held[t.source] = set()
+        blocks = t.block_ids
+        self.blocks_held += len(blocks)
+        if held.isdisjoint(blocks):
+            before = len(held)
+            held.update(blocks)  # the common case, at C speed
+            if len(held) - before != len(blocks):
+                self._duplicate(t, t.map_seq)  # a block named twice in its own map
+            return
+        # A side claims each block once, however often its map names it: the claims index must
+        # let go of it exactly once too (a repeated id is evidence, never a second claim).
+        distinct = dict.fromkeys(blocks)
+        if len(distinct) != len(blocks):
+            self._duplicate(t, t.map_seq)
+        for block in distinct:
+            if block not in held:
+                held.add(block)
+                continue
+            claimants = self.contested.get((t.source, block))
+            if claimants is None:
+                # Rare: find who holds it (a scan of this source's live sides), then record both.
+                owner = next(
+                    (k for k, o in self.live.items() if o is not t and o.source == t.source and block in o.block_ids),
+                    None,
+                )
+                if owner is None:
+                    continue  # no other live side holds it (cannot happen while the index is right)
+                claimants = self.contested[(t.source, block)] = [owner]
+            elif key in claimants:
+                continue
+            self.double_owned.setdefault(key, []).append((block, claimants[0], t.map_seq))
+            claimants.append(key)
+
+    def _free_blocks(self, t: TransferState, key: Key) -> None:
+        held = self.held[t.source]
+        contested = self.contested
+        self.blocks_held -= len(t.block_ids)
+        if not contested:
+            held.difference_update(t.block_ids)  # no block has two claimants: all of these are its own
+            return
+        for block in dict.fromkeys(t.block_ids):  # each block once: it was claimed once
+            claimants = contested.get((t.source, block))
+            if claimants is None:
+                held.discard(block)
+                continue
+            if key not in claimants:
+                continue  # held by the others named there, not by this side
+            claimants.remove(key)
+            if len(claimants) == 1:
+                del contested[(t.source, block)]  # the other claimant keeps holding it
+
+    def claimants(self, source: str, block: int) -> list[Key]:
+        """The live sides holding `block` on `source` (for tests and the service; not the hot path)."""
+        contested = self.contested.get((source, block))
+        if contested is not None:
+            return list(contested)
+        if block not in self.held.get(source, ()):
+            return []
+        return [k for k, t in self.live.items() if t.source == source and block in t.block_ids]
+
+    # -- evidence ----------------------------------------------------------
+
+    def _duplicate(self, t: TransferState, seq: int) -> None:
+        t.duplicate_seqs = _note(t.duplicate_seqs, seq)
+        self.anomalous[t.key] = None
+
+    def _late(self, t: TransferState, seq: int) -> None:
+        t.late_seqs = _note(t.late_seqs, seq)
+        self.anomalous[t.key] = None
+
+    def _refused_map(self, t: TransferState, seq: int, request_id: ReqId) -> None:
+        """A second map of a mapped side, whatever its phase (a transfer id is single-use per side): a
+        duplicate when it names the same request, else a reused id naming the request refused."""
+        if t.request_id == request_id:
+            t.duplicate_seqs = _note(t.duplicate_seqs, seq)
+        else:
+            t.reuse_seqs = _note(t.reuse_seqs, seq)
+            if t.reused_by is None:
+                t.reused_by = [request_id]
+            elif len(t.reused_by) < EVIDENCE_SEQS_MAX:
+                t.reused_by.append(request_id)
+        self.anomalous[t.key] = None
+
+    def _over_ack(self, t: TransferState, seq: int) -> None:
+        t.over_ack_seqs = _note(t.over_ack_seqs, seq)
+        self.anomalous[t.key] = None
+
+    # -- deadlines ---------------------------------------------------------
+
+    def _push_deadline(self, deadline: float, map_seq: int, source: str, transfer_id: str) -> None:
+        """A live side's (new) deadline; stale entries are swept once they dominate the heap."""
+        heapq.heappush(self.deadlines, (deadline, map_seq, source, transfer_id))
+        if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
+            self._sweep_deadlines()
+
+    def _sweep_deadlines(self) -> None:
+        live = self.live
+        self.deadlines = [
+            d
+            for d in self.deadlines
+            if (t := live.get((d[2], d[3]))) is not None and t.deadline == d[0]  # type: ignore[arg-type]
+        ]
+        heapq.heapify(self.deadlines)
+
+    # -- queries used by the audits and the shells ----------------------------
+
+    def due(self, now: float) -> list[TransferState]:
+        """Live sides whose deadline is at or before `now`, earliest first.
+
+        Walks only the heap nodes at or before `now` (and their children), so the
+        cost follows the number due, not the number live. Does not mutate.
+        """
+        heap, live = self.deadlines, self.live
+        found: list[tuple[float, int, TransferState]] = []
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            deadline, seq, source, tid = heap[i]
+            if deadline > now:
+                continue
+            t = live.get((source, tid))  # type: ignore[arg-type]
+            if t is not None and t.map_seq == seq and (t.lease_until is None or t.lease_until == deadline):
+                found.append((deadline, seq, t))
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    stack.append(child)
+        found.sort(key=lambda item: (item[0], item[1]))
+        return [t for _, _, t in found]
+
+    def orphans_due(self, now: float, timeout_s: float) -> list[TransferState]:
+        """Never-mapped sides first seen more than `timeout_s` before `now`."""
+        out = []
+        for t in self.unmapped.values():
+            if t.first_ts + timeout_s > now:
+                break
+            out.append(t)
+        return out
+
+    def has_evidence(self, key: Key) -> bool:
+        """Whether an audit reports the side, or may: late, duplicate, over-ack or reuse events, a
+        double-owned block, an expired orphan, a producer released by expire, or a consumer of a
+        transfer whose producer was (the pair a premature_release is made of). Kept whole, such a
+        side can never be lost to the tombstone bound."""
+        if key in self.anomalous or key in self.double_owned or key in self.orphans_expired:
+            return True
+        expired = self.expired_producers
+        if not expired:
+            return False
+        if key in expired:
+            return True
+        tid = key[1]
+        return any((source, tid) in expired for source in self.sources)
