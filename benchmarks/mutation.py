@@ -1,6 +1,6 @@
-"""Mutation testing of the fold and the audit: how many small wrong versions of `ledger/fold.py` and
-`ledger/audit.py` (a flipped comparison, a dropped guard, a constant off by one, a string changed)
-the ledger tests catch. Prints the figures and every survivor, then one JSON line.
+"""Mutation testing of the fold and the audit: how many small wrong versions of the fold (`ledger/fold.py`,
+`side.py`, `indexes.py`, `upkeep.py`) and `ledger/audit.py` (a flipped comparison, a dropped guard, a constant off
+by one, a string changed) the ledger tests catch. Prints the figures and every survivor, then one JSON line.
 
 Run:
     python benchmarks/mutation.py                # every 4th mutant of both files (deterministic), 2 workers
@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTMUT_VERSION = "3.8.1"
-MUTATED = ("ledger/fold.py", "ledger/audit.py")
+MUTATED = ("ledger/fold.py", "ledger/side.py", "ledger/indexes.py", "ledger/upkeep.py", "ledger/audit.py")
 TESTS = "tests/ledger"
 DEFAULT_EVERY = 4
 FIRST_BATCH = "ledger.audit.x_counts_by_code__mutmut_*"
