@@ -190,11 +190,12 @@ class Storm:
         if producer.alive:
             self._local_traffic(round_number)
             self._producer_admissions(round_number, now)
-            report = producer.step(now, round_number, lambda: self._request_finished(round_number, now))
+            report = producer.step(now, round_number, lambda _failed: self._request_finished(round_number, now))
             self._on_producer_report(report)
         if consumer.alive:
             self._consumer_admissions(round_number, now)
-            self._on_consumer_report(consumer.step(now, round_number, lambda: self._consumer_finishes(now)), now)
+            report = consumer.step(now, round_number, lambda failed: self._consumer_stopped(failed, now))
+            self._on_consumer_report(report, now)
         self._maybe_die()
         self._settle(round_number + 1)
 
@@ -421,6 +422,29 @@ class Storm:
             if checksums(engine.caches, side.blocks) != request.checksums:
                 tally.integrity_failures.append(tid)
             self._loaded(request, now)
+
+    def _consumer_stopped(self, failed: set[ReqId], now: float) -> None:
+        """vLLM's update_from_output frees, before update_connector_output: the decodes that ended in this step,
+        then, under kv_load_failure_policy "fail", every request still waiting for its KV that the workers'
+        raw failed_recving names (vLLM ends it with an error; its blocks wait for finished_recving)."""
+        self._consumer_finishes(now)
+        if self._recomputes_failed_loads():
+            return
+        engine = self.consumer
+        for request_id in sorted(failed, key=_number):
+            request = self.by_request.get(request_id)
+            if request is None or request_id not in engine.known:
+                continue
+            side = request.consumer
+            if side.reported or side.finished or side.lost:
+                continue  # no longer waiting for its KV: vLLM's `_handle_failed_recving` passes it by
+            keep, params = engine.scheduler.on_request_finished(request_id, request.consumer_params, (), now)
+            if keep or params is not None:
+                raise SimulationError(f"request_finished of the failed load {request.transfer_id} kept blocks")
+
+    def _recomputes_failed_loads(self) -> bool:
+        """kv_load_failure_policy: the storm's is "fail" (a failed load ends the request)."""
+        return False
 
     def _consumer_finishes(self, now: float) -> None:
         """Consumer requests that finish decoding in this step (the storm's end at their report)."""

@@ -183,7 +183,7 @@ class SimEngine:
             took = time.perf_counter() - start
             self.hook_s_max = max(self.hook_s_max, took)
 
-    def step(self, now: float, round_number: int, stopped: Callable[[], None]) -> StepReport:
+    def step(self, now: float, round_number: int, stopped: Callable[[set[ReqId]], None]) -> StepReport:
         """One engine step, calling the connector's hooks in the order of vLLM's `Scheduler` (0.32 and 0.33
         alike; `hook_order.STEP_PHASES` is the same order as data, which the hook-order tests check against):
 
@@ -198,14 +198,14 @@ class SimEngine:
            ids (`_handle_failed_recving`, `_handle_invalid_blocks`: no connector call, and before the
            connector can rewrite them); then every request that stopped in this step's output is freed
            (`_free_request` -> `_connector_finished` -> request_finished / request_finished_all_groups),
-           and so are the failed loads under kv_load_failure_policy "fail" (`finish_requests`; the storm
-           does not call request_finished for those: it ends them from update_connector_output); only then
+           then the loads the workers' raw failed_recving names, under kv_load_failure_policy "fail"
+           (error_req_ids -> `finish_requests` -> `_free_request`, the same request_finished); only then
            `_update_from_kv_xfer_finished` -> update_connector_output, followed by get_kv_connector_stats
            and take_events (which the simulator does not model). vLLM skips update_connector_output when
            the workers' output is empty, and so does this.
 
-        `stopped` is the driver's part of step 3: request_finished for the requests that stopped in this
-        step (it runs whether or not the workers reported anything)."""
+        `stopped` is the driver's part of step 3, given the workers' raw failed_recving: request_finished for
+        the requests that stopped in this step (it runs whether or not the workers reported anything)."""
         timed = self._timed
         meta = self._lag(timed(self.scheduler.build_meta, now), round_number)
         worker = self.worker
@@ -222,7 +222,7 @@ class SimEngine:
         self._notices = [(when, r) for when, r in self._notices if when > round_number]
         sending, recving, failed = timed(worker.get_finished, due, now)
         load_errors = timed(worker.take_load_errors)
-        stopped()
+        stopped(failed)
         if not (sending or recving or failed or load_errors):
             return StepReport(WorkerOutcome(), load_errors)
         # Sorted: the core folds them in this order, and set order changes between processes.

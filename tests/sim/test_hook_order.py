@@ -64,6 +64,10 @@ def test_every_storm_step_calls_the_hooks_in_vllms_order(mode: str) -> None:
     if mode == "read":
         for step in cases:
             assert phases(c.name for c in step) == READ_PRODUCER_STEP
+    # kv_load_failure_policy "fail": a load the workers report failed ends its request before the output.
+    consumer = by_round(calls["decode-0"]).values()
+    failing = [s for s in consumer if any(c.name == "get_finished" and c.result[2] for c in s)]
+    assert any("on_request_finished" in phases(c.name for c in s) for s in failing)
 
 
 def test_every_soak_step_calls_the_hooks_in_vllms_order(tmp_path: Path) -> None:
