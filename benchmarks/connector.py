@@ -23,6 +23,7 @@ import logging  # noqa: E402
 import statistics  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
@@ -32,7 +33,7 @@ from connector.assemble import build_scheduler, build_worker  # noqa: E402
 from connector.config import ConnectorConfig, PeerEngine  # noqa: E402
 from connector.limits import HOOK_CALL_BOUND_S  # noqa: E402
 from connector.messages import ReleaseBlocks, encode  # noqa: E402
-from connector.params import parse_params  # noqa: E402
+from connector.params import TransferParams, parse_params  # noqa: E402
 from connector.ports import free_loopback_ports  # noqa: E402
 from connector.scheduler import SchedulerCore  # noqa: E402
 from connector.transports.tcp import TcpTransport  # noqa: E402
@@ -85,8 +86,10 @@ def hook_cost() -> tuple[float, float, float, float]:
         now += 0.01
         released, live = live[:TURNOVER_PER_STEP], live[TURNOVER_PER_STEP:]
         start = time.perf_counter_ns()
-        new = [finish_one() for _ in range(TURNOVER_PER_STEP)]
         timed(core.build_meta, now)
+        # vLLM's order (connector/sim/engine.py, SimEngine.step): the prefills that stopped in this step's output
+        # finish before update_connector_output.
+        new = [finish_one() for _ in range(TURNOVER_PER_STEP)]
         outcome = timed(core.on_worker_output, released, (), (), now)
         timed(core.has_pending_block_frees)
         timed(core.stats)
@@ -193,18 +196,28 @@ def dead_peer_hook_max() -> tuple[float, int]:
         timer = Timer()
         failed: set[str] = set()
         issued = 0
+        finished: list[ReqId] = []  # the requests that finished in the last step: vLLM tells the workers now
         steps = int(3 * DEAD_PEER_TRANSFER_TIMEOUT_S / DEAD_PEER_STEP_S)
         for _ in range(steps):
             now += DEAD_PEER_STEP_S
+            prefills: list[tuple[ReqId, TransferParams | None, range]] = []
             for _ in range(DEAD_PEER_NEW_PER_STEP):
                 if issued == LIVE_TRANSFERS:
                     break
                 params = parse_params({"transfer_id": f"tx-{issued}", "do_remote_decode": True, **cons_address})
                 blocks = range(issued * blocks_per, (issued + 1) * blocks_per)
-                timer(scheduler.on_save, ReqId(f"p-{issued}"), params, blocks, now)
-                timer(scheduler.on_request_finished, ReqId(f"p-{issued}"), params, blocks, now)
+                timer(scheduler.on_save, ReqId(f"p-{issued}"), params, blocks, now)  # in schedule()
+                prefills.append((ReqId(f"p-{issued}"), params, blocks))
                 issued += 1
-            _producer_step(producer, scheduler, timer, now)
+
+            def stopped(
+                prefills: list[tuple[ReqId, TransferParams | None, range]] = prefills, now: float = now
+            ) -> None:
+                for request_id, params, blocks in prefills:
+                    timer(scheduler.on_request_finished, request_id, params, blocks, now)
+
+            _producer_step(producer, scheduler, timer, now, finished, stopped)
+            finished = [request_id for request_id, _, _ in prefills]
             failed |= {
                 e.transfer_id
                 for e in producer.ledger.log.since(0)
@@ -220,16 +233,25 @@ def dead_peer_hook_max() -> tuple[float, int]:
         consumer_scheduler.ledger.close()
 
 
-def _producer_step(worker: WorkerCore, scheduler: SchedulerCore, timer: Timer, now: float) -> None:
-    """One engine step in vLLM's order, every hook timed."""
+def _producer_step(
+    worker: WorkerCore,
+    scheduler: SchedulerCore,
+    timer: Timer,
+    now: float,
+    finished: list[ReqId],
+    stopped: Callable[[], None],
+) -> None:
+    """One engine step in vLLM's order (connector/sim/engine.py, SimEngine.step), every hook timed: `finished`
+    are the requests that finished in the last step, `stopped` ends this step's (request_finished)."""
     meta = timer(scheduler.build_meta, now)
     timer(worker.bind, meta, now)
     for name in worker.layer_names:
         timer(worker.save_layer, name)
     timer(worker.start_load, now)
     timer(worker.wait_for_save, now)
-    sending, recving, failed = timer(worker.get_finished, [s.request_id for s in meta.save], now)
+    sending, recving, failed = timer(worker.get_finished, finished, now)
     timer(worker.take_load_errors)
+    stopped()
     if sending or recving or failed:
         timer(scheduler.on_worker_output, sorted(sending), sorted(recving), sorted(failed), now)
 

@@ -2,8 +2,10 @@
 
 Each round the simulated clock advances by `step_s`. Within a round: new
 requests arrive (up to `concurrency` in flight); the producer prefills and
-schedules; the producer engine steps; finished prefills call request_finished;
-the consumer takes its requests and steps; then the round ends: held
+schedules; the producer engine steps, and within its step, as in vLLM, the
+finished prefills call request_finished before update_connector_output; the
+consumer takes its requests and steps (decodes that end call request_finished
+at the same point of its step); then the round ends: held
 notifications due are sent, and the driver waits (bounded) until every real
 byte and message of the round has landed before admitting them for the next
 round. All randomness comes from one `random.Random(seed)` drawn in the
@@ -188,12 +190,12 @@ class Storm:
         if producer.alive:
             self._local_traffic(round_number)
             self._producer_admissions(round_number, now)
-            self._on_producer_report(producer.step(now, round_number))
-            self._request_finished(round_number, now)
+            report = producer.step(now, round_number, lambda _failed: self._request_finished(round_number, now))
+            self._on_producer_report(report)
         if consumer.alive:
             self._consumer_admissions(round_number, now)
-            self._on_consumer_report(consumer.step(now, round_number), now)
-            self._consumer_finishes(now)
+            report = consumer.step(now, round_number, lambda failed: self._consumer_stopped(failed, now))
+            self._on_consumer_report(report, now)
         self._maybe_die()
         self._settle(round_number + 1)
 
@@ -272,18 +274,20 @@ class Storm:
             side = request.producer
             if side.admitted or not side.needed or side.admit_round != round_number:
                 continue
-            blocks = engine.pool.allocate(cfg.blocks_per_request, request.owner)
-            if blocks is None:
-                raise SimulationError("producer KV pool exhausted: num_blocks is below what concurrency needs")
-            side.blocks, side.admitted = blocks, True
-            engine.known.add(side.request_id)
-            request.checksums = prefill(engine.caches, blocks, cfg.seed, request.number)
             raw: dict[str, object] = {"transfer_id": request.transfer_id, "do_remote_decode": True}
             if cfg.mode == "write":
                 c = self.consumer.config
                 raw.update(remote_host=c.host, remote_handshake_port=c.handshake_port,
                            remote_notify_port=c.notify_port, remote_engine_id=c.engine_id)  # fmt: skip
             request.producer_params = parse_params(raw)
+            # vLLM's schedule() asks every new request, a prefill's too (the producer's answer: nothing to load).
+            engine.scheduler.matched_tokens(request.producer_params, self.prompt_tokens, 0)
+            blocks = engine.pool.allocate(cfg.blocks_per_request, request.owner)
+            if blocks is None:
+                raise SimulationError("producer KV pool exhausted: num_blocks is below what concurrency needs")
+            side.blocks, side.admitted = blocks, True
+            engine.known.add(side.request_id)
+            request.checksums = prefill(engine.caches, blocks, cfg.seed, request.number)
             if cfg.mode == "write":
                 engine.scheduler.on_save(
                     side.request_id, request.producer_params, blocks, now, prompt_digest=request.prompt_digest
@@ -418,6 +422,29 @@ class Storm:
             if checksums(engine.caches, side.blocks) != request.checksums:
                 tally.integrity_failures.append(tid)
             self._loaded(request, now)
+
+    def _consumer_stopped(self, failed: set[ReqId], now: float) -> None:
+        """vLLM's update_from_output frees, before update_connector_output: the decodes that ended in this step,
+        then, under kv_load_failure_policy "fail", every request still waiting for its KV that the workers'
+        raw failed_recving names (vLLM ends it with an error; its blocks wait for finished_recving)."""
+        self._consumer_finishes(now)
+        if self._recomputes_failed_loads():
+            return
+        engine = self.consumer
+        for request_id in sorted(failed, key=_number):
+            request = self.by_request.get(request_id)
+            if request is None or request_id not in engine.known:
+                continue
+            side = request.consumer
+            if side.reported or side.finished or side.lost:
+                continue  # no longer waiting for its KV: vLLM's `_handle_failed_recving` passes it by
+            keep, params = engine.scheduler.on_request_finished(request_id, request.consumer_params, (), now)
+            if keep or params is not None:
+                raise SimulationError(f"request_finished of the failed load {request.transfer_id} kept blocks")
+
+    def _recomputes_failed_loads(self) -> bool:
+        """kv_load_failure_policy: the storm's is "fail" (a failed load ends the request)."""
+        return False
 
     def _consumer_finishes(self, now: float) -> None:
         """Consumer requests that finish decoding in this step (the storm's end at their report)."""

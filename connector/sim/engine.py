@@ -183,9 +183,29 @@ class SimEngine:
             took = time.perf_counter() - start
             self.hook_s_max = max(self.hook_s_max, took)
 
-    def step(self, now: float, round_number: int) -> StepReport:
-        """One engine step in vLLM's order. The scheduler half ticks in build_connector_meta; vLLM calls
-        update_connector_output only when a worker reported something, and so does this."""
+    def step(self, now: float, round_number: int, stopped: Callable[[set[ReqId]], None]) -> StepReport:
+        """One engine step, calling the connector's hooks in the order of vLLM's `Scheduler` (0.32 and 0.33
+        alike; `hook_order.STEP_PHASES` is the same order as data, which the hook-order tests check against):
+
+        1. `Scheduler.schedule`: per request it schedules, get_num_new_matched_tokens, then (blocks
+           allocated) update_state_after_alloc; the driver's admissions make these calls before `step`.
+           Then, last in schedule(), `_build_kv_connector_meta` -> build_connector_meta (the core's tick).
+        2. The workers (`KVConnectorModelRunnerMixin._get_kv_connector_output` around the forward):
+           bind_connector_metadata; start_load_kv before the forward only for synchronous loads, else right
+           after launching it; per layer wait_for_layer_load / save_kv_layer (`kv_transfer_utils`); then
+           wait_for_save, get_finished (get_transfer_results), and last get_block_ids_with_load_errors.
+        3. `Scheduler.update_from_output`: it first reads the workers' raw failed_recving and invalid block
+           ids (`_handle_failed_recving`, `_handle_invalid_blocks`: no connector call, and before the
+           connector can rewrite them); then every request that stopped in this step's output is freed
+           (`_free_request` -> `_connector_finished` -> request_finished / request_finished_all_groups),
+           then the loads the workers' raw failed_recving names, under kv_load_failure_policy "fail"
+           (error_req_ids -> `finish_requests` -> `_free_request`, the same request_finished); only then
+           `_update_from_kv_xfer_finished` -> update_connector_output, followed by get_kv_connector_stats
+           and take_events (which the simulator does not model). vLLM skips update_connector_output when
+           the workers' output is empty, and so does this.
+
+        `stopped` is the driver's part of step 3, given the workers' raw failed_recving: request_finished for
+        the requests that stopped in this step (it runs whether or not the workers reported anything)."""
         timed = self._timed
         meta = self._lag(timed(self.scheduler.build_meta, now), round_number)
         worker = self.worker
@@ -202,6 +222,7 @@ class SimEngine:
         self._notices = [(when, r) for when, r in self._notices if when > round_number]
         sending, recving, failed = timed(worker.get_finished, due, now)
         load_errors = timed(worker.take_load_errors)
+        stopped(failed)
         if not (sending or recving or failed or load_errors):
             return StepReport(WorkerOutcome(), load_errors)
         # Sorted: the core folds them in this order, and set order changes between processes.

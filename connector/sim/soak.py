@@ -449,7 +449,7 @@ class Soak(Storm):
 
     def _load_failed(self, request: SimRequest, now: float) -> None:
         assert isinstance(request, SoakRequest)
-        if "recompute" not in self.config.soak_faults:
+        if not self._recomputes_failed_loads():
             super()._load_failed(request, now)
             return
         # kv_load_failure_policy "recompute": no valid token, so vLLM frees the blocks, sets
@@ -458,6 +458,9 @@ class Soak(Storm):
         request.consumer.blocks = ()
         request.state, request.reask = "recompute", "recompute"
         self.timers.push("reask", now, request.number)
+
+    def _recomputes_failed_loads(self) -> bool:
+        return "recompute" in self.config.soak_faults
 
     def _decode(self, request: SoakRequest, now: float) -> None:
         cfg, rng = self.config, self.rng
