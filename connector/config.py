@@ -13,6 +13,7 @@ A bad value raises `ConfigError` naming the key, so a typo stops the engine at s
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 from collections.abc import Mapping
@@ -20,8 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connector import limits
+from connector.messages import RankAddress
+from connector.metadata import PeerRef
 from connector.ports import engine_ports, rank_port
 from ledger.events import Mode, Role
+from ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 
 BACKENDS = ("tcp", "mori")
 LEDGER_URL_SCHEMES = ("memory", "sqlite", "postgresql", "postgres", "postgresql+psycopg")
@@ -67,8 +71,8 @@ class ConnectorConfig:
     notify_port: int = limits.DEFAULT_NOTIFY_PORT
     transport_port: int = limits.DEFAULT_TRANSPORT_PORT
     backend: str = "tcp"
-    transfer_timeout_s: float = limits.DEFAULT_TRANSFER_TIMEOUT_S
-    defer_timeout_s: float = limits.DEFAULT_DEFER_TIMEOUT_S
+    transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S
+    defer_timeout_s: float = DEFAULT_DEFER_TIMEOUT_S
     recv_abort_timeout_s: float = limits.DEFAULT_RECV_ABORT_TIMEOUT_S
     kv_lease_duration_s: float = limits.DEFAULT_KV_LEASE_DURATION_S
     """NIXL's `kv_lease_duration`; 0: no leases (a producer holds for `defer_timeout`, then frees)."""
@@ -132,8 +136,25 @@ class ConnectorConfig:
             return now + max(self.defer_timeout_s, self.kv_lease_max_s)
         return now + self.defer_timeout_s
 
+    @functools.cached_property
+    def address(self) -> PeerRef:
+        """This engine as its peers name it: in the params a producer hands its consumer (`remote_*`)."""
+        return PeerRef(
+            engine_id=self.engine_id,
+            host=self.host,
+            handshake_port=self.handshake_port,
+            notify_port=self.notify_port,
+            tp_size=self.tp_size,
+            dp_rank=self.dp_rank,
+        )
+
+    @functools.cached_property
+    def rank_address(self) -> RankAddress:
+        """This rank as the messages it sends name their sender: the engine's address and its TP rank."""
+        return RankAddress.of(self.address, self.tp_rank)
+
     def my_port(self, base: int) -> int:
-        return rank_port(base, self.dp_rank, self.tp_rank, self.tp_size)
+        return self.rank_address.port(base)
 
     def find_peer(self, host: str, handshake_port: int, notify_port: int) -> PeerEngine | None:
         """The configured peer with these base ports, or None (then it must not be dialed)."""
@@ -371,8 +392,8 @@ def from_extra_config(
         notify_port=_port(extra.get("notify_port", limits.DEFAULT_NOTIFY_PORT), "notify_port"),
         transport_port=_port(extra.get("transport_port", limits.DEFAULT_TRANSPORT_PORT), "transport_port"),
         backend=backend,
-        transfer_timeout_s=_seconds(extra, "transfer_timeout", limits.DEFAULT_TRANSFER_TIMEOUT_S),
-        defer_timeout_s=_seconds(extra, "defer_timeout", limits.DEFAULT_DEFER_TIMEOUT_S),
+        transfer_timeout_s=_seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT_S),
+        defer_timeout_s=_seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT_S),
         recv_abort_timeout_s=_seconds(extra, "recv_abort_timeout", limits.DEFAULT_RECV_ABORT_TIMEOUT_S),
         kv_lease_duration_s=_lease_seconds(extra),
         kv_lease_max_s=_seconds(extra, "kv_lease_max", limits.DEFAULT_KV_LEASE_MAX_S),
