@@ -7,7 +7,8 @@ Key names follow MoRIIO where the meaning is the same (`read_mode`,
 its events to a JSONL incident log there), `control_key_env` / `control_key_file`
 (where the HMAC key of control messages is: an environment variable's name, or a
 file) and one test hook,
-`test_hook_corrupt_received_kv` (overwrites received KV with noise: never in production).
+`test_hook_received_kv` (`module:function`, called with the blocks each completed receive loaded: the e2e
+tests' negative control overwrites them with noise; never in production; see `hooks.py`).
 A bad value raises `ConfigError` naming the key, so a typo stops the engine at start instead of in the first transfer.
 """
 
@@ -86,9 +87,10 @@ class ConnectorConfig:
     peers: tuple[PeerEngine, ...] = ()
     peer_tp_size: int = 1
     incident_log_dir: str | None = None
-    test_hook_corrupt_received_kv: bool = False
-    """Test hook: a consumer overwrites every block it received with noise, so a test can show that
-    the decode really used transferred KV (its output must change)."""
+    test_hook_received_kv: str | None = None
+    """Test hook, `module:function` (`hooks.load_hook`): a consumer worker calls it with the blocks each
+    completed receive loaded, so a test can show that the decode really used transferred KV (noise there
+    must change its output)."""
     dp_rank: int = 0
     dp_size: int = 1
     tp_rank: int = 0
@@ -251,6 +253,16 @@ def _directory(value: Any, name: str) -> str | None:
     return value
 
 
+def _hook_path(value: Any, name: str) -> str | None:
+    """`package.module:function`, checked for its form here; imported by the adapter (`hooks.load_hook`)."""
+    if value is None or value == "":
+        return None
+    module, sep, function = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not all(part.isidentifier() for part in (*module.split("."), function)):
+        raise ConfigError(f"{_key(name)}: expected 'package.module:function', got {value!r}")
+    return str(value)
+
+
 def check_ledger_url(value: Any) -> str | None:
     """None (in-memory only), `memory://`, `sqlite:///path` or `postgresql://...`; else ConfigError."""
     if value is None or value == "":
@@ -316,7 +328,7 @@ KNOWN_KEYS = frozenset(
         "peers",
         "peer_tp_size",
         "incident_log_dir",
-        "test_hook_corrupt_received_kv",
+        "test_hook_received_kv",
         "control_key_env",
         "control_key_file",
         "kv_lease_duration",
@@ -402,7 +414,7 @@ def from_extra_config(
         peers=_peers(extra.get("peers")),
         peer_tp_size=_positive_int(extra.get("peer_tp_size", 1), "peer_tp_size"),
         incident_log_dir=_directory(extra.get("incident_log_dir"), "incident_log_dir"),
-        test_hook_corrupt_received_kv=_bool(extra, "test_hook_corrupt_received_kv", False),
+        test_hook_received_kv=_hook_path(extra.get("test_hook_received_kv"), "test_hook_received_kv"),
         control_key=_control_key(extra),
         dp_rank=dp_rank,
         dp_size=dp_size,
