@@ -43,7 +43,7 @@ class TransferParams(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(self, do_remote_prefill=False)
 
     def peer(self) -> PeerRef | None:
-        """The remote engine these params name, or None if they name none (`peer_params` writes them)."""
+        """The remote engine these params name, or None if they name none (`consumer_params` writes them)."""
         if self.remote_host is None or self.remote_handshake_port is None or self.remote_notify_port is None:
             return None
         return PeerRef(
@@ -97,18 +97,6 @@ def remote_prefill_taken(raw: dict[str, Any]) -> None:
     raw["do_remote_prefill"] = False
 
 
-def peer_params(peer: PeerRef) -> dict[str, Any]:
-    """The `remote_*` fields of `kv_transfer_params` that name `peer`: what `TransferParams.peer` reads back."""
-    return {
-        "remote_engine_id": peer.engine_id,
-        "remote_host": peer.host,
-        "remote_handshake_port": peer.handshake_port,
-        "remote_notify_port": peer.notify_port,
-        "remote_tp_size": peer.tp_size,
-        "remote_dp_rank": peer.dp_rank,
-    }
-
-
 def consumer_params(
     transfer_id: TransferId,
     block_ids: tuple[int, ...],
@@ -117,7 +105,8 @@ def consumer_params(
     block_groups: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
     """What a producer's `request_finished` returns for the consumer (through the proxy): the transfer, the
-    producer's blocks and the producer itself (its `ConnectorConfig.address`)."""
+    producer's blocks and the producer itself (its `ConnectorConfig.address`, as the `remote_*` fields that
+    `TransferParams.peer` reads back)."""
     groups = {} if block_groups is None else {"remote_block_groups": list(block_groups)}
     return {
         **groups,
@@ -125,5 +114,10 @@ def consumer_params(
         "do_remote_decode": False,
         "transfer_id": transfer_id,
         "remote_block_ids": list(block_ids),
-        **peer_params(producer),
+        "remote_engine_id": producer.engine_id,
+        "remote_host": producer.host,
+        "remote_handshake_port": producer.handshake_port,
+        "remote_notify_port": producer.notify_port,
+        "remote_tp_size": producer.tp_size,
+        "remote_dp_rank": producer.dp_rank,
     }

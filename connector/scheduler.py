@@ -439,7 +439,7 @@ class SchedulerCore:
                     )
                     continue
             self._unreported.add(release)
-        if out is not None:
+        if out is not None and not self._unreported.empty():
             out.merge(self._unreported)
             self._unreported = VllmOutcome()
 

@@ -76,6 +76,9 @@ class VllmOutcome(msgspec.Struct, kw_only=True):
         self.failed_recving.add(request_id)
         self.invalid_block_ids.update(block_ids)
 
+    def empty(self) -> bool:
+        return not (self.finished_sending or self.finished_recving or self.failed_recving or self.invalid_block_ids)
+
     def merge(self, other: VllmOutcome) -> None:
         self.finished_sending |= other.finished_sending
         self.finished_recving |= other.finished_recving
