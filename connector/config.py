@@ -7,12 +7,14 @@ Key names follow MoRIIO where the meaning is the same (`read_mode`,
 its events to a JSONL incident log there), `control_key_env` / `control_key_file`
 (where the HMAC key of control messages is: an environment variable's name, or a
 file) and one test hook,
-`test_hook_corrupt_received_kv` (overwrites received KV with noise: never in production).
+`test_hook_received_kv` (`module:function`, called with the blocks each completed receive loaded: the e2e
+tests' negative control overwrites them with noise; never in production; see `hooks.py`).
 A bad value raises `ConfigError` naming the key, so a typo stops the engine at start instead of in the first transfer.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 from collections.abc import Mapping
@@ -20,8 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connector import limits
+from connector.messages import RankAddress
+from connector.metadata import PeerRef
 from connector.ports import engine_ports, rank_port
 from ledger.events import Mode, Role
+from ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 
 BACKENDS = ("tcp", "mori")
 LEDGER_URL_SCHEMES = ("memory", "sqlite", "postgresql", "postgres", "postgresql+psycopg")
@@ -67,8 +72,8 @@ class ConnectorConfig:
     notify_port: int = limits.DEFAULT_NOTIFY_PORT
     transport_port: int = limits.DEFAULT_TRANSPORT_PORT
     backend: str = "tcp"
-    transfer_timeout_s: float = limits.DEFAULT_TRANSFER_TIMEOUT_S
-    defer_timeout_s: float = limits.DEFAULT_DEFER_TIMEOUT_S
+    transfer_timeout_s: float = DEFAULT_TRANSFER_TIMEOUT_S
+    defer_timeout_s: float = DEFAULT_DEFER_TIMEOUT_S
     recv_abort_timeout_s: float = limits.DEFAULT_RECV_ABORT_TIMEOUT_S
     kv_lease_duration_s: float = limits.DEFAULT_KV_LEASE_DURATION_S
     """NIXL's `kv_lease_duration`; 0: no leases (a producer holds for `defer_timeout`, then frees)."""
@@ -82,9 +87,10 @@ class ConnectorConfig:
     peers: tuple[PeerEngine, ...] = ()
     peer_tp_size: int = 1
     incident_log_dir: str | None = None
-    test_hook_corrupt_received_kv: bool = False
-    """Test hook: a consumer overwrites every block it received with noise, so a test can show that
-    the decode really used transferred KV (its output must change)."""
+    test_hook_received_kv: str | None = None
+    """Test hook, `module:function` (`hooks.load_hook`): a consumer worker calls it with the blocks each
+    completed receive loaded, so a test can show that the decode really used transferred KV (noise there
+    must change its output)."""
     dp_rank: int = 0
     dp_size: int = 1
     tp_rank: int = 0
@@ -132,8 +138,25 @@ class ConnectorConfig:
             return now + max(self.defer_timeout_s, self.kv_lease_max_s)
         return now + self.defer_timeout_s
 
+    @functools.cached_property
+    def address(self) -> PeerRef:
+        """This engine as its peers name it: in the params a producer hands its consumer (`remote_*`)."""
+        return PeerRef(
+            engine_id=self.engine_id,
+            host=self.host,
+            handshake_port=self.handshake_port,
+            notify_port=self.notify_port,
+            tp_size=self.tp_size,
+            dp_rank=self.dp_rank,
+        )
+
+    @functools.cached_property
+    def rank_address(self) -> RankAddress:
+        """This rank as the messages it sends name their sender: the engine's address and its TP rank."""
+        return RankAddress.of(self.address, self.tp_rank)
+
     def my_port(self, base: int) -> int:
-        return rank_port(base, self.dp_rank, self.tp_rank, self.tp_size)
+        return self.rank_address.port(base)
 
     def find_peer(self, host: str, handshake_port: int, notify_port: int) -> PeerEngine | None:
         """The configured peer with these base ports, or None (then it must not be dialed)."""
@@ -230,6 +253,16 @@ def _directory(value: Any, name: str) -> str | None:
     return value
 
 
+def _hook_path(value: Any, name: str) -> str | None:
+    """`package.module:function`, checked for its form here; imported by the adapter (`hooks.load_hook`)."""
+    if value is None or value == "":
+        return None
+    module, sep, function = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not all(part.isidentifier() for part in (*module.split("."), function)):
+        raise ConfigError(f"{_key(name)}: expected 'package.module:function', got {value!r}")
+    return str(value)
+
+
 def check_ledger_url(value: Any) -> str | None:
     """None (in-memory only), `memory://`, `sqlite:///path` or `postgresql://...`; else ConfigError."""
     if value is None or value == "":
@@ -295,7 +328,7 @@ KNOWN_KEYS = frozenset(
         "peers",
         "peer_tp_size",
         "incident_log_dir",
-        "test_hook_corrupt_received_kv",
+        "test_hook_received_kv",
         "control_key_env",
         "control_key_file",
         "kv_lease_duration",
@@ -371,8 +404,8 @@ def from_extra_config(
         notify_port=_port(extra.get("notify_port", limits.DEFAULT_NOTIFY_PORT), "notify_port"),
         transport_port=_port(extra.get("transport_port", limits.DEFAULT_TRANSPORT_PORT), "transport_port"),
         backend=backend,
-        transfer_timeout_s=_seconds(extra, "transfer_timeout", limits.DEFAULT_TRANSFER_TIMEOUT_S),
-        defer_timeout_s=_seconds(extra, "defer_timeout", limits.DEFAULT_DEFER_TIMEOUT_S),
+        transfer_timeout_s=_seconds(extra, "transfer_timeout", DEFAULT_TRANSFER_TIMEOUT_S),
+        defer_timeout_s=_seconds(extra, "defer_timeout", DEFAULT_DEFER_TIMEOUT_S),
         recv_abort_timeout_s=_seconds(extra, "recv_abort_timeout", limits.DEFAULT_RECV_ABORT_TIMEOUT_S),
         kv_lease_duration_s=_lease_seconds(extra),
         kv_lease_max_s=_seconds(extra, "kv_lease_max", limits.DEFAULT_KV_LEASE_MAX_S),
@@ -381,7 +414,7 @@ def from_extra_config(
         peers=_peers(extra.get("peers")),
         peer_tp_size=_positive_int(extra.get("peer_tp_size", 1), "peer_tp_size"),
         incident_log_dir=_directory(extra.get("incident_log_dir"), "incident_log_dir"),
-        test_hook_corrupt_received_kv=_bool(extra, "test_hook_corrupt_received_kv", False),
+        test_hook_received_kv=_hook_path(extra.get("test_hook_received_kv"), "test_hook_received_kv"),
         control_key=_control_key(extra),
         dp_rank=dp_rank,
         dp_size=dp_size,

@@ -1,12 +1,9 @@
-"""Every named limit of the connector, in one place (TigerBeetle style: units last)."""
+"""Every named limit of the connector, in one place (TigerBeetle style: units last).
+
+The timeouts the fold and the audits read too (`transfer_timeout`, `defer_timeout`) are the ledger's
+(`ledger/limits.py`); those only the connector reads are here."""
 
 from __future__ import annotations
-
-DEFAULT_TRANSFER_TIMEOUT_S = 30.0
-"""MoRIIO's `transfer_timeout`: how long a read or write may keep failing transiently."""
-
-DEFAULT_DEFER_TIMEOUT_S = 60.0
-"""MoRIIO's `defer_timeout`: how long a producer holds blocks for a remote decode."""
 
 DEFAULT_KV_LEASE_DURATION_S = 30.0
 """NIXL's `kv_lease_duration`: a consumer still waiting renews the producer's hold every sixth of it, and

@@ -18,6 +18,8 @@ import msgspec
 
 from connector.layout import LayerDescriptor
 from connector.limits import MESSAGE_BYTES_MAX, MESSAGE_VERSION
+from connector.metadata import PeerRef
+from connector.ports import rank_port
 from connector.transports.base import TransportEndpoint
 from ledger.events import FailCode
 from ledger.valid import Int64, TransferIdText
@@ -33,6 +35,23 @@ class RankAddress(msgspec.Struct, frozen=True, kw_only=True):
     dp_rank: int = 0
     tp_rank: int = 0
     tp_size: int = 1
+
+    @classmethod
+    def of(cls, engine: PeerRef, tp_rank: int) -> RankAddress:
+        """Rank `tp_rank` of `engine`."""
+        return cls(
+            engine_id=engine.engine_id,
+            host=engine.host,
+            handshake_port=engine.handshake_port,
+            notify_port=engine.notify_port,
+            dp_rank=engine.dp_rank,
+            tp_rank=tp_rank,
+            tp_size=engine.tp_size,
+        )
+
+    def port(self, base: int) -> int:
+        """The port this rank listens on for the engine base port `base` (its handshake or notify port)."""
+        return rank_port(base, self.dp_rank, self.tp_rank, self.tp_size)
 
 
 class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forbid_unknown_fields=True):

@@ -43,7 +43,7 @@ class TransferParams(msgspec.Struct, frozen=True, kw_only=True):
         return msgspec.structs.replace(self, do_remote_prefill=False)
 
     def peer(self) -> PeerRef | None:
-        """The remote engine these params name, or None if they name none."""
+        """The remote engine these params name, or None if they name none (`consumer_params` writes them)."""
         if self.remote_host is None or self.remote_handshake_port is None or self.remote_notify_port is None:
             return None
         return PeerRef(
@@ -100,16 +100,13 @@ def remote_prefill_taken(raw: dict[str, Any]) -> None:
 def consumer_params(
     transfer_id: TransferId,
     block_ids: tuple[int, ...],
+    producer: PeerRef,
     *,
-    engine_id: str,
-    host: str,
-    handshake_port: int,
-    notify_port: int,
-    tp_size: int,
-    dp_rank: int,
     block_groups: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """What a producer's `request_finished` returns for the consumer (through the proxy)."""
+    """What a producer's `request_finished` returns for the consumer (through the proxy): the transfer, the
+    producer's blocks and the producer itself (its `ConnectorConfig.address`, as the `remote_*` fields that
+    `TransferParams.peer` reads back)."""
     groups = {} if block_groups is None else {"remote_block_groups": list(block_groups)}
     return {
         **groups,
@@ -117,10 +114,10 @@ def consumer_params(
         "do_remote_decode": False,
         "transfer_id": transfer_id,
         "remote_block_ids": list(block_ids),
-        "remote_engine_id": engine_id,
-        "remote_host": host,
-        "remote_handshake_port": handshake_port,
-        "remote_notify_port": notify_port,
-        "remote_tp_size": tp_size,
-        "remote_dp_rank": dp_rank,
+        "remote_engine_id": producer.engine_id,
+        "remote_host": producer.host,
+        "remote_handshake_port": producer.handshake_port,
+        "remote_notify_port": producer.notify_port,
+        "remote_tp_size": producer.tp_size,
+        "remote_dp_rank": producer.dp_rank,
     }

@@ -13,17 +13,19 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from connector.config import ConnectorConfig
 from connector.index import RequestIndex
 from connector.limits import LEASES_TRACKED_MAX
+from connector.maps import side_map
 from connector.metadata import AbortItem, FailItem, LeaseItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
 from connector.params import TransferParams, consumer_params
 from connector.store import abandon_inherited
-from ledger.decisions import Release
-from ledger.events import Ack, Event, Fail, Map, ReqId, Role, TransferId
+from ledger.decisions import Release, VllmOutcome
+from ledger.events import Ack, Event, Fail, ReqId, Role, TransferId
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -35,15 +37,11 @@ REASON_PEER_NOT_ALLOWED = "peer_not_allowed"
 REASON_WORKER_RECV_FAILED = "worker_recv_failed"
 
 
-@dataclass
-class WorkerOutcome:
-    """What the scheduler tells vLLM after folding the workers' output and its clock tick."""
+class WorkerOutcome(VllmOutcome, kw_only=True):
+    """What the scheduler tells vLLM after folding the workers' output and its clock tick, and the releases
+    decided on the way (for callers that keep books of them: the simulator, tests)."""
 
-    finished_sending: set[ReqId] = field(default_factory=set)
-    finished_recving: set[ReqId] = field(default_factory=set)
-    failed_recving: set[ReqId] = field(default_factory=set)
-    invalid_block_ids: set[int] = field(default_factory=set)
-    releases: list[Release] = field(default_factory=list)
+    releases: list[Release] = msgspec.field(default_factory=list)
 
 
 class SchedulerCore:
@@ -55,11 +53,12 @@ class SchedulerCore:
         self.index = RequestIndex(ledger.log)
         self.counters: Counter[str] = Counter()
         self._step = StepMetadata()
-        self._sending: set[ReqId] = set()
+        self._unreported = VllmOutcome()
+        """Releases vLLM has yet to hear of: a producer's decided outside update_connector_output (a tick,
+        a refused map) is reported at the next one."""
         self._handed: set[ReqId] = set()
         """Consumer requests whose failure this half decided and handed to the workers to report: their
         report passes through update_connector_output as the workers made it."""
-        """Producer releases decided by a tick outside update_connector_output, reported at the next one."""
         self._leases: dict[TransferId, PeerRef] = {}
         """Consumer: waiting transfers whose producer's hold this half renews (until this side's decision, or
         the request ends), bounded by LEASES_TRACKED_MAX."""
@@ -89,9 +88,8 @@ class SchedulerCore:
 
     def _record_blockless_map(self, request_id: ReqId, params: TransferParams, role: Role, now: float) -> None:
         """A side that holds no blocks (refused, or ended before its allocation): the log says what happened."""
-        peer = params.peer()
         self._record(
-            Map(
+            side_map(
                 ts=now,
                 source=self.source,
                 transfer_id=params.transfer_id,
@@ -100,7 +98,7 @@ class SchedulerCore:
                 mode=self.config.mode,
                 block_ids=(),
                 deadline=now,
-                peer=peer.label if peer else None,
+                peer=params.peer(),
             )
         )
 
@@ -195,7 +193,7 @@ class SchedulerCore:
         peer = params.peer()
         blocks = tuple(block_ids)
         self._record(
-            Map(
+            side_map(
                 ts=now,
                 source=self.source,
                 transfer_id=params.transfer_id,
@@ -204,7 +202,7 @@ class SchedulerCore:
                 mode=self.config.mode,
                 block_ids=blocks,
                 remote_block_ids=params.remote_block_ids,
-                peer=peer.label if peer else None,
+                peer=peer,
                 deadline=now + self.config.recv_abort_timeout_s,
                 block_groups=block_groups,
                 remote_block_groups=params.remote_block_groups,
@@ -304,7 +302,7 @@ class SchedulerCore:
         config = self.config
         peer = params.peer()
         self._record(
-            Map(
+            side_map(
                 ts=now,
                 source=self.source,
                 transfer_id=params.transfer_id,
@@ -312,7 +310,7 @@ class SchedulerCore:
                 role="producer",
                 mode=config.mode,
                 block_ids=blocks,
-                peer=peer.label if peer else None,
+                peer=peer,
                 deadline=config.producer_deadline(now, scheduler=True),
                 block_groups=block_groups,
             )
@@ -327,17 +325,7 @@ class SchedulerCore:
                     block_groups=block_groups,
                 )
             )
-            return True, consumer_params(
-                params.transfer_id,
-                blocks,
-                engine_id=config.engine_id,
-                host=config.host,
-                handshake_port=config.handshake_port,
-                notify_port=config.notify_port,
-                tp_size=config.tp_size,
-                dp_rank=config.dp_rank,
-                block_groups=block_groups,
-            )
+            return True, consumer_params(params.transfer_id, blocks, config.address, block_groups=block_groups)
         if not self._allowed_peer(peer):
             self.counters["peer_not_allowed"] += 1
             self._record(
@@ -442,33 +430,26 @@ class SchedulerCore:
             self.index.forget(release.request_id, release.transfer_id)
             if out is not None:
                 out.releases.append(release)
-            if release.role == "producer":
-                self._sending.add(release.request_id)
-                continue
-            if self._leases:
-                self._leases.pop(release.transfer_id, None)  # decided: nothing more to wait for
-            if release.why == "aborted_before_allocation":
-                continue  # vLLM already freed the request: reporting it would be a KeyError there
-            if not reported:
-                self._handed.add(release.request_id)
-                self._step.failed.append(
-                    FailItem(
-                        transfer_id=release.transfer_id,
-                        request_id=release.request_id,
-                        block_ids=release.block_ids,
-                        reason=f"{release.cause}: {release.reason}",
+            if release.role == "consumer":
+                if self._leases:
+                    self._leases.pop(release.transfer_id, None)  # decided: nothing more to wait for
+                if release.why == "aborted_before_allocation":
+                    continue  # vLLM already freed the request: reporting it would be a KeyError there
+                if not reported:
+                    self._handed.add(release.request_id)
+                    self._step.failed.append(
+                        FailItem(
+                            transfer_id=release.transfer_id,
+                            request_id=release.request_id,
+                            block_ids=release.block_ids,
+                            reason=f"{release.cause}: {release.reason}",
+                        )
                     )
-                )
-                continue
-            if out is None:
-                continue
-            out.finished_recving.add(release.request_id)
-            if release.load_error:
-                out.failed_recving.add(release.request_id)
-                out.invalid_block_ids.update(release.block_ids)
-        if out is not None and self._sending:
-            out.finished_sending |= self._sending
-            self._sending = set()
+                    continue
+            self._unreported.add(release)
+        if out is not None and not self._unreported.empty():
+            out.merge(self._unreported)
+            self._unreported = VllmOutcome()
 
     def _record(self, event: Event) -> None:
         self.ledger.append(event)

@@ -37,7 +37,7 @@ from connector.config import ConnectorConfig, from_extra_config
 from connector.figures import CONTROL_DROPPED, LedgerFigures, dropped_since, merge_figures
 from connector.groups import flatten_groups
 from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
-from connector.hooks_for_tests import corrupt_blocks
+from connector.hooks import ReceivedKvHook, load_hook
 from connector.incident_log import IncidentLog
 from connector.metadata import StepMetadata
 from connector.observe.config import ObserveConfig, ledger_extra, observe_config
@@ -227,8 +227,12 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         self.incident_log = IncidentLog(ledger, self.config.incident_log_dir) if self.config.incident_log_dir else None
         self._bound: KVConnectorMetadata | None = None
         self._kv_caches: dict[str, torch.Tensor] = {}
+        self._received_hook: ReceivedKvHook | None = None
+        """`test_hook_received_kv` (tests only), imported at start so that a wrong name stops the engine."""
         self._recv_blocks: dict[str, tuple[int, ...]] = {}
-        """Only for `test_hook_corrupt_received_kv`: the blocks each receiving request loads into."""
+        """Only with the hook: the blocks each receiving request loads into."""
+        if self.worker is not None and self.config.test_hook_received_kv:
+            self._received_hook = load_hook(self.config.test_hook_received_kv, "test_hook_received_kv")
 
     def _sched(self) -> SchedulerCore:
         assert self.scheduler is not None, "a scheduler-side hook called on a worker connector"
@@ -407,7 +411,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         self._bound = connector_metadata
         if isinstance(connector_metadata, LedgerConnectorMetadata):
             self._work().bind(connector_metadata.step, time.time())
-            if self.config.test_hook_corrupt_received_kv:
+            if self._received_hook is not None:
                 for recv in connector_metadata.step.recv:
                     self._recv_blocks[recv.request_id] = recv.block_ids
 
@@ -428,18 +432,20 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _worker_finished(self, finished_req_ids: set[str]) -> tuple[set[ReqId], set[ReqId], set[ReqId]]:
         sending, recving, failed = self._work().get_finished([ReqId(r) for r in finished_req_ids], time.time())
-        if self.config.test_hook_corrupt_received_kv:
-            self._corrupt_received(recving - failed)
+        if self._received_hook is not None:
+            self._call_received_hook(self._received_hook, recving - failed)
         if self.incident_log is not None:
             self.incident_log.flush()
         return sending, recving, failed
 
-    def _corrupt_received(self, received: set[ReqId]) -> None:
+    def _call_received_hook(self, hook: ReceivedKvHook, received: set[ReqId]) -> None:
         blocks = [b for r in received for b in self._recv_blocks.pop(r, ())]
         if blocks:
             axes = {name: layer.geometry.block_axis for name, layer in self._work().layers.items()}
-            corrupt_blocks(self._kv_caches, axes, blocks)
-            log.warning("test_hook_corrupt_received_kv: overwrote %d received blocks with noise", len(blocks))
+            touched = hook(self._kv_caches, axes, blocks)
+            log.warning(
+                "test_hook_received_kv %s: touched %d received blocks", self.config.test_hook_received_kv, touched
+            )
 
     @guarded(lambda: (None, None))
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:

@@ -37,6 +37,7 @@ from connector.limits import (
 )
 from connector.linker import Linker
 from connector.links import PeerKey, PeerLink
+from connector.maps import side_map
 from connector.messages import (
     HandshakeMetadata,
     LeaseRenew,
@@ -54,8 +55,8 @@ from connector.ports import holder_ranks, rank_port, releases_expected
 from connector.store import abandon_inherited
 from connector.transports.base import Code, Op, TransferHandle, Transport
 from connector.waiting import WaitingRoom
-from ledger.decisions import Release
-from ledger.events import Ack, Drop, Event, Fail, FailCode, Map, ReqId, Schedule, Seal, TransferId, block_groups_of
+from ledger.decisions import Release, VllmOutcome
+from ledger.events import Ack, Drop, Event, Fail, FailCode, ReqId, Schedule, Seal, TransferId, block_groups_of
 from ledger.ledger import Ledger
 from ledger.side import TransferState, awaits_data
 
@@ -144,11 +145,10 @@ class WorkerCore:
         consumer's remote_blocks must match before anything is written there."""
         self._step_saves: dict[TransferId, list[int]] = {}
         self._step_recv: list[TransferId] = []
-        self._unreported_sending: dict[ReqId, TransferId] = {}
+        self._unreported = VllmOutcome()
+        """What vLLM has yet to hear from this rank: receives and load errors at the next report, finished
+        sends once vLLM has said the request finished (`_finished_seen`)."""
         self._finished_seen: set[ReqId] = set()
-        self._finished_recving: set[ReqId] = set()
-        self._failed_recving: set[ReqId] = set()
-        self._load_errors: set[int] = set()
         self._confirming: dict[TransferId, str] = {}
         """One-sided reads (mori) being confirmed with the producer: `before` (asked, the read waits),
         `confirmed` (the read may go), `after` (landed, asked whether the hold lasted). Dropped at release."""
@@ -161,18 +161,6 @@ class WorkerCore:
             transport.set_hold_check(self._holds)
 
     # -- setup ----------------------------------------------------------------
-
-    def my_address(self) -> RankAddress:
-        c = self.config
-        return RankAddress(
-            engine_id=c.engine_id,
-            host=c.host,
-            handshake_port=c.handshake_port,
-            notify_port=c.notify_port,
-            dp_rank=c.dp_rank,
-            tp_rank=c.tp_rank,
-            tp_size=c.tp_size,
-        )
 
     def register_kv_caches(
         self, caches: Mapping[str, Any], num_blocks: int | None = None, layer_groups: Mapping[str, int] | None = None
@@ -207,7 +195,7 @@ class WorkerCore:
         events: list[Event] = []
         for send in meta.send:
             events.append(
-                Map(
+                side_map(
                     ts=now,
                     source=source,
                     transfer_id=send.transfer_id,
@@ -226,7 +214,7 @@ class WorkerCore:
             if save.prompt_digest is not None:
                 self.digests[save.transfer_id] = save.prompt_digest
             events.append(
-                Map(
+                side_map(
                     ts=now,
                     source=source,
                     transfer_id=save.transfer_id,
@@ -235,7 +223,7 @@ class WorkerCore:
                     mode="write",
                     block_ids=save.block_ids,
                     deadline=save.deadline,
-                    peer=save.peer.label if save.peer else None,
+                    peer=save.peer,
                     acks_expected=fan_in,
                 )
             )
@@ -245,7 +233,7 @@ class WorkerCore:
             if recv.prompt_digest is not None:
                 self.digests[recv.transfer_id] = recv.prompt_digest
             events.append(
-                Map(
+                side_map(
                     ts=now,
                     source=source,
                     transfer_id=recv.transfer_id,
@@ -254,7 +242,7 @@ class WorkerCore:
                     mode=recv.mode,
                     block_ids=recv.block_ids,
                     remote_block_ids=recv.remote_block_ids,
-                    peer=recv.peer.label,
+                    peer=recv.peer,
                     deadline=recv.deadline,
                     block_groups=recv.block_groups,
                     remote_block_groups=recv.remote_block_groups,
@@ -315,9 +303,7 @@ class WorkerCore:
                 self._fail(tid, f"scheduler: {failed.reason}", now)
             return
         self.counters["scheduler_failures_reported"] += 1
-        self._finished_recving.add(failed.request_id)
-        self._failed_recving.add(failed.request_id)
-        self._load_errors.update(failed.block_ids)
+        self._unreported.add_failed_recv(failed.request_id, failed.block_ids)
 
     def start_load(self, now: float) -> None:
         """start_load_kv: READ consumers issue their reads; WRITE consumers tell the producer where to write."""
@@ -330,7 +316,7 @@ class WorkerCore:
                 self._start_read(t, now, attempt=0)
             else:
                 digest = self.digests.get(tid)
-                me = self.my_address()
+                me = self.config.rank_address
                 message = RemoteBlocks(transfer_id=tid, block_ids=t.block_ids, sender=me, prompt_digest=digest)
                 if not self._tell_holders(self.peers[tid], message):
                     # The producer will never learn where to write: waiting out the recv timeout helps nobody.
@@ -391,21 +377,22 @@ class WorkerCore:
         request finished (vLLM's rule for get_finished), so a WRITE that lands
         during the prompt's own forward waits for that notice.
         """
+        out = self._unreported
         for request_id in finished_req_ids:
-            if request_id in self._unreported_sending or self._producing(request_id):
+            if request_id in out.finished_sending or self._producing(request_id):
                 self._finished_seen.add(request_id)
         self.poll(now)
-        sending = {r for r in self._unreported_sending if r in self._finished_seen}
-        for request_id in sending:
-            del self._unreported_sending[request_id]
-            self._finished_seen.discard(request_id)
-        recving, self._finished_recving = self._finished_recving, set()
-        failed, self._failed_recving = self._failed_recving, set()
+        sending = out.finished_sending & self._finished_seen
+        out.finished_sending -= sending
+        self._finished_seen -= sending
+        recving, out.finished_recving = out.finished_recving, set()
+        failed, out.failed_recving = out.failed_recving, set()
         return sending, recving, failed
 
     def take_load_errors(self) -> set[int]:
         """get_block_ids_with_load_errors: blocks of failed receives, reported no later than the request."""
-        errors, self._load_errors = self._load_errors, set()
+        out = self._unreported
+        errors, out.invalid_block_ids = out.invalid_block_ids, set()
         return errors
 
     # -- the poll: wire and transport in, events out ---------------------------------
@@ -512,14 +499,14 @@ class WorkerCore:
 
     def _ask_holders(self, tid: TransferId, peer: PeerRef, *, after: bool, now: float) -> None:
         self._confirming[tid] = "after" if after else "before"
-        if not self._tell_holders(peer, ReadIntent(transfer_id=tid, sender=self.my_address(), after=after)):
+        if not self._tell_holders(peer, ReadIntent(transfer_id=tid, sender=self.config.rank_address, after=after)):
             self._fail(tid, f"{REASON_NOT_SENT}: read_intent", now)
 
     def _on_read_intent(self, message: ReadIntent, now: float, events: list[Event]) -> None:
         """Producer: answer whether this rank holds the transfer. Before a read, hold it at least a transfer
         timeout more (an `ack` what=lease: the read's own lease), so it cannot expire while the NIC reads."""
         c, sender = self.config, message.sender
-        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        port = sender.port(sender.notify_port)
         if c.role != "producer" or not c.may_dial(sender.host, port):
             self.counters["read_intent_refused"] += 1
             return
@@ -573,7 +560,7 @@ class WorkerCore:
 
     def _on_remote_blocks(self, message: RemoteBlocks, now: float) -> None:
         sender = message.sender
-        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        port = sender.port(sender.notify_port)
         if self.config.role != "producer" or not self.config.may_dial(sender.host, port):
             self.counters["remote_blocks_refused"] += 1
             log.warning(
@@ -691,16 +678,12 @@ class WorkerCore:
             self._step_saves.pop(tid, None)
             peer = self.peers.pop(tid, None)
             self.digests.pop(tid, None)
+            self._unreported.add(release)
             if release.role == "producer":
-                self._unreported_sending[release.request_id] = tid
                 if release.mode == "write":
                     self._tell_consumer(release)
                 continue
             self._finished_seen.discard(release.request_id)
-            self._finished_recving.add(release.request_id)
-            if release.load_error:
-                self._failed_recving.add(release.request_id)
-                self._load_errors.update(release.block_ids)
             # READ: the holders may free now (whatever the cause); WRITE: only a receive that did not
             # complete needs telling, so that the producer stops writing into blocks we give back.
             if peer is not None and (release.mode == "read" or release.cause != "completed"):
@@ -720,7 +703,7 @@ class WorkerCore:
         self.counters["remote_blocks_other_prompt"] += 1
         log.warning("remote_blocks for %s name another prompt than this rank holds it for: refused", tid)
         sender = target.sender
-        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        port = sender.port(sender.notify_port)
         self._send(sender.host, port, WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason="prompt_mismatch"))
 
     def _tell_consumer(self, release: Release) -> None:
@@ -728,7 +711,7 @@ class WorkerCore:
         if target is None:
             return  # the consumer never said where it was: it was aborted, or will time out on its own
         sender = target.sender
-        port = rank_port(sender.notify_port, sender.dp_rank, sender.tp_rank, sender.tp_size)
+        port = sender.port(sender.notify_port)
         if release.cause == "completed":
             message: Message = WriteDone(transfer_id=release.transfer_id, rank=self.config.tp_rank)
         else:
@@ -768,7 +751,7 @@ class WorkerCore:
 
     def _handshake(self, host: str, port: int) -> HandshakeMetadata | None:
         """The linker's threads: ask the peer rank for its metadata (may wait the handshake timeout)."""
-        return self.channel.handshake(host, port, self.my_address(), HANDSHAKE_TIMEOUT_S)
+        return self.channel.handshake(host, port, self.config.rank_address, HANDSHAKE_TIMEOUT_S)
 
     def _accept_link(self, host: str, port: int, metadata: HandshakeMetadata) -> PeerLink:
         """The worker's thread, at the poll after a handshake finished: check the answer, connect."""
@@ -881,7 +864,7 @@ class WorkerCore:
         if target is None or t is None:
             return False
         sender = target.sender
-        key = (sender.host, rank_port(sender.handshake_port, sender.dp_rank, sender.tp_rank, sender.tp_size))
+        key = (sender.host, sender.port(sender.handshake_port))
         link = self._link(tid, key, now)
         if link is None:
             return False

@@ -1,4 +1,4 @@
-"""What the fold decides: a `Release` per transfer and side, and vLLM's views of them."""
+"""What the fold decides: a `Release` per transfer and side, and what vLLM is told of them (`VllmOutcome`)."""
 
 from __future__ import annotations
 
@@ -48,21 +48,47 @@ class Release(msgspec.Struct, frozen=True, gc=False):
         return self.role == "consumer" and self.cause != "completed"
 
 
-def finished_sending(releases: Iterable[Release]) -> set[ReqId]:
-    """Producer request ids whose blocks vLLM may free (its `finished_sending`)."""
-    return {r.request_id for r in releases if r.role == "producer"}
+class VllmOutcome(msgspec.Struct, kw_only=True):
+    """What vLLM is told of releases, in its own names: the one translation, used by both connector halves.
 
+    A producer's release frees its blocks (`finished_sending`); a consumer's ends its receive
+    (`finished_recving`, failed ones included: vLLM's rule) and, when its KV did not arrive whole, fails
+    it (`failed_recving`) and marks its blocks (`invalid_block_ids`, vLLM's load errors). Each half
+    decides *when* vLLM hears of an entry (the scheduler at `update_connector_output`, a worker once
+    vLLM says the request finished); what it hears is decided here alone.
+    """
 
-def finished_recving(releases: Iterable[Release]) -> set[ReqId]:
-    """Consumer request ids done receiving, failed ones included (vLLM's rule)."""
-    return {r.request_id for r in releases if r.role == "consumer"}
+    finished_sending: set[ReqId] = msgspec.field(default_factory=set)
+    finished_recving: set[ReqId] = msgspec.field(default_factory=set)
+    failed_recving: set[ReqId] = msgspec.field(default_factory=set)
+    invalid_block_ids: set[int] = msgspec.field(default_factory=set)
 
+    @classmethod
+    def of(cls, releases: Iterable[Release]) -> VllmOutcome:
+        outcome = cls()
+        for release in releases:
+            outcome.add(release)
+        return outcome
 
-def failed_recving(releases: Iterable[Release]) -> set[ReqId]:
-    """Consumer request ids whose KV did not arrive whole."""
-    return {r.request_id for r in releases if r.load_error}
+    def add(self, release: Release) -> None:
+        if release.role == "producer":
+            self.finished_sending.add(release.request_id)
+        elif release.load_error:
+            self.add_failed_recv(release.request_id, release.block_ids)
+        else:
+            self.finished_recving.add(release.request_id)
 
+    def add_failed_recv(self, request_id: ReqId, block_ids: Iterable[int]) -> None:
+        """A receive whose KV did not arrive whole: finished, failed, and its blocks not to be decoded."""
+        self.finished_recving.add(request_id)
+        self.failed_recving.add(request_id)
+        self.invalid_block_ids.update(block_ids)
 
-def load_error_blocks(releases: Iterable[Release]) -> set[int]:
-    """Block ids for vLLM's `get_block_ids_with_load_errors`."""
-    return {b for r in releases if r.load_error for b in r.block_ids}
+    def empty(self) -> bool:
+        return not (self.finished_sending or self.finished_recving or self.failed_recving or self.invalid_block_ids)
+
+    def merge(self, other: VllmOutcome) -> None:
+        self.finished_sending |= other.finished_sending
+        self.finished_recving |= other.finished_recving
+        self.failed_recving |= other.failed_recving
+        self.invalid_block_ids |= other.invalid_block_ids

@@ -28,10 +28,11 @@ DEADLINE_HEAP_SLACK = 4
 """The deadline heap is swept of decided sides when it holds this many times the live ones."""
 
 DEFAULT_TRANSFER_TIMEOUT_S = 30.0
-"""MoRIIO's `transfer_timeout`: how long a transfer may sit without progress."""
+"""MoRIIO's `transfer_timeout`: how long a transfer may sit without progress (the audits' stuck and orphan
+sides), and how long a connector's read or write may keep failing transiently. The connector's default too."""
 
 DEFAULT_DEFER_TIMEOUT_S = 60.0
-"""MoRIIO's `defer_timeout`: how long a producer holds blocks for a remote reader."""
+"""MoRIIO's `defer_timeout`: how long a producer holds blocks for a remote decode. The connector's default too."""
 
 DEFAULT_CLOCK_SKEW_S = 0.5
 """Wall-clock skew allowed between two machines before premature_release is reported."""

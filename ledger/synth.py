@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Schedule, Seal, TransferId
+from ledger.limits import DEFAULT_DEFER_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class SynthConfig:
     consumer_ranks: int = 2
     write_fraction: float = 0.5
     fault_rate: float = 0.0
-    defer_timeout_s: float = 60.0
+    defer_timeout_s: float = DEFAULT_DEFER_TIMEOUT_S
     step_s: float = 0.001
     producer: str = "prefill-0/tp0"
     consumer: str = "decode-0/tp0"

@@ -23,6 +23,7 @@ from tests.e2e.harness import (
     prompts,
     run_1p1d,
 )
+from tests.e2e.hooks import CORRUPT_RECEIVED_KV
 from tests.e2e.ledger_check import assert_clean, fold_logs
 from tests.e2e.tiny_model import BLOCK_SIZE_CPU, TINY_GEMMA3, write_tiny_model
 
@@ -60,7 +61,7 @@ def test_a_hybrid_model_decodes_transferred_kv_token_equal(tmp_path: Path) -> No
         _drained(p)
         _drained(c)
         c.close()
-        corrupt_spec = spec("kv_consumer", "decode-1", cp, pp, control_logs, test_hook_corrupt_received_kv=True)
+        corrupt_spec = spec("kv_consumer", "decode-1", cp, pp, control_logs, test_hook_received_kv=CORRUPT_RECEIVED_KV)
         with engine("decode-corrupt", corrupt_spec) as bad:
             corrupted = [o["tokens"] for o in run_1p1d(p, bad, "read", batch, pp, cp, MAX_TOKENS)]
             _drained(p)

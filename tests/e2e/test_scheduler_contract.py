@@ -16,6 +16,7 @@ pytest.importorskip("vllm")
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
 
+from connector.metadata import PeerRef
 from connector.params import consumer_params
 from tests.e2e.sched_harness import (
     Clock,
@@ -54,12 +55,12 @@ def remote_prefill_params(tid: str) -> dict[str, Any]:
     return consumer_params(
         tid,  # type: ignore[arg-type]
         (5, 6, 7),
-        engine_id="prefill-0",
-        host="127.0.0.1",
-        handshake_port=PRODUCER_PORTS["handshake_port"],
-        notify_port=PRODUCER_PORTS["notify_port"],
-        tp_size=1,
-        dp_rank=0,
+        PeerRef(
+            engine_id="prefill-0",
+            host="127.0.0.1",
+            handshake_port=PRODUCER_PORTS["handshake_port"],
+            notify_port=PRODUCER_PORTS["notify_port"],
+        ),
     )
 
 

@@ -23,6 +23,7 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from connector.assemble import build_worker
+from connector.metadata import PeerRef
 from connector.params import consumer_params
 from connector.ports import free_loopback_ports
 from connector.worker import REASON_PEER_UNLINKED, WorkerCore
@@ -67,12 +68,12 @@ class Engine:
         return consumer_params(
             tid,  # type: ignore[arg-type]
             (5, 6, 7),
-            engine_id="prefill-0",
-            host="127.0.0.1",
-            handshake_port=self.producer_ports["handshake_port"],
-            notify_port=notify_port or self.producer_ports["notify_port"],
-            tp_size=1,
-            dp_rank=0,
+            PeerRef(
+                engine_id="prefill-0",
+                host="127.0.0.1",
+                handshake_port=self.producer_ports["handshake_port"],
+                notify_port=notify_port or self.producer_ports["notify_port"],
+            ),
         )
 
     def step(self) -> tuple[Any, Any]:

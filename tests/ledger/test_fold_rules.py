@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from ledger.audit import audit, counts_by_code
-from ledger.decisions import failed_recving, finished_recving, finished_sending, load_error_blocks
+from ledger.decisions import VllmOutcome
 from ledger.events import block_groups_of, from_json, from_msgpack, to_json, to_msgpack
 from ledger.fold import REASON_LOCAL_EXCEEDS_REMOTE, LedgerState, fold_all
 from ledger.lifecycle import TRANSITIONS, Phase
@@ -51,7 +51,8 @@ def test_send_queue_full_retry_then_success() -> None:
     assert releases[0].seq == 5  # not at the transient failure
     t = state.transfers[("decode-0/tp0", T)]
     assert t.transient_failures == 1 and t.retries == 1 and not t.has_anomaly
-    assert load_error_blocks(releases) == set()
+    told = VllmOutcome.of(releases)
+    assert told.finished_recving == {"c-1"} and not told.failed_recving and not told.invalid_block_ids
 
 
 def test_retry_past_the_transfer_timeout_then_terminal_fail_releases() -> None:
@@ -64,8 +65,9 @@ def test_retry_past_the_transfer_timeout_then_terminal_fail_releases() -> None:
     assert len(releases) == 1 and releases[0].cause == "failed"
     assert releases[0].reason == "SQ full past transfer_timeout"
     assert releases[0].seq == events[-1].seq
-    assert failed_recving(releases) == {"c-1"} and finished_recving(releases) == {"c-1"}
-    assert load_error_blocks(releases) == {1, 2}
+    told = VllmOutcome.of(releases)
+    assert told.failed_recving == {"c-1"} and told.finished_recving == {"c-1"} and not told.finished_sending
+    assert told.invalid_block_ids == {1, 2}
     t = state.transfers[("decode-0/tp0", T)]
     assert t.transient_failures == 5 and t.retries == 5 and t.deferrals == 0
 
@@ -79,8 +81,9 @@ def test_failed_write_releases_the_producer() -> None:
     ]
     _, releases = fold_all(events)
     assert [(r.cause, r.role) for r in releases] == [("failed", "producer")]
-    assert finished_sending(releases) == {"p-1"}
-    assert load_error_blocks(releases) == set()  # a producer's blocks are not load errors
+    told = VllmOutcome.of(releases)
+    assert told.finished_sending == {"p-1"} and not told.finished_recving and not told.failed_recving
+    assert told.invalid_block_ids == set()  # a producer's blocks are not load errors
 
 
 def test_deferred_write_expires_and_releases() -> None:
@@ -208,7 +211,7 @@ def test_consumer_local_blocks_longer_than_remote_is_rejected() -> None:
     _, releases = fold_all([c.map(T, "c-1", "consumer", "read", blocks=(1, 2, 3), remote=(7, 8))])
     assert len(releases) == 1
     assert releases[0].cause == "failed" and releases[0].reason == REASON_LOCAL_EXCEEDS_REMOTE
-    assert load_error_blocks(releases) == {1, 2, 3}
+    assert VllmOutcome.of(releases).invalid_block_ids == {1, 2, 3}
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,10 @@
-"""Test-only hooks, off unless a test names them in `kv_connector_extra_config`; never used in production."""
+"""Test hooks the connector calls only when a test names them in `kv_connector_extra_config`.
+
+`"test_hook_received_kv": CORRUPT_RECEIVED_KV` makes a consumer overwrite every block it received with
+noise: the negative control that shows a decode really used the transferred KV (its output must
+change). The connector imports the hook by that name in the engine's process, which finds this
+package because the engine runs with the repository root on PYTHONPATH (`harness.engine_env`).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +16,7 @@ NOISE_SCALE = 100.0
 
 
 def corrupt_blocks(caches: Mapping[str, Any], block_axes: Mapping[str, int], block_ids: Iterable[int]) -> int:
-    """`test_hook_corrupt_received_kv`: overwrite these blocks of every layer with noise; returns blocks touched."""
+    """Overwrite these blocks of every layer with noise; returns the blocks touched."""
     import torch
 
     blocks = sorted(set(block_ids))
@@ -22,3 +28,7 @@ def corrupt_blocks(caches: Mapping[str, Any], block_axes: Mapping[str, int], blo
             noise = torch.randn(view.shape, generator=generator, dtype=torch.float32) * NOISE_SCALE
             view.copy_(noise.to(view.dtype))
     return len(blocks)
+
+
+CORRUPT_RECEIVED_KV = f"{__name__}:{corrupt_blocks.__name__}"
+"""The `test_hook_received_kv` value that plugs `corrupt_blocks` in."""
