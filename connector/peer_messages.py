@@ -1,0 +1,211 @@
+"""What peers tell this rank (the worker half's control plane): release acks, write results, remote_blocks
+(where a WRITE consumer wants its bytes), lease renewals, and the one-sided read confirmations (mori).
+Each message becomes events of this rank's ledger; a message that may not be acted on is refused and
+recorded, never raised."""
+
+from __future__ import annotations
+
+import logging
+
+from connector.limits import (
+    REMOTE_DIRECTORY_MAX,
+)
+from connector.messages import (
+    LeaseRenew,
+    Message,
+    ReadConfirm,
+    ReadIntent,
+    ReleaseBlocks,
+    RemoteBlocks,
+    WriteDone,
+    WriteFailed,
+)
+from connector.moves import DataMoves
+from connector.transports.base import Code
+from connector.worker_base import REASON_READ_REFUSED, RemoteTarget
+from ledger.events import Ack, Event, Fail, TransferId
+
+log = logging.getLogger(__name__)
+
+
+class PeerMessages(DataMoves):
+    """Messages from peers, turned into events."""
+
+    def _on_message(self, message: Message, now: float, events: list[Event]) -> None:
+        source = self.source
+        if isinstance(message, ReleaseBlocks):
+            events.append(
+                Ack(ts=now, source=source, transfer_id=message.transfer_id, what="release", rank=message.rank)
+            )
+        elif isinstance(message, WriteDone):
+            events.append(Ack(ts=now, source=source, transfer_id=message.transfer_id, what="recv", rank=message.rank))
+        elif isinstance(message, WriteFailed):
+            events.append(
+                Fail(
+                    ts=now,
+                    source=source,
+                    transfer_id=message.transfer_id,
+                    reason=f"write_failed from rank {message.rank}: {message.reason}",
+                    code=message.code,
+                )
+            )
+        elif isinstance(message, RemoteBlocks):
+            self._on_remote_blocks(message, now)
+        elif isinstance(message, LeaseRenew):
+            self._on_lease(message, now, events)
+        elif isinstance(message, ReadIntent):
+            self._on_read_intent(message, now, events)
+        elif isinstance(message, ReadConfirm):
+            self._on_read_confirm(message, now, events)
+        else:
+            self.counters["unexpected_message"] += 1
+
+    def _on_lease(self, message: LeaseRenew, now: float, events: list[Event]) -> None:
+        """Producer: a consumer rank still waits for these transfers; each side this rank holds is held one
+        lease from now (an `ack` what=lease the fold moves the deadline with), never past kv_lease_max from
+        its map. Renewals for sides not held (decided, or never mapped here) are counted and not recorded: a
+        renewal cannot create a side."""
+        c = self.config
+        if c.role != "producer" or not c.leases:
+            self.counters["lease_renewals_ignored"] += len(message.transfer_ids)
+            return
+        hold_max = max(c.defer_timeout_s, c.kv_lease_max_s) - c.defer_timeout_s
+        for tid in message.transfer_ids:
+            t = self._live(TransferId(tid))
+            m = t.map_event if t is not None else None
+            if t is None or m is None or t.role != "producer":
+                self.counters["lease_renewals_for_unheld"] += 1
+                continue
+            # The map's deadline is the scheduler's map time + defer_timeout: the cap is the scheduler
+            # half's backstop, so the worker never holds longer than the scheduler keeps the blocks.
+            until = min(now + c.kv_lease_duration_s, m.deadline + hold_max)
+            self.counters["lease_renewals"] += 1
+            events.append(
+                Ack(
+                    ts=now,
+                    source=self.source,
+                    transfer_id=TransferId(tid),
+                    what="lease",
+                    rank=message.rank,
+                    until=until,
+                )
+            )
+
+    def _on_read_intent(self, message: ReadIntent, now: float, events: list[Event]) -> None:
+        """Producer: answer whether this rank holds the transfer. Before a read, hold it at least a transfer
+        timeout more (an `ack` what=lease: the read's own lease), so it cannot expire while the NIC reads."""
+        c, sender = self.config, message.sender
+        port = sender.port(sender.notify_port)
+        if c.role != "producer" or not c.may_dial(sender.host, port):
+            self.counters["read_intent_refused"] += 1
+            return
+        tid = TransferId(message.transfer_id)
+        held = self._holds(tid)
+        t = self._live(tid)
+        if held and not message.after and t is not None and t.map_event is not None:
+            cap = t.map_event.deadline - c.defer_timeout_s + max(c.defer_timeout_s, c.kv_lease_max_s)
+            until = min(now + c.transfer_timeout_s, cap)
+            events.append(Ack(ts=now, source=self.source, transfer_id=tid, what="lease", until=until))
+        self.counters[f"read_intents_{'held' if held else 'unknown' if held is None else 'released'}"] += 1
+        self._send(sender.host, port, ReadConfirm(transfer_id=tid, rank=c.tp_rank, held=held, after=message.after))
+
+    def _on_read_confirm(self, message: ReadConfirm, now: float, events: list[Event]) -> None:
+        """Consumer: the producer's answer. Before: held, the read goes; not yet mapped, ask again after a
+        backoff (a transient failure); let go, a load error. After: held throughout, the read counts; else
+        its bytes may be another request's KV: a load error, never a success."""
+        tid = TransferId(message.transfer_id)
+        state, t = self._confirming.get(tid), self._live(tid)
+        if t is None or state != ("after" if message.after else "before"):
+            self.counters["read_confirms_unexpected"] += 1
+            return
+        source = self.source
+        if message.held is None and not message.after:
+            del self._confirming[tid]
+            reason = f"{Code.NOT_HELD_YET.name}: the producer has not mapped the transfer yet"
+            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=reason, retryable=True))
+            return
+        if not message.held:
+            del self._confirming[tid]
+            self.counters["reads_refused"] += 1
+            when = "after the read" if message.after else "before the read"
+            reason = f"{REASON_READ_REFUSED}: the producer did not hold the transfer {when}"
+            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=reason, code="read_refused"))
+            return
+        if message.after:
+            del self._confirming[tid]
+            self.counters["reads_confirmed"] += 1
+            events.append(Ack(ts=now, source=source, transfer_id=tid, what="read"))
+            return
+        self._confirming[tid] = "confirmed"
+        self._start_read(t, now, attempt=t.transient_failures)
+
+    def _released_unread(self, tid: TransferId) -> bool:
+        """Whether this rank let `tid` go by expiry or failure (not by completing it: a duplicate remote_blocks
+        after write_done changes nothing)."""
+        if self._live(tid) is not None:
+            return False
+        side = self.state.side((self.source, tid))
+        return side is not None and side.decision is not None and side.decision.cause != "completed"
+
+    def _on_remote_blocks(self, message: RemoteBlocks, now: float) -> None:
+        sender = message.sender
+        port = sender.port(sender.notify_port)
+        if self.config.role != "producer" or not self.config.may_dial(sender.host, port):
+            self.counters["remote_blocks_refused"] += 1
+            log.warning(
+                "remote_blocks for %s from %s:%s refused (not a configured peer)",
+                message.transfer_id,
+                sender.host,
+                port,
+            )
+            return
+        target = RemoteTarget(message.block_ids, sender, message.prompt_digest)
+        tid = message.transfer_id
+        if self.config.refuse_released_reads and self._released_unread(tid):
+            # Released (expired, failed, completed) before the consumer said where to write: its blocks may
+            # hold another request's KV now. The consumer is told at once (a load error; vLLM recomputes).
+            self.counters["late_reads_refused"] += 1
+            reason = f"{REASON_READ_REFUSED}: the producer released this transfer before remote_blocks came"
+            self._send(
+                sender.host,
+                port,
+                WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason=reason, code="read_refused"),
+            )
+            return
+        if not self._same_prompt(message.transfer_id, target):
+            self._refuse_other_prompt(message.transfer_id, target)
+            return
+        self.remote[message.transfer_id] = target
+        while len(self.remote) > REMOTE_DIRECTORY_MAX:
+            self.remote.popitem(last=False)
+        t = self._live(message.transfer_id)
+        if t is not None and t.expected is not None:
+            self._write_missing_layers(t, attempt=0, now=now)
+
+    def _same_prompt(self, tid: TransferId, target: RemoteTarget) -> bool:
+        """Whether the consumer asking for `tid`'s KV has the prompt this rank holds `tid` for (unknown on
+        either side, as from a peer without digests, counts as the same: the transfer id alone binds)."""
+        mine = self.digests.get(tid)
+        return mine is None or target.prompt_digest is None or mine == target.prompt_digest
+
+    def _refuse_other_prompt(self, tid: TransferId, target: RemoteTarget) -> None:
+        """A consumer request naming a transfer id this rank holds for another prompt (a client reusing
+        ids): it is told write_failed, so it never decodes this request's KV as its own; the transfer
+        itself waits on for its own consumer."""
+        self.remote.pop(tid, None)
+        self.counters["remote_blocks_other_prompt"] += 1
+        log.warning("remote_blocks for %s name another prompt than this rank holds it for: refused", tid)
+        sender = target.sender
+        port = sender.port(sender.notify_port)
+        self._send(sender.host, port, WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason="prompt_mismatch"))
+
+    def _holds(self, transfer_id: str) -> bool | None:
+        """The tcp transport's server thread asks: does this producer rank still hold `transfer_id`? True: held;
+        False: let go (never held again); None: not mapped here yet (the metadata comes with the next step,
+        while the scheduler half already holds the blocks). Dict lookups, atomic under the GIL: a side leaves
+        `live` at its decision, before vLLM hears of it (and frees its blocks), and never comes back."""
+        key = (self.source, TransferId(transfer_id))
+        t = self.state.live.get(key)
+        if t is not None:
+            return t.role == "producer"
+        return False if self.state.was_mapped(key) else None

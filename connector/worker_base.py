@@ -1,0 +1,199 @@
+"""What every part of the worker half shares: its state (the ledger, the transport, the channel, the
+linker and waiting room, and the I/O state that goes with each transfer's decision) and the I/O helpers
+every part calls: sending to a peer, linking to one, recording a failure. Nothing here waits on a peer."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from connector.channel import Channel, PeerNotAllowed
+from connector.config import ConnectorConfig
+from connector.index import RequestIndex
+from connector.layout import LayerDescriptor
+from connector.limits import (
+    HANDSHAKE_TIMEOUT_S,
+    LINK_WAIT_MAX,
+)
+from connector.linker import Linker
+from connector.links import PeerKey, PeerLink
+from connector.messages import (
+    HandshakeMetadata,
+    Message,
+    RankAddress,
+    ReadIntent,
+)
+from connector.metadata import PeerRef
+from connector.ports import holder_ranks, rank_port
+from connector.store import abandon_inherited
+from connector.transports.base import TransferHandle, Transport
+from connector.waiting import WaitingRoom
+from ledger.decisions import VllmOutcome
+from ledger.events import Fail, ReqId, TransferId
+from ledger.ledger import Ledger
+from ledger.side import TransferState
+
+log = logging.getLogger(__name__)
+
+REASON_LAYOUT = "layout_mismatch"
+REASON_READ_REFUSED = "read_refused"
+"""The words of a `read_refused` fail (its code says it to the fold)."""
+REASON_TRANSIENT_TIMEOUT = "transient_failures_past_transfer_timeout"
+REASON_PEER_UNLINKED = "peer_not_linked"
+"""A transfer waited a transfer timeout for its peer's handshake: the reason names the peer (the log says why)."""
+REASON_PEER_NOT_ALLOWED = "peer_not_allowed"
+REASON_TRANSPORT = "transport_error"
+"""The transport raised (connect, read or write) instead of returning a failed status."""
+REASON_NOT_SENT = "notification_not_sent"
+REASON_WAIT_FULL = "too_many_transfers_waiting_for_links"
+
+
+class LinkRefused(ValueError):
+    """A handshake's answer that may not be used (an endpoint outside the allow-list, another transport)."""
+
+
+@dataclass
+class RemoteTarget:
+    """WRITE producer: where the consumer wants the bytes (from its remote_blocks message)."""
+
+    block_ids: tuple[int, ...]
+    sender: RankAddress
+    prompt_digest: str | None = None
+
+
+@dataclass
+class Inflight:
+    """One transfer's outstanding transport batches: (layer index or None for a whole read, handle)."""
+
+    handles: list[tuple[int | None, TransferHandle]] = field(default_factory=list)
+    read_failed: bool = False
+    read_failed_terminally: bool = False
+    """A terminal failure of this read was recorded (a second one would be a late event)."""
+
+
+class WorkerBase:
+    """The worker's state and I/O helpers; the parts below add what they do with them."""
+
+    def __init__(
+        self,
+        config: ConnectorConfig,
+        ledger: Ledger,
+        transport: Transport,
+        channel: Channel,
+        *,
+        gated_links: bool = False,
+    ) -> None:
+        if config.mode == "write" and config.role == "consumer" and config.peer_tp_size > config.tp_size:
+            raise ValueError("WRITE mode with a larger producer TP needs a recv fan-in the fold does not have yet")
+        self.config = config
+        self.ledger = ledger
+        self.source = ledger.source
+        self.state = ledger.state
+        self.transport = transport
+        self.channel = channel
+        self.index = RequestIndex(ledger.log)
+        self.counters: Counter[str] = Counter()
+        self.layers: dict[str, LayerDescriptor] = {}
+        self.layer_groups: dict[str, int] = {}
+        self.layer_names: list[str] = []
+        self.layer_index: dict[str, int] = {}
+        self.linker = Linker(
+            self._handshake, self._accept_link, retry_cap_s=config.transfer_timeout_s, gated=gated_links
+        )
+        """Handshakes off the step: hooks only ask it whether a peer is linked yet."""
+        self.waiting = WaitingRoom(LINK_WAIT_MAX)
+        """Transfers deferred until their peer links (failed at their deadline)."""
+        self.remote: OrderedDict[TransferId, RemoteTarget] = OrderedDict()
+        self.inflight: dict[TransferId, Inflight] = {}
+        self.peers: dict[TransferId, PeerRef] = {}
+        """The peer of each live transfer, from the metadata (I/O addressing, dropped at release)."""
+        self.digests: dict[TransferId, str] = {}
+        """WRITE: each live transfer's prompt digest, from the metadata (dropped at release): what a
+        consumer's remote_blocks must match before anything is written there."""
+        self._step_saves: dict[TransferId, list[int]] = {}
+        self._step_recv: list[TransferId] = []
+        self._unreported = VllmOutcome()
+        """What vLLM has yet to hear from this rank: receives and load errors at the next report, finished
+        sends once vLLM has said the request finished (`_finished_seen`)."""
+        self._finished_seen: set[ReqId] = set()
+        self._confirming: dict[TransferId, str] = {}
+        """One-sided reads (mori) being confirmed with the producer: `before` (asked, the read waits),
+        `confirmed` (the read may go), `after` (landed, asked whether the hold lasted). Dropped at release."""
+        self._last_now = 0.0
+        """The clock of the last call that had one (the forward's save_kv_layer has none)."""
+        inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
+        if inherited:
+            self.counters["inherited_transfers_failed"] = inherited
+
+    def _live(self, tid: TransferId) -> TransferState | None:
+        t = self.state.live.get((self.source, tid))
+        return t
+
+    def _send(self, host: str, port: int, message: Message) -> bool:
+        """Hand `message` to the channel (never blocks); False, counted and logged, if it was not sent."""
+        try:
+            sent = self.channel.send(host, port, message)
+        except PeerNotAllowed as error:
+            self.counters["send_refused"] += 1
+            log.warning("%s not sent: %s", type(message).__name__, error)
+            return False
+        except Exception as error:  # a socket error is this message's failure, never the hook's
+            self.counters["send_error"] += 1
+            log.warning("%s to %s:%s not sent: %s", type(message).__name__, host, port, error)
+            return False
+        return sent
+
+    def _tell_holders(self, peer: PeerRef, message: Message) -> bool:
+        """Send `message` to every holder rank of `peer`; True if every one was sent."""
+        sent = True
+        for rank in holder_ranks(self.config.tp_rank, self.config.tp_size, peer.tp_size):
+            sent = (
+                self._send(peer.host, rank_port(peer.notify_port, peer.dp_rank, rank, peer.tp_size), message) and sent
+            )
+        return sent
+
+    def _handshake(self, host: str, port: int) -> HandshakeMetadata | None:
+        """The linker's threads: ask the peer rank for its metadata (may wait the handshake timeout)."""
+        return self.channel.handshake(host, port, self.config.rank_address, HANDSHAKE_TIMEOUT_S)
+
+    def _accept_link(self, host: str, port: int, metadata: HandshakeMetadata) -> PeerLink:
+        """The worker's thread, at the poll after a handshake finished: check the answer, connect."""
+        endpoint = metadata.endpoint
+        if endpoint.backend != self.transport.backend:
+            self.counters["handshake_redirect_refused"] += 1
+            raise LinkRefused(f"{host}:{port} speaks {endpoint.backend!r}, not {self.transport.backend!r}")
+        if endpoint.host != host or not self.config.may_dial(endpoint.host, endpoint.port):
+            # A handshake may not redirect us to another host, or to a port no peer was configured with.
+            self.counters["handshake_redirect_refused"] += 1
+            raise LinkRefused(f"{host}:{port} named endpoint {endpoint.host}:{endpoint.port}, not allow-listed")
+        session = self.transport.connect(endpoint, [layer.region for layer in metadata.layers])
+        return PeerLink(metadata, session, {layer.name: layer.geometry for layer in metadata.layers})
+
+    def _link(self, tid: TransferId, peer: PeerKey, now: float | None) -> PeerLink | None:
+        """The link with `peer` if its handshake completed, else None with `tid` parked until it does (or
+        failed at once, for a peer outside the allow-list). Never waits. `now` None: the forward's hot
+        path, which records nothing (the transfer is parked with the next poll's clock)."""
+        link = self.linker.link(peer, now if now is not None else self._last_now)
+        if link is not None:
+            return link
+        if not self.config.may_dial(*peer):
+            self._fail(tid, f"{REASON_PEER_NOT_ALLOWED}: {peer[0]}:{peer[1]}", now)
+            return None
+        at = now if now is not None else self._last_now
+        if not self.waiting.park(tid, peer, at + self.config.transfer_timeout_s):
+            self._fail(tid, f"{REASON_WAIT_FULL} ({LINK_WAIT_MAX})", now)
+        return None
+
+    def _fail(self, tid: TransferId, reason: str, now: float | None, *, retryable: bool = False) -> None:
+        at = now if now is not None else self._last_now
+        self.counters["transient_failures" if retryable else "terminal_failures"] += 1
+        self.ledger.append(Fail(ts=at, source=self.source, transfer_id=tid, reason=reason, retryable=retryable))
+
+    def _must_confirm(self) -> bool:
+        return self.config.refuse_released_reads and bool(getattr(self.transport, "one_sided", False))
+
+    def _ask_holders(self, tid: TransferId, peer: PeerRef, *, after: bool, now: float) -> None:
+        self._confirming[tid] = "after" if after else "before"
+        if not self._tell_holders(peer, ReadIntent(transfer_id=tid, sender=self.config.rank_address, after=after)):
+            self._fail(tid, f"{REASON_NOT_SENT}: read_intent", now)
