@@ -198,14 +198,3 @@ class PeerMessages(DataMoves):
         sender = target.sender
         port = sender.port(sender.notify_port)
         self._send(sender.host, port, WriteFailed(transfer_id=tid, rank=self.config.tp_rank, reason="prompt_mismatch"))
-
-    def _holds(self, transfer_id: str) -> bool | None:
-        """The tcp transport's server thread asks: does this producer rank still hold `transfer_id`? True: held;
-        False: let go (never held again); None: not mapped here yet (the metadata comes with the next step,
-        while the scheduler half already holds the blocks). Dict lookups, atomic under the GIL: a side leaves
-        `live` at its decision, before vLLM hears of it (and frees its blocks), and never comes back."""
-        key = (self.source, TransferId(transfer_id))
-        t = self.state.live.get(key)
-        if t is not None:
-            return t.role == "producer"
-        return False if self.state.was_mapped(key) else None

@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from connector.channel import Channel
-from connector.config import ConnectorConfig
 from connector.layout import LayerDescriptor, geometry_of
 from connector.limits import (
     LEASE_IDS_PER_MESSAGE_MAX,
@@ -38,30 +36,15 @@ from connector.messages import (
 from connector.metadata import FailItem, LeaseItem, PeerRef, StepMetadata
 from connector.peer_messages import PeerMessages
 from connector.ports import releases_expected
-from connector.transports.base import Transport
 from connector.worker_base import REASON_NOT_SENT
 from ledger.decisions import Release
 from ledger.events import Drop, Event, Fail, ReqId, Schedule, Seal, TransferId
-from ledger.ledger import Ledger
 
 
 class WorkerCore(PeerMessages):
     """The worker half as vLLM's worker hooks call it: metadata in, the forward's saves, the poll, reports
     out. Reading order: `worker_base.py` (state and I/O helpers), `moves.py` (reads and writes),
     `peer_messages.py` (what peers say), then this file."""
-
-    def __init__(
-        self,
-        config: ConnectorConfig,
-        ledger: Ledger,
-        transport: Transport,
-        channel: Channel,
-        *,
-        gated_links: bool = False,
-    ) -> None:
-        super().__init__(config, ledger, transport, channel, gated_links=gated_links)
-        if config.role == "producer" and config.refuse_released_reads:
-            transport.set_hold_check(self._holds)
 
     def register_kv_caches(
         self, caches: Mapping[str, Any], num_blocks: int | None = None, layer_groups: Mapping[str, int] | None = None

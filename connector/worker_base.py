@@ -125,6 +125,8 @@ class WorkerBase:
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
+        if config.role == "producer" and config.refuse_released_reads:
+            transport.set_hold_check(self._holds)
 
     def _live(self, tid: TransferId) -> TransferState | None:
         t = self.state.live.get((self.source, tid))
@@ -197,3 +199,14 @@ class WorkerBase:
         self._confirming[tid] = "after" if after else "before"
         if not self._tell_holders(peer, ReadIntent(transfer_id=tid, sender=self.config.rank_address, after=after)):
             self._fail(tid, f"{REASON_NOT_SENT}: read_intent", now)
+
+    def _holds(self, transfer_id: str) -> bool | None:
+        """The tcp transport's server thread asks: does this producer rank still hold `transfer_id`? True: held;
+        False: let go (never held again); None: not mapped here yet (the metadata comes with the next step,
+        while the scheduler half already holds the blocks). Dict lookups, atomic under the GIL: a side leaves
+        `live` at its decision, before vLLM hears of it (and frees its blocks), and never comes back."""
+        key = (self.source, TransferId(transfer_id))
+        t = self.state.live.get(key)
+        if t is not None:
+            return t.role == "producer"
+        return False if self.state.was_mapped(key) else None

@@ -112,6 +112,22 @@ def ensure_pg_schema(engine: Engine, store_url: StoreUrl, *, create: bool) -> No
             conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{store_url.schema}"')
 
 
+def connect_engine(store_url: StoreUrl, *, create: bool) -> Engine:
+    """An engine on the database of `store_url` (not the memory store): the SQLite file's folder checked
+    (made, with `create`), the PostgreSQL schema there (made, with `create`). Failures name the store."""
+    if store_url.is_sqlite:
+        check_sqlite_path(store_url, create=create)
+    engine = create_store_engine(store_url)
+    try:
+        ensure_pg_schema(engine, store_url, create=create)
+    except BaseException as error:
+        engine.dispose()
+        if isinstance(error, Exception):
+            raise translate(error, store_url.display) from error
+        raise
+    return engine
+
+
 def open_store(url: str | StoreUrl, *, create: bool = False, schema: str | None = None) -> EventStore:
     """Open the store at `url` (a URL, or one already parsed: `schema` then applies to a URL string only),
     checking its schema version; `create` makes a new empty one.
@@ -127,11 +143,8 @@ def open_store(url: str | StoreUrl, *, create: bool = False, schema: str | None 
     store_url = parse_url(url, schema=schema) if isinstance(url, str) else url
     if store_url.url is None:
         return MemoryStore(store_url.display)
-    if store_url.is_sqlite:
-        check_sqlite_path(store_url, create=create)
-    engine = create_store_engine(store_url)
+    engine = connect_engine(store_url, create=create)
     try:
-        ensure_pg_schema(engine, store_url, create=create)
         with engine.connect() as conn:
             empty = not inspect(conn).get_table_names()
         if empty and create:

@@ -6,7 +6,7 @@ from sqlalchemy import inspect
 
 from ledger.store import migrate, schema
 from ledger.store.base import NotALedger, SchemaMismatch, StoreUnavailable
-from ledger.store.connect import check_sqlite_path, create_store_engine, ensure_pg_schema
+from ledger.store.connect import connect_engine
 from ledger.store.errors import translate
 from ledger.store.url import parse_url
 
@@ -16,11 +16,8 @@ def upgrade_store(url: str) -> str:
     store_url = parse_url(url)
     if store_url.url is None:
         raise StoreUnavailable(f"{store_url.display}: the memory store has no schema to upgrade")
-    if store_url.is_sqlite:
-        check_sqlite_path(store_url, create=True)
-    engine = create_store_engine(store_url)
+    engine = connect_engine(store_url, create=True)
     try:
-        ensure_pg_schema(engine, store_url, create=True)
         with engine.connect() as conn:
             tables = set(inspect(conn).get_table_names())
             found = migrate.current_version(conn) if schema.VERSION_TABLE in tables else None
