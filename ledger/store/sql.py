@@ -17,7 +17,7 @@ from sqlalchemy import Connection, Engine, Select, delete, exc, func, insert, se
 
 from ledger.events import Event, TransferId, from_msgpack
 from ledger.store.base import Appended, Quarantined, StoredSnapshot, StoreError
-from ledger.store.batch import chunks, fresh_indices, max_seq_sql, seq_ranges, stored_rows_sql
+from ledger.store.batch import batch_keys, chunks, fresh_indices, max_seq_sql, stored_rows_sql
 from ledger.store.connect import StoreUrl
 from ledger.store.errors import translate
 from ledger.store.limits import QUARANTINE_READ_MAX, READ_CHUNK_ROWS, TAIL_EVENTS_MAX
@@ -76,8 +76,8 @@ class SqlStore:
                         # One writer at a time, so cursors commit in order and a tail reader never
                         # skips a row that commits late (eventsourcing's approach). Readers go on.
                         conn.exec_driver_sql("LOCK TABLE events IN EXCLUSIVE MODE")
-                    ranges = seq_ranges(rows)
-                    fresh = fresh_indices(rows, self._stored(conn, ranges), self.url)
+                    ranges, unique = batch_keys(rows)
+                    fresh = fresh_indices(rows, self._stored(conn, ranges), unique, self.url)
                     if report:
                         stored_max = self._max_seqs(conn, ranges)
                         after_cursor = self._max_cursor(conn)
