@@ -5,11 +5,14 @@
 (b) the baseline: the same events encoded to the same rows (msgpack body, envelope
     columns) and written with raw sqlite3.executemany, WAL, same synchronous setting,
     same batch size, into a table created from the store's own DDL (same indexes).
-Then EventLog.append latency with the writer subscribed and running, the events appended at
-`--load` (0.5) times raw's rate: a load a healthy store takes, so `append_spilled` (events put
-on the local spill file because the queue was full) is 0 unless the writer falls behind. Last,
-`burst_spilled`: the same appends all at once (several times what SQLite can take), where a
-bounded queue must spill. Prints one JSON line last.
+`ratio` compares the best wall-clock rates; `cpu_ratio` the same runs per second of the
+process's CPU time (all its threads: the puts, the writer, the driver), which other tenants
+of a shared machine change far less.
+Then EventLog.append latency with the writer subscribed and running, the events appended
+at `--load` (0.5) times raw's rate: a load a healthy store takes, so `append_spilled`
+(events put on the local spill file because the queue was full) is 0 unless the writer
+falls behind. Last, `burst_spilled`: the same appends all at once (several times what
+SQLite can take), where a bounded queue must spill. Prints one JSON line last.
 Usage: python benchmarks/store.py [--events N] [--rounds R] [--load SHARE]
 """
 
@@ -118,6 +121,7 @@ def main() -> None:
     args = parser.parse_args()
     events = list(generate(SynthConfig(transfers=args.events // 6 + 1), seed=1))[: args.events]
     store_best = raw_best = 0.0
+    per_cpu_s = {"raw": 0.0, "store": 0.0}
     with tempfile.TemporaryDirectory(prefix="kvledger-bench-") as tmp:
         ddl = events_ddl(Path(tmp))
         for round_ in range(args.rounds):
@@ -125,12 +129,14 @@ def main() -> None:
             for name in ("raw", "store") if round_ % 2 == 0 else ("store", "raw"):
                 directory = Path(tmp) / f"{name}-{round_}"
                 directory.mkdir()
+                cpu_started = time.process_time()
                 if name == "raw":
                     rate = raw_rows_per_s(events, directory, args.batch, ddl)
                     raw_best = max(raw_best, rate)
                 else:
                     rate = store_rows_per_s(events, directory, args.batch)
                     store_best = max(store_best, rate)
+                per_cpu_s[name] = max(per_cpu_s[name], len(events) / (time.process_time() - cpu_started))
                 print(f"round {round_ + 1}: {name:5s} {rate:,.0f} rows/s")
         rate = args.load * raw_best
         latency = append_latency_us(events, Path(tmp) / "latency", rate)
@@ -145,6 +151,9 @@ def main() -> None:
         "store_rows_per_s": round(store_best),
         "raw_rows_per_s": round(raw_best),
         "ratio": round(store_best / raw_best, 3),
+        "store_rows_per_cpu_s": round(per_cpu_s["store"]),
+        "raw_rows_per_cpu_s": round(per_cpu_s["raw"]),
+        "cpu_ratio": round(per_cpu_s["store"] / per_cpu_s["raw"], 3),
         "append_rate_per_s": round(rate),
         **{k: round(v, 2) for k, v in latency.items()},
         "burst_spilled": burst["append_spilled"],
