@@ -1,9 +1,10 @@
 """The live fold: the store's events folded by the ledger's own `LedgerState`, kept current by a poller.
 
-Every event reaches the state one way only: read from the store's tail in cursor
-order and applied by the ledger's fold. Ingest appends to the store and then
-catches up at once, so the state always equals a fold of the store (the same
-order another replica would fold) and an event is never folded twice. All
+Every event reaches the state in cursor order, applied by the ledger's fold: read
+from the store's tail, or, for a batch this service just ingested right after what
+it had folded, taken from the batch with the cursors the store gave it. So the
+state always equals a fold of the store (the same order another replica would
+fold) and an event is never folded twice. All
 mutation happens on the event loop under `fold_lock`, so `async` handlers read a
 state that no thread is changing.
 
@@ -33,7 +34,7 @@ from ledger.events import KINDS, Event, Map, kind_of
 from ledger.fold import LedgerState
 from ledger.series import HoldingSeries
 from ledger.sources import SourceHealth, judge_sources
-from ledger.store.base import EventStore, StoreError
+from ledger.store.base import Appended, EventStore, StoreError
 from ledger.store.connect import open_store
 from ledger.store.limits import TAIL_EVENTS_MAX
 
@@ -111,9 +112,24 @@ class Live:
                     break
             self.caught_up_from = started
         if folded:
-            self.advanced.set()
-            self.advanced = asyncio.Event()
+            self._advance()
         return folded
+
+    async def fold_appended(self, appended: Appended | None) -> None:
+        """Fold what an ingest just stored: from the batch itself when the store held nothing unfolded
+        before it (the events and cursors the store reported, so nothing is read back), else by `catch_up`.
+        Either way every event is folded once, in cursor order."""
+        if appended is not None and appended.inserted:
+            async with self.fold_lock:
+                if self.cursor == appended.after_cursor:
+                    self._fold(appended.inserted)
+                    self._advance()
+                    return
+        await self.catch_up()
+
+    def _advance(self) -> None:
+        self.advanced.set()
+        self.advanced = asyncio.Event()
 
     def _fold(self, rows: list[tuple[int, Event]]) -> None:
         state, transfers, by_kind = self.state, self.state.transfers, self.events_by_kind

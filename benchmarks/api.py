@@ -1,14 +1,20 @@
 """The audit service under load: GET /audit latency over 1M events and 100k live transfers, and HTTP ingest.
 
-Run: python benchmarks/api.py [--events 1000000] [--live 100000]. Builds a SQLite store (ledger.synth
-traffic plus live maps, loaded with the store's batched append), serves it with uvicorn on loopback,
-and ends with one JSON line. Baseline in the same run: one uncached `ledger.audit.audit()` call.
+Run: python benchmarks/api.py [--events 1000000] [--live 100000] [--pg-url URL]. Builds a SQLite store
+(ledger.synth traffic plus live maps, loaded with the store's batched append), serves it with uvicorn on
+loopback, and ends with one JSON line. Baselines in the same run: one uncached `ledger.audit.audit()`
+call, and for ingest raw `executemany` of the same events' rows in the same batches (sqlite3 into a
+table made from the store's DDL; psycopg into a store of its own). Ingest into PostgreSQL goes to a
+schema of its own (a store prefilled with --pg-events), dropped at the end; --pg-url '' skips it.
+Ingested maps name blocks no live transfer holds (an engine maps free blocks): a batch re-mapping held
+blocks would measure the fold's double-claim path instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -26,14 +32,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.app import create_app
 from api.settings import Settings
+from benchmarks.store import events_ddl, raw_rows_per_s
 from ledger.audit import audit
 from ledger.events import Event, Map, ReqId, TransferId
 from ledger.store.connect import open_store
+from ledger.store.rows import INSERT_COLUMNS, encode_row
+from ledger.store.url import parse_url
 from ledger.synth import SynthConfig, generate
 
 TOKEN = "bench"
 LOAD_BATCH_EVENTS = 10_000
 INGEST_BATCH_EVENTS = 1_000
+INGEST_SOURCE = "ingest/tp0"
+PG_URL = os.environ.get("KVLEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 def live_maps(count: int, now: float) -> list[Event]:
@@ -62,6 +73,82 @@ def build_store(url: str, events_total: int, live: int, now: float) -> float:
     return time.perf_counter() - started
 
 
+def ingest_batches(count: int, now: float) -> list[list[Event]]:
+    """`count` batches of live maps from one source, seqs following on, each naming blocks of its own."""
+    batches: list[list[Event]] = []
+    for b in range(count):
+        first = b * INGEST_BATCH_EVENTS
+        batches.append([
+            Map(seq=first + i + 1, ts=now, source=INGEST_SOURCE, transfer_id=TransferId(f"in-{b}-{i}"),
+                request_id=ReqId(f"p-in-{b}-{i}"), role="producer", mode="read",
+                block_ids=tuple(range(4 * (first + i), 4 * (first + i) + 4)), deadline=now + 3600.0)
+            for i in range(INGEST_BATCH_EVENTS)
+        ])  # fmt: skip
+    return batches
+
+
+def ingest_events_per_s(base: str, batches: list[list[Event]]) -> float:
+    """POST /events of each batch (encoded beforehand), timed from the request to the answer."""
+    bodies = [msgspec.json.encode({"events": batch}) for batch in batches]
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    elapsed = 0.0
+    with httpx.Client(base_url=base, timeout=60) as client:
+        for body, batch in zip(bodies, batches, strict=True):
+            t0 = time.perf_counter()
+            response = client.post("/events", content=body, headers=headers)
+            elapsed += time.perf_counter() - t0
+            assert response.status_code == 200 and response.json()["inserted"] == len(batch), response.text
+    return sum(map(len, batches)) / elapsed
+
+
+def raw_pg_rows_per_s(pg_url: str, batches: list[list[Event]]) -> float:
+    """The baseline: psycopg's executemany of the same rows, a transaction per batch, into the table a store
+    of its own made (same indexes)."""
+    import psycopg
+
+    store_url = parse_url(pg_url)
+    assert store_url.url is not None and store_url.schema
+    open_store(pg_url, create=True).close()
+    columns = ", ".join(INSERT_COLUMNS)
+    sql = f"INSERT INTO {store_url.schema}.events ({columns}) VALUES ({', '.join(['%s'] * len(INSERT_COLUMNS))})"
+    dsn = store_url.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(dsn) as conn:
+        started = time.perf_counter()
+        for batch in batches:
+            rows = [encode_row(e) for e in batch]
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.executemany(sql, rows)
+        elapsed = time.perf_counter() - started
+    return sum(map(len, batches)) / elapsed
+
+
+def pg_ingest(pg_url: str, prefill: int, batches: list[list[Event]]) -> dict[str, float]:
+    """Ingest into a PostgreSQL store of its own (prefilled), and the raw baseline; both schemas dropped."""
+    import psycopg
+
+    tag = f"kvl_bench_{os.getpid()}"
+    schemas = [f"{tag}_store", f"{tag}_raw"]
+    admin = parse_url(pg_url).url
+    assert admin is not None
+    dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+    try:
+        url = f"{pg_url}?schema={schemas[0]}"
+        build_store(url, prefill, 0, time.time())
+        app = create_app(Settings(db=url, token=TOKEN, poll_interval_s=0.5))  # type: ignore[arg-type]
+        server, thread, base, _ = start_server(app)
+        try:
+            served = ingest_events_per_s(base, batches)
+        finally:
+            server.should_exit = True
+            thread.join()
+        raw = raw_pg_rows_per_s(f"{pg_url}?schema={schemas[1]}", batches)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for schema in schemas:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    return {"ingest_events_per_s_postgres": round(served), "ingest_raw_events_per_s_postgres": round(raw)}
+
+
 def percentile(samples: list[float], p: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
@@ -85,6 +172,8 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=2_000)
     parser.add_argument("--ingest-batches", type=int, default=50)
+    parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL for the ingest figure ('' to skip)")
+    parser.add_argument("--pg-events", type=int, default=100_000, help="Events in the PostgreSQL store first")
     args = parser.parse_args()
     folder = tempfile.mkdtemp(prefix="kvledger-bench-")
     url = f"sqlite:///{folder}/ledger.db"
@@ -107,21 +196,14 @@ def main() -> None:
             response = client.get("/audit")
             latencies.append((time.perf_counter() - t0) * 1000)
             assert response.status_code == 200
-        side_seq = 0
-        ingest_s = 0.0
-        for b in range(args.ingest_batches):
-            batch = [
-                msgspec.to_builtins(m) | {"seq": side_seq + i + 1, "source": "ingest/tp0",
-                                          "transfer_id": f"in-{b}-{i}"}
-                for i, m in enumerate(live_maps(INGEST_BATCH_EVENTS, time.time()))
-            ]  # fmt: skip
-            side_seq += INGEST_BATCH_EVENTS
-            t0 = time.perf_counter()
-            response = client.post("/events", json={"events": batch}, headers={"Authorization": f"Bearer {TOKEN}"})
-            ingest_s += time.perf_counter() - t0
-            assert response.status_code == 200 and response.json()["inserted"] == INGEST_BATCH_EVENTS
+    batches = ingest_batches(args.ingest_batches, time.time())
+    ingest = ingest_events_per_s(base, batches)
     server.should_exit = True
     thread.join()
+    raw_dir = Path(folder) / "raw"
+    raw_dir.mkdir()
+    raw_ingest = raw_rows_per_s([e for b in batches for e in b], raw_dir, INGEST_BATCH_EVENTS, events_ddl(raw_dir))
+    postgres = pg_ingest(args.pg_url, args.pg_events, batches) if args.pg_url else {}
     result = {
         "events": args.events,
         "live_transfers": summary["live_transfers"],
@@ -133,7 +215,9 @@ def main() -> None:
         "audit_p50_ms": round(statistics.median(latencies), 2),
         "audit_p99_ms": round(percentile(latencies, 99), 2),
         "audit_max_ms": round(max(latencies), 2),
-        "ingest_events_per_s": round(args.ingest_batches * INGEST_BATCH_EVENTS / ingest_s),
+        "ingest_events_per_s": round(ingest),
+        "ingest_raw_events_per_s": round(raw_ingest),
+        **postgres,
     }
     print(json.dumps(result))
 

@@ -5,8 +5,15 @@
 (b) the baseline: the same events encoded to the same rows (msgpack body, envelope
     columns) and written with raw sqlite3.executemany, WAL, same synchronous setting,
     same batch size, into a table created from the store's own DDL (same indexes).
-Then EventLog.append latency with the writer subscribed and running.
-Prints one JSON line last. Usage: python benchmarks/store.py [--events N] [--rounds R]
+`ratio` compares the best wall-clock rates; `cpu_ratio` the same runs per second of the
+process's CPU time (all its threads: the puts, the writer, the driver), which other tenants
+of a shared machine change far less.
+Then EventLog.append latency with the writer subscribed and running, the events appended
+at `--load` (0.5) times raw's rate: a load a healthy store takes, so `append_spilled`
+(events put on the local spill file because the queue was full) is 0 unless the writer
+falls behind. Last, `burst_spilled`: the same appends all at once (several times what
+SQLite can take), where a bounded queue must spill. Prints one JSON line last.
+Usage: python benchmarks/store.py [--events N] [--rounds R] [--load SHARE]
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from ledger.store.limits import WRITER_BATCH_EVENTS_MAX
 from ledger.store.rows import INSERT_COLUMNS, encode_row
 from ledger.store.writer import BackgroundWriter
 from ledger.synth import SynthConfig, generate
+
+PACE_EVENTS = 100
+"""Appends between two looks at the clock when pacing."""
 
 
 def store_rows_per_s(events: list[Event], directory: Path, batch: int) -> float:
@@ -70,20 +80,26 @@ def events_ddl(directory: Path) -> list[str]:
     return [sql for (sql,) in rows]
 
 
-def append_latency_us(events: list[Event], directory: Path) -> dict[str, float]:
+def append_latency_us(events: list[Event], directory: Path, rate: float | None) -> dict[str, float]:
+    """EventLog.append latency with the writer subscribed, appending at `rate` events/s (None: all at once)."""
+    directory.mkdir()
     store = open_store(str(directory / "latency.db"), create=True)
     writer = BackgroundWriter(store, directory / "spill-latency").start()
     logs: dict[str, EventLog] = {}
     samples: list[int] = []
     clock = time.perf_counter_ns
-    for event in events:
+    started = time.perf_counter()
+    for i, event in enumerate(events):
+        if rate is not None and i % PACE_EVENTS == 0:
+            # Sleep between appends (never inside a timed one) to hold the offered rate.
+            time.sleep(max(0.0, started + i / rate - time.perf_counter()))
         log = logs.get(event.source)
         if log is None:
             log = logs[event.source] = EventLog(event.source)
             log.subscribe(writer.put)
-        started = clock()
+        t0 = clock()
         log.append(event)
-        samples.append(clock() - started)
+        samples.append(clock() - t0)
     assert writer.close(timeout=600)
     stats = writer.stats()
     store.close()
@@ -101,9 +117,11 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=WRITER_BATCH_EVENTS_MAX)
+    parser.add_argument("--load", type=float, default=0.5, help="Offered append rate, as a share of raw's")
     args = parser.parse_args()
     events = list(generate(SynthConfig(transfers=args.events // 6 + 1), seed=1))[: args.events]
     store_best = raw_best = 0.0
+    per_cpu_s = {"raw": 0.0, "store": 0.0}
     with tempfile.TemporaryDirectory(prefix="kvledger-bench-") as tmp:
         ddl = events_ddl(Path(tmp))
         for round_ in range(args.rounds):
@@ -111,16 +129,18 @@ def main() -> None:
             for name in ("raw", "store") if round_ % 2 == 0 else ("store", "raw"):
                 directory = Path(tmp) / f"{name}-{round_}"
                 directory.mkdir()
+                cpu_started = time.process_time()
                 if name == "raw":
                     rate = raw_rows_per_s(events, directory, args.batch, ddl)
                     raw_best = max(raw_best, rate)
                 else:
                     rate = store_rows_per_s(events, directory, args.batch)
                     store_best = max(store_best, rate)
+                per_cpu_s[name] = max(per_cpu_s[name], len(events) / (time.process_time() - cpu_started))
                 print(f"round {round_ + 1}: {name:5s} {rate:,.0f} rows/s")
-        latency_dir = Path(tmp) / "latency"
-        latency_dir.mkdir()
-        latency = append_latency_us(events, latency_dir)
+        rate = args.load * raw_best
+        latency = append_latency_us(events, Path(tmp) / "latency", rate)
+        burst = append_latency_us(events, Path(tmp) / "burst", None)
     print(f"store (batched writer): {store_best:,.0f} rows/s; raw sqlite3.executemany: {raw_best:,.0f} rows/s")
     print(f"append latency with the writer running: p50 {latency['append_p50_us']:.2f} us, "
           f"p99 {latency['append_p99_us']:.2f} us, max {latency['append_max_us']:.1f} us")  # fmt: skip
@@ -131,7 +151,12 @@ def main() -> None:
         "store_rows_per_s": round(store_best),
         "raw_rows_per_s": round(raw_best),
         "ratio": round(store_best / raw_best, 3),
+        "store_rows_per_cpu_s": round(per_cpu_s["store"]),
+        "raw_rows_per_cpu_s": round(per_cpu_s["raw"]),
+        "cpu_ratio": round(per_cpu_s["store"] / per_cpu_s["raw"], 3),
+        "append_rate_per_s": round(rate),
         **{k: round(v, 2) for k, v in latency.items()},
+        "burst_spilled": burst["append_spilled"],
     }
     print(json.dumps(result))
 

@@ -107,21 +107,21 @@ async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResu
         body = b"".join([chunk async for chunk in read_limited(request, live.settings.ingest_body_bytes_max)])
         events = decode_batch(body, live.settings.ingest_events_max)
         async with live.ingest_lock:
-            stored_max = await live.store_call(store.sources)
-            inserted = await live.store_call(store.append, events) if events else 0
-            gaps = find_gaps(events, stored_max)
-            await live.catch_up()
+            # decode_batch checked every event against ledger.valid: the store need not check them again.
+            appended = await live.store_call(store.append_returning, events, checked=True) if events else None
+            await live.fold_appended(appended)
     except Exception as error:
         # Whatever refused the batch (a bad body, a conflict, a store down), its events are not in the
         # ledger: the page says ingest is failing until a batch is stored again.
         live.ingest_failure = (time.time(), f"{type(error).__name__}: {_why(error)}")
         raise
     live.ingest_failure = None
+    inserted = len(appended.inserted) if appended is not None else 0
     return IngestResult(
         received=len(events),
         inserted=inserted,
         duplicates=len(events) - inserted,
-        gaps=gaps,
+        gaps=find_gaps(events, appended.stored_max if appended is not None else {}),
         cursor=live.cursor,
     )
 

@@ -69,6 +69,18 @@ class StoredSnapshot(NamedTuple):
     body: bytes
 
 
+class Appended(NamedTuple):
+    """What one append stored, so that its caller can fold it without reading it back."""
+
+    inserted: list[tuple[int, Event]]
+    """(cursor, event) of each event inserted, in cursor order (duplicates of stored events left out)."""
+    after_cursor: int
+    """The store's highest cursor when the batch's transaction began (0: empty): no other row lies
+    between it and the first inserted one."""
+    stored_max: dict[str, int]
+    """For each source of the batch that had events stored before it, its highest seq then."""
+
+
 class EventStore(Protocol):
     """What every backend (memory, SQLite, PostgreSQL) provides."""
 
@@ -81,6 +93,13 @@ class EventStore(Protocol):
         content is skipped; with different content raises `ConflictError` and
         nothing of the batch is written. Returns the number of rows inserted.
         """
+        ...
+
+    def append_returning(self, events: Sequence[Event], *, checked: bool = False) -> Appended:
+        """`append`, returning what was inserted with its cursors and what was stored before it.
+
+        `checked`: the caller has checked every event against `ledger.valid` (ingest does, for the whole
+        batch at once), so the store does not check each again."""
         ...
 
     def read(

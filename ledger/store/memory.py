@@ -6,9 +6,9 @@ import threading
 from collections.abc import Iterator, Sequence
 
 from ledger.events import Event, TransferId
-from ledger.store.base import ConflictError, Quarantined, StoredSnapshot, StoreError
+from ledger.store.base import Appended, ConflictError, Quarantined, StoredSnapshot, StoreError
 from ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
-from ledger.store.rows import encode_row, quarantine_row
+from ledger.store.rows import checked_row, encode_row, quarantine_row
 
 
 class MemoryStore:
@@ -29,12 +29,18 @@ class MemoryStore:
             raise StoreError(f"{self.url}: store is closed")
 
     def append(self, events: Sequence[Event]) -> int:
+        return len(self.append_returning(events).inserted)
+
+    def append_returning(self, events: Sequence[Event], *, checked: bool = False) -> Appended:
         with self._lock:
             self._check_open()
             fresh: dict[tuple[str, int], tuple[Event, bytes]] = {}
+            stored_max: dict[str, int] = {}
             for i, event in enumerate(events):
-                row = encode_row(event, i)
+                row = checked_row(event) if checked else encode_row(event, i)
                 key = (event.source, event.seq)
+                if event.source in self._max_seq:
+                    stored_max[event.source] = self._max_seq[event.source]
                 stored = self._bodies.get(key)
                 if stored is None and key in fresh:
                     stored = fresh[key][1]
@@ -45,14 +51,16 @@ class MemoryStore:
                         )
                     continue
                 fresh[key] = (event, row[5])
-            cursor = len(self._rows)
+            after_cursor = cursor = len(self._rows)
+            inserted: list[tuple[int, Event]] = []
             for key, (event, body) in fresh.items():
                 cursor += 1
-                self._rows.append((cursor, event))
+                inserted.append((cursor, event))
                 self._bodies[key] = body
                 if key[1] > self._max_seq.get(key[0], 0):
                     self._max_seq[key[0]] = key[1]
-            return len(fresh)
+            self._rows.extend(inserted)
+            return Appended(inserted, after_cursor, stored_max)
 
     def read(
         self,

@@ -1,0 +1,105 @@
+"""`append_returning`, the batched append ingest uses, on every backend: idempotent by (source, seq), all or
+nothing on a conflict, and the cursors it reports are the ones the store's tail gives."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from ledger.events import Ack, Event, TransferId
+from ledger.store.base import ConflictError, EventStore, UnstorableEvent
+from ledger.store.batch import SOURCES_PER_QUERY
+from ledger.store.connect import open_store
+from ledger.synth import SynthConfig, generate
+
+
+def _events(transfers: int = 40) -> list[Event]:
+    return list(generate(SynthConfig(transfers=transfers, concurrency=8), seed=11))
+
+
+def _highest(events: list[Event]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for e in events:
+        found[e.source] = max(found.get(e.source, 0), e.seq)
+    return found
+
+
+def test_the_cursors_reported_are_the_tails(store: EventStore) -> None:
+    events = _events()
+    assert len({e.source for e in events}) > 1  # the one query per batch covers several sources
+    first = store.append_returning(events[:50])
+    assert first.after_cursor == 0 and first.stored_max == {}
+    second = store.append_returning(events[50:])
+    assert [e for _, e in first.inserted + second.inserted] == events
+    assert first.inserted + second.inserted == store.tail(0, len(events))
+    assert second.after_cursor == first.inserted[-1][0]
+    assert second.stored_max == {s: m for s, m in _highest(events[:50]).items() if s in _highest(events[50:])}
+
+
+def test_the_same_batch_twice_inserts_once(store: EventStore) -> None:
+    events = _events()
+    assert len(store.append_returning(events).inserted) == len(events)
+    again = store.append_returning(events)
+    assert again.inserted == [] and again.stored_max == _highest(events)
+    assert store.count() == len(events) and list(store.read()) == events
+
+
+def test_stored_identical_events_are_skipped_and_the_new_ones_inserted(store: EventStore) -> None:
+    events = _events()
+    store.append(events[:30])
+    mixed = store.append_returning(events[10:60])
+    assert [e for _, e in mixed.inserted] == events[30:60]
+    assert mixed.inserted == store.tail(mixed.after_cursor, 100)
+    assert list(store.read()) == events[:60]
+
+
+def test_one_conflicting_event_inserts_nothing_and_is_named(store: EventStore) -> None:
+    events = _events()
+    store.append(events[:20])
+    changed = msgspec.structs.replace(events[7], ts=events[7].ts + 1)
+    with pytest.raises(ConflictError) as caught:
+        store.append_returning([*events[20:40], changed, *events[40:50]])
+    assert f"{changed.source!r} seq {changed.seq}" in str(caught.value)
+    assert store.count() == 20
+
+
+def test_a_repeat_inside_the_batch_is_kept_once_or_refused_when_it_differs(store: EventStore) -> None:
+    events = _events(5)
+    repeated = store.append_returning([*events, events[2]])
+    assert [e for _, e in repeated.inserted] == events
+    other = [*_events(3)]
+    fresh = [msgspec.structs.replace(e, source="other/tp0") for e in other]
+    with pytest.raises(ConflictError, match="other/tp0"):
+        store.append_returning([*fresh, msgspec.structs.replace(fresh[0], ts=fresh[0].ts + 1)])
+    assert store.count() == len(events)
+
+
+def test_more_sources_than_one_query_holds(store: EventStore) -> None:
+    sources = SOURCES_PER_QUERY + 50
+    batch: list[Event] = [
+        Ack(seq=1, ts=1.0, source=f"decode-{i}/tp0", transfer_id=TransferId("t"), what="recv") for i in range(sources)
+    ]
+    assert len(store.append_returning(batch).inserted) == sources
+    later = [msgspec.structs.replace(e, seq=3) for e in batch]
+    again = store.append_returning([*batch, *later])
+    assert [e for _, e in again.inserted] == later
+    assert again.stored_max == {e.source: 1 for e in batch}
+    with pytest.raises(ConflictError, match=f"decode-{sources - 1}/tp0"):
+        store.append_returning([msgspec.structs.replace(batch[-1], ts=2.0)])
+    assert store.count() == 2 * sources
+
+
+@pytest.mark.postgres
+def test_a_value_postgresql_refuses_in_the_copy_is_unstorable(pg_url: str) -> None:
+    """The database's own refusal (a source wider than its column, which `checked` let through) is
+    translated like any driver error, and nothing of the batch lands."""
+    store = open_store(pg_url, create=True)
+    try:
+        events = _events(3)
+        wide = msgspec.structs.replace(events[1], source="s" * 300)
+        with pytest.raises(UnstorableEvent, match="refused a value"):
+            store.append_returning([events[0], wide], checked=True)
+        assert store.count() == 0
+        assert len(store.append_returning(events).inserted) == len(events)  # the connection is usable
+    finally:
+        store.close()
