@@ -14,9 +14,10 @@ rules it out with its table lock, another writer of the table might not) is neve
 snapshot is then refused. Such a row is also missed by the running fold's tail; the refold a refused
 snapshot leads to takes it in.
 
-A snapshot that cannot be used (corrupt, another format, the fold's fields changed, the count above) is
-ignored with a warning naming its cursor and why, and the next older one is tried; with none left the fold
-starts from zero. Either way the state equals a fold of the whole store.
+A snapshot that cannot be used (corrupt: its CRC-32 does not match, or it does not decode or hang together;
+another format; the fold's fields changed; the count above) is ignored with a warning naming its cursor and
+why, and the next older one is tried; with none left the fold starts from zero. Either way the state equals a
+fold of the whole store.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import asyncio
 import gc
 import logging
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, NamedTuple
@@ -101,9 +103,10 @@ class Written(NamedTuple):
 
 
 class _Restored(NamedTuple):
-    cursor: int
     doc: _Document
     state: LedgerState
+    latency: LatencyRecorder
+    holding: HoldingSeries
 
 
 def _encode_timed(live: Live) -> tuple[int, int, bytes, float]:
@@ -131,7 +134,20 @@ def encode(live: Live) -> tuple[int, int, bytes]:
         holding=live.holding.to_plain(),
         fold_errors=live.fold_errors,
     )
-    return live.cursor, live.rows_folded, _encoder.encode(doc)
+    return live.cursor, live.rows_folded, seal(_encoder.encode(doc))
+
+
+def seal(document: bytes) -> bytes:
+    """`document` with its CRC-32 after it: a snapshot damaged in the store is refused, never half-believed."""
+    return document + zlib.crc32(document).to_bytes(4, "little")
+
+
+def unsealed(body: bytes) -> memoryview:
+    """The document `seal` wrote, its CRC-32 checked (`SnapshotFormatError` if it does not match)."""
+    view = memoryview(body)
+    if len(view) < 4 or zlib.crc32(view[:-4]) != int.from_bytes(view[-4:], "little"):
+        raise SnapshotFormatError("its checksum does not match (damaged or cut short)")
+    return view[:-4]
 
 
 @contextmanager
@@ -151,11 +167,12 @@ def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
     """The snapshot decoded and checked against the store; `SnapshotFormatError` says why it cannot be used."""
     if stored.format != FORMAT:
         raise SnapshotFormatError(f"format {stored.format}, this code reads {FORMAT}")
-    found = snapshot.document_format(stored.body)
+    document = unsealed(stored.body)
+    found = snapshot.document_format(document)
     if found != FORMAT:
         raise SnapshotFormatError(f"body of format {found}, this code reads {FORMAT}")
     try:
-        doc = _decoder.decode(stored.body)
+        doc = _decoder.decode(document)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise SnapshotFormatError(f"does not decode: {error}") from None
     if doc.cursor != stored.seq:
@@ -168,7 +185,13 @@ def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
             f"the store holds {stored_rows} events at cursors up to {doc.cursor}, the snapshot folded {doc.rows} "
             "(events committed below its cursor after it was taken, or removed)"
         )
-    return _Restored(doc.cursor, doc, snapshot.decode(doc.ledger))
+    try:
+        state = snapshot.decode(doc.ledger)
+        return _Restored(doc, state, LatencyRecorder.from_plain(doc.latency), HoldingSeries.from_plain(doc.holding))
+    except SnapshotFormatError:
+        raise
+    except Exception as error:  # a body that decodes but does not hang together: refused like a corrupt one
+        raise SnapshotFormatError(f"inconsistent: {type(error).__name__}: {error}") from None
 
 
 def load_newest(store: EventStore) -> _Restored | None:
@@ -199,12 +222,10 @@ async def restore(live: Live, store: EventStore) -> int | None:
         if restored is None:
             return None
         doc = restored.doc
-        live.state = restored.state
+        live.state, live.latency, live.holding = restored.state, restored.latency, restored.holding
         live.cursor, live.rows_folded, live.fold_errors = doc.cursor, doc.rows, doc.fold_errors
         live.events_by_kind, live.order, live.by_request = doc.events_by_kind, doc.order, doc.by_request
-        live.latency = LatencyRecorder.from_plain(doc.latency)
         live.last_ts = doc.last_ts
-        live.holding = HoldingSeries.from_plain(doc.holding)
         live.version += 1
         live.snapshot_rows = doc.rows
         live.restored_from = doc.cursor

@@ -166,7 +166,7 @@ def encode(state: LedgerState) -> bytes:
     return _encoder.encode(document)
 
 
-def document_format(body: bytes) -> object:
+def document_format(body: bytes | memoryview) -> object:
     """The `format` field of a msgpack map (None if it has none), read without decoding the rest."""
     try:
         return _format_decoder.decode(body).format

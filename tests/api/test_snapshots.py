@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -100,26 +100,46 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == snapshots.__name__]
 
 
-def test_a_corrupt_snapshot_is_passed_over_for_the_older_one(sqlite_url: str, caplog: pytest.LogCaptureFixture) -> None:
+def _flipped(body: bytes) -> bytes:
+    """`body` with one byte in its middle changed, as a damaged page would change it."""
+    middle = len(body) // 2
+    return body[:middle] + bytes([body[middle] ^ 0x10]) + body[middle + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [(_flipped, "checksum does not match"), (lambda _: snapshots.seal(b"\x93 not a snapshot"), "not a snapshot")],
+)
+def test_a_corrupt_snapshot_is_passed_over_for_the_older_one(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture, damage: Callable[[bytes], bytes], why: str
+) -> None:
     events = history(5, Shape(transfers=10))
     _append(sqlite_url, events[: len(events) // 2])
     older = _snapshot_now(sqlite_url)
     _append(sqlite_url, events[len(events) // 2 :])
-    _save(sqlite_url, len(events), b"\x93 not a snapshot")
+    newer = _snapshot_now(sqlite_url)
+    store = open_store(sqlite_url)
+    try:
+        written = store.latest_snapshot(snapshots.SOURCE)
+        assert written is not None and written.seq == newer
+    finally:
+        store.close()
+    _save(sqlite_url, newer, damage(written.body))
     caplog.set_level(logging.WARNING, logger=snapshots.__name__)
     with _service(sqlite_url) as live:
         assert live.restored_from == older
+        assert live.rows_folded == len(events)
         started = _folded(live, [events[-1].ts])
     (warning,) = _warnings(caplog)
-    assert f"snapshot at cursor {len(events)} " in warning and "not a snapshot" in warning
+    assert f"snapshot at cursor {newer} " in warning and why in warning
     assert started == _refolded(sqlite_url, [events[-1].ts])
 
 
 def _with_ledger_format(body: bytes, ledger_format: int) -> bytes:
     """`body` with its ledger part replaced by a document of another ledger snapshot format."""
-    doc = msgspec.msgpack.decode(body)
+    doc = msgspec.msgpack.decode(snapshots.unsealed(body))
     doc["ledger"] = msgspec.msgpack.encode({"format": ledger_format})
-    return msgspec.msgpack.encode(doc)
+    return snapshots.seal(msgspec.msgpack.encode(doc))
 
 
 @pytest.mark.parametrize(
