@@ -159,10 +159,9 @@ class Live:
         """Open the store if it is not open yet, then catch up; a store outage is recorded, not raised."""
         try:
             if self.store is None:
-                store = await self.store_call(open_store, self.settings.db)
+                self.store = await self.store_call(open_store, self.settings.db)
                 if not self.rows_folded:
-                    await snapshots.restore(self, store)
-                self.store = store
+                    await snapshots.restore(self, self.store)  # the store failing meanwhile: a fold from zero
             await self.catch_up(batch)
             self.quarantined = await self.store_call(self.store.quarantined_count)
             self.store_error = None

@@ -109,14 +109,19 @@ class _Restored(NamedTuple):
     holding: HoldingSeries
 
 
-def _encode_timed(live: Live) -> tuple[int, int, bytes, float]:
-    started = time.thread_time()
-    cursor, rows, body = encode(live)
-    return cursor, rows, body, time.thread_time() - started
-
-
 def encode(live: Live) -> tuple[int, int, bytes]:
     """(cursor, rows, body) of `live`'s fold. Call it where the fold cannot move (under `fold_lock`)."""
+    cursor, rows, document = _document(live)
+    return cursor, rows, seal(document)
+
+
+def _document_timed(live: Live) -> tuple[int, int, bytes, float]:
+    started = time.thread_time()
+    cursor, rows, document = _document(live)
+    return cursor, rows, document, time.thread_time() - started
+
+
+def _document(live: Live) -> tuple[int, int, bytes]:
     unknown = sorted(set(vars(live)) - FOLDED - NOT_FOLDED)
     if unknown:
         raise SnapshotFormatError(f"Live's attributes {unknown} are in neither FOLDED nor NOT_FOLDED: "
@@ -134,7 +139,7 @@ def encode(live: Live) -> tuple[int, int, bytes]:
         holding=live.holding.to_plain(),
         fold_errors=live.fold_errors,
     )
-    return live.cursor, live.rows_folded, seal(_encoder.encode(doc))
+    return live.cursor, live.rows_folded, _encoder.encode(doc)
 
 
 def seal(document: bytes) -> bytes:
@@ -247,8 +252,9 @@ async def write(live: Live) -> Written | None:
         return None
     async with live.fold_lock:
         started = time.perf_counter()
-        cursor, rows, body, encode_cpu_s = await anyio.to_thread.run_sync(_encode_timed, live)
+        cursor, rows, document, encode_cpu_s = await anyio.to_thread.run_sync(_document_timed, live)
         lock_s = time.perf_counter() - started
+    body = await anyio.to_thread.run_sync(seal, document)  # the fold goes on meanwhile
     # Kept: the new one and the one before it (a start falls back to it should the new one not decode).
     keep_from = live.snapshot_written.cursor if live.snapshot_written is not None else live.restored_from
     started = time.perf_counter()
