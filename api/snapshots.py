@@ -17,7 +17,10 @@ snapshot leads to takes it in.
 A snapshot that cannot be used (corrupt: its CRC-32 does not match, or it does not decode or hang together;
 another format; the fold's fields changed; the count above) is ignored with a warning naming its cursor and
 why, and the next older one is tried; with none left the fold starts from zero. Either way the state equals a
-fold of the whole store.
+fold of the whole store. One thing a start from a snapshot does not rebuild: the Prometheus release-latency
+histogram (`api.metrics`), fed as releases are folded, counts the releases this process folded, as any
+Prometheus counter starts again with its process; the fold's own counts (`kvledger_releases_total`, the
+latency percentiles of /audit/summary) are restored whole.
 """
 
 from __future__ import annotations

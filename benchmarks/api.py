@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.app import create_app
 from api.settings import Settings
-from benchmarks.ready import measure_ready
+from benchmarks.ready import measure_ready_in_child
 from ledger.audit import audit
 from ledger.events import Event, Map, ReqId, TransferId
 from ledger.store.connect import open_store
@@ -125,7 +125,7 @@ def main() -> None:
             assert response.status_code == 200 and response.json()["inserted"] == INGEST_BATCH_EVENTS
     server.should_exit = True
     thread.join()
-    ready = measure_ready()  # its own 1M-event store, whatever --events says
+    ready = measure_ready_in_child()  # its own 1M-event store, whatever --events says
     result = {
         "events": args.events,
         "live_transfers": summary["live_transfers"],

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import threading
@@ -126,6 +127,15 @@ def measure_ready(events_total: int = 1_000_000, tail: int = 50_000) -> dict[str
         "snapshot_encode_cpu_s": round(written.encode_cpu_s, 2),
         "snapshot_save_s": round(written.save_s, 2),
     }
+
+
+def measure_ready_in_child(events_total: int = 1_000_000, tail: int = 50_000) -> dict[str, float | int]:
+    """`measure_ready` in a process of its own: a caller's heap (another benchmark's million-event fold)
+    would otherwise be walked by each start's garbage collection and be part of what is timed."""
+    argv = [sys.executable, __file__, "--events", str(events_total), "--tail", str(tail)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    result: dict[str, float | int] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
