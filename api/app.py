@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.templating import Jinja2Templates
 
-from api import errors
+from api import errors, snapshots
 from api.board import BoardKeeper
 from api.event_schema import add_event_components
 from api.guards import BodyDeadline
@@ -35,7 +35,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         live = Live(settings, on_release=lambda r, latency_s: histogram.labels(r.cause).observe(latency_s))
         app.state.live = live
-        # Load the whole store before serving, so no request sees a half-folded state.
+        # Load the whole store (from its newest snapshot on) before serving: no request sees a half-folded state.
         await live.refresh(TAIL_EVENTS_MAX)
         app.state.board, app.state.trust = BoardKeeper(live), TrustChecks(live)
         await app.state.board.rebuild()  # the page's first answer never waits for an audit
@@ -45,13 +45,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if frozen:
             gc.collect()
             gc.freeze()
-        poller = asyncio.create_task(live.poll_forever(), name="kvledger-poll")
+        tasks = [asyncio.create_task(live.poll_forever(), name="kvledger-poll")]
+        if settings.snapshot_every_events:
+            tasks.append(asyncio.create_task(snapshots.write_forever(live), name="kvledger-snapshots"))
         try:
             yield
         finally:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await app.state.board.close()
             if frozen:
                 gc.unfreeze()

@@ -26,6 +26,7 @@ from typing import ParamSpec, TypeVar
 import anyio.to_thread
 from anyio import CapacityLimiter
 
+from api import snapshots
 from api.settings import Settings
 from ledger.advice import LatencyRecorder
 from ledger.audit import AuditConfig, Finding, audit
@@ -54,6 +55,8 @@ class Live:
         self.store_error: str | None = "store not opened yet"
         self.state = LedgerState()
         self.cursor = 0
+        self.rows_folded = 0
+        """Rows read from the store's tail so far (a snapshot records it: `api.snapshots`)."""
         self.version = 0
         """Bumped after every folded batch; keys the audit cache."""
         self.events_by_kind: dict[str, int] = dict.fromkeys(KINDS, 0)
@@ -85,6 +88,11 @@ class Live:
         self.quarantined = 0
         """Events in the store's quarantine (refused for their content), as of the last poll."""
         self.store_limiter = CapacityLimiter(settings.store_threads_max)
+        self.restored_from: int | None = None
+        """The cursor of the snapshot the fold started from (None: from the store's start)."""
+        self.snapshot_written: snapshots.Written | None = None
+        self.snapshot_rows = 0
+        """Rows the newest snapshot known (restored or written) covers: the next is due after more."""
         self._on_release = on_release
         # One tuple each, replaced whole: the page's board reads these from a worker thread.
         self._audit: tuple[tuple[int, float], list[Finding]] | None = None
@@ -160,6 +168,7 @@ class Live:
                 log.exception("kvledger service: event at cursor %d (%s seq %d) could not be folded; passed over",
                               cursor, event.source, event.seq)  # fmt: skip
         self.cursor = rows[-1][0]
+        self.rows_folded += len(rows)
         self.version += 1
 
     async def refresh(self, batch: int | None = None) -> None:
@@ -167,6 +176,8 @@ class Live:
         try:
             if self.store is None:
                 self.store = await self.store_call(open_store, self.settings.db)
+                if not self.rows_folded:
+                    await snapshots.restore(self, self.store)  # the store failing meanwhile: a fold from zero
             await self.catch_up(batch)
             self.quarantined = await self.store_call(self.store.quarantined_count)
             self.store_error = None

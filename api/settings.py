@@ -59,6 +59,16 @@ class Settings(BaseSettings):
     ready_timeout_s: float = Field(
         default=2, gt=0, description="GET /readyz says not ready when the store does not answer within this"
     )
+    snapshot_every_events: int = Field(
+        default=100_000, ge=0, description="A snapshot of the fold is written in the background after this many "
+        "events folded since the last (a start folds only what follows the newest); 0: never written",
+    )  # fmt: skip
+    snapshot_interval_s: float = Field(
+        default=600, gt=0, description="... or this long after the last, when any event was folded since"
+    )
+    snapshots_read: bool = Field(
+        default=True, description="Start from the newest usable snapshot; false folds the whole store at start"
+    )
     transfer_timeout_s: float = Field(default=DEFAULT_TRANSFER_TIMEOUT_S, gt=0)
     defer_timeout_s: float = Field(default=DEFAULT_DEFER_TIMEOUT_S, gt=0)
     clock_skew_s: float = Field(default=DEFAULT_CLOCK_SKEW_S, ge=0)

@@ -8,6 +8,8 @@ table made from the store's DDL; psycopg into a store of its own). Ingest into P
 schema of its own (a store prefilled with --pg-events), dropped at the end; --pg-url '' skips it.
 Ingested maps name blocks no live transfer holds (an engine maps free blocks): a batch re-mapping held
 blocks would measure the fold's double-claim path instead.
+Then the service's start over a 1M-event store (benchmarks/ready.py): `ready_s_1m` from its snapshot, beside
+`ready_s_1m_refold`, the baseline, folding the whole store.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.app import create_app
 from api.settings import Settings
+from benchmarks.ready import measure_ready_in_child
 from benchmarks.store import events_ddl, raw_rows_per_s
 from ledger.audit import audit
 from ledger.events import Event, Map, ReqId, TransferId
@@ -204,6 +207,7 @@ def main() -> None:
     raw_dir.mkdir()
     raw_ingest = raw_rows_per_s([e for b in batches for e in b], raw_dir, INGEST_BATCH_EVENTS, events_ddl(raw_dir))
     postgres = pg_ingest(args.pg_url, args.pg_events, batches) if args.pg_url else {}
+    ready = measure_ready_in_child()  # its own 1M-event store, whatever --events says
     result = {
         "events": args.events,
         "live_transfers": summary["live_transfers"],
@@ -218,6 +222,8 @@ def main() -> None:
         "ingest_events_per_s": round(ingest),
         "ingest_raw_events_per_s": round(raw_ingest),
         **postgres,
+        "ready_s_1m": ready["ready_s"],
+        "ready_s_1m_refold": ready["ready_s_refold"],
     }
     print(json.dumps(result))
 

@@ -24,6 +24,12 @@ _LOG_RATIO = math.log(BUCKET_RATIO)
 """`math.log(x, BUCKET_RATIO)` is `math.log(x) / math.log(BUCKET_RATIO)`: the divisor, computed once."""
 
 
+HistogramPlain = tuple[list[tuple[int, int]], int, float]
+"""A LatencyHistogram as plain data (`to_plain`)."""
+RecorderPlain = tuple[list[tuple[str, HistogramPlain]], HistogramPlain, HistogramPlain, int, float]
+"""A LatencyRecorder as plain data (`to_plain`)."""
+
+
 class LatencyHistogram:
     """Counts of latencies in log-scale buckets; exact count, min and max."""
 
@@ -52,6 +58,17 @@ class LatencyHistogram:
         self.count += 1
         if value_s > self.max_s:
             self.max_s = value_s
+
+    def to_plain(self) -> HistogramPlain:
+        """Its counts (in bucket order), count and max: what a snapshot writes."""
+        return (list(self.counts.items()), self.count, self.max_s)
+
+    @classmethod
+    def from_plain(cls, plain: HistogramPlain) -> LatencyHistogram:
+        histogram = cls()
+        counts, histogram.count, histogram.max_s = plain
+        histogram.counts = dict(counts)
+        return histogram
 
     def percentile(self, q: float) -> float | None:
         """The upper edge of the bucket holding the q-th percentile (never above the max)."""
@@ -85,6 +102,25 @@ class LatencyRecorder:
         self.all_causes = LatencyHistogram()
         self.expired_releases = 0
         self.expired_block_seconds = 0.0
+
+    def to_plain(self) -> RecorderPlain:
+        """Every histogram and count as plain data, orders kept: what a snapshot writes."""
+        return (
+            [(kind, histogram.to_plain()) for kind, histogram in self.by_kind.items()],
+            self.completed.to_plain(),
+            self.all_causes.to_plain(),
+            self.expired_releases,
+            self.expired_block_seconds,
+        )
+
+    @classmethod
+    def from_plain(cls, plain: RecorderPlain) -> LatencyRecorder:
+        recorder = cls()
+        by_kind, completed, all_causes, recorder.expired_releases, recorder.expired_block_seconds = plain
+        recorder.by_kind = {kind: LatencyHistogram.from_plain(h) for kind, h in by_kind}
+        recorder.completed = LatencyHistogram.from_plain(completed)
+        recorder.all_causes = LatencyHistogram.from_plain(all_causes)
+        return recorder
 
     def observe(self, release: Release, side: TransferState) -> float:
         """Record one release; returns how long its side held the blocks (seconds)."""

@@ -22,6 +22,10 @@ class Point:
     last: int
 
 
+SeriesPlain = tuple[int, float, float | None, float | None, list[tuple[str, list[tuple[int, int, int]]]]]
+"""A HoldingSeries as plain data (`to_plain`): bounds, width, span, and each source's (index, peak, last)."""
+
+
 class HoldingSeries:
     def __init__(self, points_max: int = SERIES_POINTS_MAX, bucket_s: float = SERIES_BUCKET_MIN_S) -> None:
         if points_max < 2 or bucket_s <= 0:
@@ -71,6 +75,19 @@ class HoldingSeries:
                         target[1] = last  # sorted: the later bucket's level is the merged one's
                 self._buckets[source] = merged
         return index
+
+    def to_plain(self) -> SeriesPlain:
+        """Everything it holds, orders kept: what a snapshot writes."""
+        buckets = [(source, [(i, peak, last) for i, (peak, last) in b.items()]) for source, b in self._buckets.items()]
+        return (self.points_max, self.bucket_s, self.start_ts, self.end_ts, buckets)
+
+    @classmethod
+    def from_plain(cls, plain: SeriesPlain) -> HoldingSeries:
+        points_max, bucket_s, start_ts, end_ts, buckets = plain
+        series = cls(points_max, bucket_s)
+        series.start_ts, series.end_ts = start_ts, end_ts
+        series._buckets = {source: {i: [peak, last] for i, peak, last in b} for source, b in buckets}
+        return series
 
     @property
     def sources(self) -> list[str]:

@@ -129,12 +129,21 @@ class EventStore(Protocol):
 
     def count(self) -> int: ...
 
+    def count_through(self, cursor: int) -> int:
+        """How many events are stored at store-wide cursors up to and including `cursor` (a fold that read
+        the tail to `cursor` checks it read them all: none committed below it since)."""
+        ...
+
     def save_snapshot(self, snapshot: StoredSnapshot) -> None:
         """Store a snapshot; saving the same (source, seq) again replaces it."""
         ...
 
     def latest_snapshot(self, source: str, max_seq: int | None = None) -> StoredSnapshot | None:
         """The snapshot of `source` with the highest seq (at most `max_seq`), if any."""
+        ...
+
+    def delete_snapshots(self, source: str, below_seq: int) -> int:
+        """Delete `source`'s snapshots with a seq below `below_seq`; returns how many went."""
         ...
 
     def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:

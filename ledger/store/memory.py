@@ -108,6 +108,20 @@ class MemoryStore:
             self._check_open()
             return len(self._rows)
 
+    def count_through(self, cursor: int) -> int:
+        with self._lock:
+            self._check_open()
+            return min(max(0, cursor), len(self._rows))  # cursors are 1..n in list order
+
+    def delete_snapshots(self, source: str, below_seq: int) -> int:
+        with self._lock:
+            self._check_open()
+            stored = self._snapshots.get(source, {})
+            gone = [seq for seq in stored if seq < below_seq]
+            for seq in gone:
+                del stored[seq]
+            return len(gone)
+
     def save_snapshot(self, snapshot: StoredSnapshot) -> None:
         with self._lock:
             self._check_open()

@@ -39,27 +39,39 @@ _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason"
 _MASK_FIELDS = frozenset(name for name in TransferState.__struct_fields__ if name.endswith("_mask"))
 """Layer and rank bitmasks: ints past 64 bits (a 126-layer model), which msgpack cannot hold."""
 
+_SIDE_FIELDS = msgspec.structs.fields(TransferState)
 _StoredSide = msgspec.defstruct(
     "_StoredSide",
-    [(f.name, bytes if f.name in _MASK_FIELDS else f.type, f.default) for f in msgspec.structs.fields(TransferState)],
+    [
+        *((f.name, bytes if f.name in _MASK_FIELDS else f.type, f.default) for f in _SIDE_FIELDS),
+        ("first_is_map", bool, False),
+    ],
     array_like=True,
 )
-"""TransferState as written: its fields in order, bitmasks as little-endian bytes."""
+"""TransferState as written: its fields in order, bitmasks as little-endian bytes, and `first` left out when
+it is the side's map event (nearly always: one object in memory, written once; decoded, one object again)."""
+
+_FIRST = TransferState.__struct_fields__.index("first")
+_MAP_EVENT = TransferState.__struct_fields__.index("map_event")
+_MASKS = tuple(i for i, name in enumerate(TransferState.__struct_fields__) if name in _MASK_FIELDS)
 
 
 def _stored(t: TransferState) -> Any:
     values: list[Any] = list(msgspec.structs.astuple(t))
-    for i, name in enumerate(TransferState.__struct_fields__):
-        if name in _MASK_FIELDS:
-            values[i] = values[i].to_bytes((values[i].bit_length() + 7) // 8, "little")
-    return _StoredSide(*values)
+    for i in _MASKS:
+        values[i] = values[i].to_bytes((values[i].bit_length() + 7) // 8, "little")
+    first_is_map = values[_FIRST] is not None and values[_FIRST] is values[_MAP_EVENT]
+    if first_is_map:
+        values[_FIRST] = None
+    return _StoredSide(*values, first_is_map)
 
 
 def _restored(stored: Any) -> TransferState:
     values: list[Any] = list(msgspec.structs.astuple(stored))
-    for i, name in enumerate(TransferState.__struct_fields__):
-        if name in _MASK_FIELDS:
-            values[i] = int.from_bytes(values[i], "little")
+    if values.pop():
+        values[_FIRST] = values[_MAP_EVENT]
+    for i in _MASKS:
+        values[i] = int.from_bytes(values[i], "little")
     return TransferState(*values)
 
 
@@ -102,9 +114,16 @@ class SnapshotFormatError(ValueError):
     """A snapshot this code cannot decode (another format, or the fold's fields changed)."""
 
 
+class _Format(msgspec.Struct):
+    """Only the format of a document: the decoder skips every other field without building it (decoding
+    the whole body as plain objects to read one int cost more than decoding the snapshot itself)."""
+
+    format: object = None
+
+
 # "deterministic" sorts sets, so equal states encode to equal bytes; our dicts are lists already.
 _encoder = msgspec.msgpack.Encoder(order="deterministic")
-_format_decoder = msgspec.msgpack.Decoder(dict[str, object])
+_format_decoder = msgspec.msgpack.Decoder(_Format)
 _decoder = msgspec.msgpack.Decoder(_Document)
 
 
@@ -148,11 +167,16 @@ def encode(state: LedgerState) -> bytes:
     return _encoder.encode(document)
 
 
-def decode(body: bytes) -> LedgerState:
+def document_format(body: bytes | memoryview) -> object:
+    """The `format` field of a msgpack map (None if it has none), read without decoding the rest."""
     try:
-        found = _format_decoder.decode(body).get("format")
+        return _format_decoder.decode(body).format
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise SnapshotFormatError(f"not a snapshot: {error}") from None
+
+
+def decode(body: bytes) -> LedgerState:
+    found = document_format(body)
     if found != FORMAT:
         raise SnapshotFormatError(f"snapshot format {found}, this code reads {FORMAT}")
     try:

@@ -249,6 +249,24 @@ class SqlStore:
         except Exception as error:
             raise translate(error, self.url) from error
 
+    def count_through(self, cursor: int) -> int:
+        self._check_open()
+        query = select(func.count()).select_from(events).where(events.c.cursor <= cursor)
+        try:
+            with self.engine.connect() as conn:
+                return int(conn.execute(query).scalar_one())
+        except Exception as error:
+            raise translate(error, self.url) from error
+
+    def delete_snapshots(self, source: str, below_seq: int) -> int:
+        self._check_open()
+        query = delete(snapshots).where(snapshots.c.source == source, snapshots.c.seq < below_seq)
+        try:
+            with self.engine.begin() as conn:
+                return int(conn.execute(query).rowcount)
+        except Exception as error:
+            raise translate(error, self.url) from error
+
     def latest_snapshot(self, source: str, max_seq: int | None = None) -> StoredSnapshot | None:
         self._check_open()
         query = select(snapshots).where(snapshots.c.source == source).order_by(snapshots.c.seq.desc()).limit(1)

@@ -124,6 +124,26 @@ def test_snapshots_latest_and_bounded(store: EventStore) -> None:
     assert store.latest_snapshot("other") is None
 
 
+def test_snapshots_below_a_seq_are_deleted_for_their_source_only(store: EventStore) -> None:
+    for source, seq in (("p/tp0", 10), ("p/tp0", 20), ("p/tp0", 30), ("", 5)):
+        store.save_snapshot(StoredSnapshot(source, seq, 1, 1.0, b"state"))
+    assert store.delete_snapshots("p/tp0", 30) == 2
+    assert store.latest_snapshot("p/tp0", max_seq=29) is None
+    latest = store.latest_snapshot("p/tp0")
+    assert latest is not None and latest.seq == 30
+    assert store.latest_snapshot("") is not None
+    assert store.delete_snapshots("p/tp0", 30) == 0
+
+
+def test_count_through_a_cursor(store: EventStore) -> None:
+    events = _events(5)
+    store.append(events)
+    cursors = [cursor for cursor, _ in store.tail(0, len(events))]
+    assert store.count_through(0) == 0
+    assert store.count_through(cursors[2]) == 3
+    assert store.count_through(cursors[-1]) == store.count_through(cursors[-1] + 100) == len(events)
+
+
 def test_closed_store_raises(store: EventStore) -> None:
     store.close()
     with pytest.raises(StoreError, match="closed"):

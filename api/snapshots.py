@@ -1,0 +1,288 @@
+"""The service's snapshots: the live fold as of a store-wide cursor, so that a start folds only what follows.
+
+A snapshot holds the ledger's state (`ledger.store.snapshot` encodes it) and what `Live` derives from the
+fold beside it (event counts, the transfers' order, the request index, latencies, the holdings plot), as of
+cursor C. It is kept in the store's snapshots table under the source "" (no event has an empty source:
+`ledger.valid`), C as its seq. Snapshots are written in the background (`write_forever`), never on a
+request's path; the newest two are kept.
+
+Exactly once: a start folds the snapshot's events, then the tail after C in cursor order, as the running
+service does. The snapshot records how many rows the fold had read up to C, and is used only if the store
+still holds exactly that many at cursors up to C: a row committed below C after the snapshot was taken (a
+concurrent writer whose transaction took a lower cursor and committed later; the PostgreSQL store's append
+rules it out with its table lock, another writer of the table might not) is never skipped, because the
+snapshot is then refused. Such a row is also missed by the running fold's tail; the refold a refused
+snapshot leads to takes it in.
+
+A snapshot that cannot be used (corrupt: its CRC-32 does not match, or it does not decode or hang together;
+another format; the fold's fields changed; the count above) is ignored with a warning naming its cursor and
+why, and the next older one is tried; with none left the fold starts from zero. Either way the state equals a
+fold of the whole store. One thing a start from a snapshot does not rebuild: the Prometheus release-latency
+histogram (`api.metrics`), fed as releases are folded, counts the releases this process folded, as any
+Prometheus counter starts again with its process; the fold's own counts (`kvledger_releases_total`, the
+latency percentiles of /audit/summary) are restored whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NamedTuple
+
+import anyio.to_thread
+import msgspec
+
+from ledger.advice import LatencyRecorder, RecorderPlain
+from ledger.decisions import Key
+from ledger.events import KINDS
+from ledger.fold import LedgerState
+from ledger.series import HoldingSeries, SeriesPlain
+from ledger.store import snapshot
+from ledger.store.base import EventStore, StoredSnapshot
+from ledger.store.snapshot import SnapshotFormatError
+
+if TYPE_CHECKING:
+    from api.live import Live
+
+log = logging.getLogger(__name__)
+
+SOURCE = ""
+"""The snapshots table's source for the service's snapshots: no event source is empty."""
+
+FORMAT = 1
+"""Bumped whenever the document below changes (the ledger's own part has its own `snapshot.FORMAT`)."""
+
+FOLDED = frozenset({
+    "state", "cursor", "rows_folded", "events_by_kind", "order", "by_request", "latency", "last_ts", "holding",
+    "fold_errors",
+})  # fmt: skip
+"""`Live`'s attributes a snapshot holds: everything the fold of the store's events builds."""
+
+NOT_FOLDED = frozenset({
+    "settings", "store", "store_error", "version", "caught_up_from", "ingest_failure", "audit_config",
+    "fold_lock", "ingest_lock", "advanced", "replays_running", "uploads_running", "streams_open", "quarantined",
+    "store_limiter", "snapshot_rows", "snapshot_written", "restored_from", "_on_release", "_audit",
+    "_finding_keys",
+})  # fmt: skip
+"""`Live`'s other attributes: settings, locks, counters of the service itself. An attribute in neither set
+makes `encode` fail loudly (a snapshot that silently dropped part of the fold would start a wrong service)."""
+
+
+class _Document(msgspec.Struct, kw_only=True):
+    format: int
+    cursor: int
+    rows: int
+    """Rows read from the store's tail up to `cursor`: the store must still hold exactly these."""
+    ledger: bytes
+    events_by_kind: dict[str, int]
+    order: list[Key]
+    by_request: dict[str, tuple[Key, ...]]
+    latency: RecorderPlain
+    last_ts: dict[str, float]
+    holding: SeriesPlain
+    fold_errors: int
+
+
+_encoder = msgspec.msgpack.Encoder()  # dicts in insertion order: their orders are part of what is restored
+_decoder = msgspec.msgpack.Decoder(_Document)
+
+
+class Written(NamedTuple):
+    """A snapshot the service wrote: where, how large, and how long the fold waited for it."""
+
+    cursor: int
+    rows: int
+    bytes: int
+    lock_s: float
+    """Seconds the fold lock was held to encode it (the fold and the page's rebuilds wait that long)."""
+    encode_cpu_s: float
+    """CPU seconds the encoding took (`lock_s` is longer when the machine's cores are busy)."""
+    save_s: float
+
+
+class _Restored(NamedTuple):
+    doc: _Document
+    state: LedgerState
+    latency: LatencyRecorder
+    holding: HoldingSeries
+
+
+def encode(live: Live) -> tuple[int, int, bytes]:
+    """(cursor, rows, body) of `live`'s fold. Call it where the fold cannot move (under `fold_lock`)."""
+    cursor, rows, document = _document(live)
+    return cursor, rows, seal(document)
+
+
+def _document_timed(live: Live) -> tuple[int, int, bytes, float]:
+    started = time.thread_time()
+    cursor, rows, document = _document(live)
+    return cursor, rows, document, time.thread_time() - started
+
+
+def _document(live: Live) -> tuple[int, int, bytes]:
+    unknown = sorted(set(vars(live)) - FOLDED - NOT_FOLDED)
+    if unknown:
+        raise SnapshotFormatError(f"Live's attributes {unknown} are in neither FOLDED nor NOT_FOLDED: "
+                                  "update api/snapshots.py")  # fmt: skip
+    doc = _Document(
+        format=FORMAT,
+        cursor=live.cursor,
+        rows=live.rows_folded,
+        ledger=snapshot.encode(live.state),
+        events_by_kind=live.events_by_kind,
+        order=live.order,
+        by_request=live.by_request,
+        latency=live.latency.to_plain(),
+        last_ts=live.last_ts,
+        holding=live.holding.to_plain(),
+        fold_errors=live.fold_errors,
+    )
+    return live.cursor, live.rows_folded, _encoder.encode(doc)
+
+
+def seal(document: bytes) -> bytes:
+    """`document` with its CRC-32 after it: a snapshot damaged in the store is refused, never half-believed."""
+    return document + zlib.crc32(document).to_bytes(4, "little")
+
+
+def unsealed(body: bytes) -> memoryview:
+    """The document `seal` wrote, its CRC-32 checked (`SnapshotFormatError` if it does not match)."""
+    view = memoryview(body)
+    if len(view) < 4 or zlib.crc32(view[:-4]) != int.from_bytes(view[-4:], "little"):
+        raise SnapshotFormatError("its checksum does not match (damaged or cut short)")
+    return view[:-4]
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Decoding builds millions of objects; the collector's full passes over them would cost more than the
+    decoding (they are frozen out of its passes once the service has started)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
+    """The snapshot decoded and checked against the store; `SnapshotFormatError` says why it cannot be used."""
+    if stored.format != FORMAT:
+        raise SnapshotFormatError(f"format {stored.format}, this code reads {FORMAT}")
+    document = unsealed(stored.body)
+    found = snapshot.document_format(document)
+    if found != FORMAT:
+        raise SnapshotFormatError(f"body of format {found}, this code reads {FORMAT}")
+    try:
+        doc = _decoder.decode(document)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise SnapshotFormatError(f"does not decode: {error}") from None
+    if doc.cursor != stored.seq:
+        raise SnapshotFormatError(f"its body is of cursor {doc.cursor}")
+    if set(doc.events_by_kind) != set(KINDS):
+        raise SnapshotFormatError("the event kinds changed since it was written")
+    stored_rows = store.count_through(doc.cursor)
+    if stored_rows != doc.rows:
+        raise SnapshotFormatError(
+            f"the store holds {stored_rows} events at cursors up to {doc.cursor}, the snapshot folded {doc.rows} "
+            "(events committed below its cursor after it was taken, or removed)"
+        )
+    try:
+        state = snapshot.decode(doc.ledger)
+        return _Restored(doc, state, LatencyRecorder.from_plain(doc.latency), HoldingSeries.from_plain(doc.holding))
+    except SnapshotFormatError:
+        raise
+    except Exception as error:  # a body that decodes but does not hang together: refused like a corrupt one
+        raise SnapshotFormatError(f"inconsistent: {type(error).__name__}: {error}") from None
+
+
+def load_newest(store: EventStore) -> _Restored | None:
+    """The newest snapshot that can be used, older ones tried in turn; None: fold from zero."""
+    below: int | None = None
+    with _collector_paused():
+        while (stored := store.latest_snapshot(SOURCE, below)) is not None:
+            try:
+                return _restore(store, stored)
+            except SnapshotFormatError as why:
+                log.warning(
+                    "kvledger service: snapshot at cursor %d (written at %.0f) ignored: %s; trying an older one, "
+                    "else folding the store from its start", stored.seq, stored.created_ts, why,
+                )  # fmt: skip
+            below = stored.seq - 1
+    return None
+
+
+async def restore(live: Live, store: EventStore) -> int | None:
+    """Start `live`'s fold (nothing folded yet) from the newest usable snapshot in `store`; its cursor, or
+    None when there is none (the fold then starts from zero)."""
+    if not live.settings.snapshots_read:
+        return None
+    async with live.fold_lock:
+        if live.rows_folded:
+            return None  # another start got here first
+        restored = await live.store_call(load_newest, store)
+        if restored is None:
+            return None
+        doc = restored.doc
+        live.state, live.latency, live.holding = restored.state, restored.latency, restored.holding
+        live.cursor, live.rows_folded, live.fold_errors = doc.cursor, doc.rows, doc.fold_errors
+        live.events_by_kind, live.order, live.by_request = doc.events_by_kind, doc.order, doc.by_request
+        live.last_ts = doc.last_ts
+        live.version += 1
+        live.snapshot_rows = doc.rows
+        live.restored_from = doc.cursor
+    log.info("kvledger service: started from the snapshot at cursor %d (%d events)", doc.cursor, doc.rows)
+    return doc.cursor
+
+
+def _save(store: EventStore, stored: StoredSnapshot, keep_from: int | None) -> None:
+    store.save_snapshot(stored)
+    if keep_from is not None:
+        store.delete_snapshots(SOURCE, keep_from)
+
+
+async def write(live: Live) -> Written | None:
+    """Snapshot `live`'s fold now: encoded on a thread of its own under the fold lock (requests served from
+    memory go on; the fold waits), stored on a store thread after the lock is let go."""
+    store = live.store
+    if store is None:
+        return None
+    async with live.fold_lock:
+        started = time.perf_counter()
+        cursor, rows, document, encode_cpu_s = await anyio.to_thread.run_sync(_document_timed, live)
+        lock_s = time.perf_counter() - started
+    body = await anyio.to_thread.run_sync(seal, document)  # the fold goes on meanwhile
+    # Kept: the new one and the one before it (a start falls back to it should the new one not decode).
+    keep_from = live.snapshot_written.cursor if live.snapshot_written is not None else live.restored_from
+    started = time.perf_counter()
+    await live.store_call(_save, store, StoredSnapshot(SOURCE, cursor, FORMAT, time.time(), body), keep_from)
+    written = Written(cursor, rows, len(body), lock_s, encode_cpu_s, time.perf_counter() - started)
+    live.snapshot_written, live.snapshot_rows = written, rows
+    log.info("kvledger service: snapshot at cursor %d written (%d events, %d bytes; fold lock held %.3f s)",
+             cursor, rows, len(body), lock_s)  # fmt: skip
+    return written
+
+
+async def write_forever(live: Live) -> None:
+    """The background task: a snapshot every `snapshot_every_events` folded events, or every
+    `snapshot_interval_s` when any were folded; a failure is logged and retried an interval later."""
+    settings = live.settings
+    last_at = time.monotonic()
+    while True:
+        await asyncio.sleep(settings.poll_interval_s)
+        new = live.rows_folded - live.snapshot_rows
+        waited_s = time.monotonic() - last_at
+        if new <= 0 or (new < settings.snapshot_every_events and waited_s < settings.snapshot_interval_s):
+            continue
+        try:
+            await write(live)
+        except Exception:
+            log.exception("kvledger service: snapshot not written; trying again in %s s", settings.snapshot_interval_s)
+            await asyncio.sleep(settings.snapshot_interval_s)
+        last_at = time.monotonic()

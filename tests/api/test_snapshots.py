@@ -1,0 +1,230 @@
+"""The service starts from its newest usable snapshot and folds only what follows: the same state, audit
+findings and releases as a fold of the whole store, on SQLite and PostgreSQL; snapshots it cannot use
+(corrupt, another format, rows committed below their cursor since) are passed over with a warning."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import insert
+
+from api import snapshots
+from api.app import create_app
+from api.live import Live
+from ledger.audit import Finding, audit
+from ledger.events import Event
+from ledger.store import snapshot
+from ledger.store.base import StoredSnapshot
+from ledger.store.connect import open_store
+from ledger.store.rows import INSERT_COLUMNS, encode_rows
+from ledger.store.schema import events as events_table
+from ledger.store.sql import SqlStore
+from tests.api.conftest import settings_for, wait_for
+from tests.ledger.histories import Shape, audit_moments, history
+
+SEEDS = (1, 2, 3, 4)
+
+
+@contextmanager
+def _service(url: str, **overrides: Any) -> Iterator[Live]:
+    """A started service over `url` (writing no snapshot unless asked): its live fold."""
+    app = create_app(settings_for(url, **{"snapshot_every_events": 0, **overrides}))
+    with TestClient(app):
+        live: Live = app.state.live
+        yield live
+
+
+def _snapshot_now(url: str) -> int:
+    """Start a service that writes its snapshot in the background; the snapshot's cursor."""
+    with _service(url, snapshot_every_events=1) as live:
+        wait_for(lambda: live.snapshot_written is not None)
+        assert live.snapshot_written is not None
+        return live.snapshot_written.cursor
+
+
+def _append(url: str, events: list[Event]) -> None:
+    store = open_store(url)
+    try:
+        store.append(events)
+    finally:
+        store.close()
+
+
+def _folded(live: Live, moments: list[float]) -> tuple[bytes, list[list[Finding]]]:
+    """Everything the fold built (state, releases, counts, orders, as the snapshot encodes them) and the
+    audit's findings at each of `moments`."""
+    _, _, body = snapshots.encode(live)
+    return body, [audit(live.state, now, live.audit_config) for now in moments]
+
+
+def _refolded(url: str, moments: list[float]) -> tuple[bytes, list[list[Finding]]]:
+    with _service(url, snapshots_read=False) as live:
+        assert live.restored_from is None
+        return _folded(live, moments)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_start_from_a_snapshot_equals_a_fold_from_zero(store_url: str, seed: int) -> None:
+    events = history(seed, Shape(transfers=12))
+    rng = random.Random(seed)
+    split = rng.randrange(1, len(events))
+    _append(store_url, events[:split])
+    cursor = _snapshot_now(store_url)
+    _append(store_url, events[split:])
+    moments = audit_moments(events, rng)
+    with _service(store_url) as live:
+        assert live.restored_from == cursor
+        assert live.rows_folded == len(events)
+        started = _folded(live, moments)
+    assert started == _refolded(store_url, moments)
+    assert sum(map(len, started[1])) > 0  # the histories' faults leave findings to compare
+
+
+def _save(url: str, cursor: int, body: bytes, format_: int = snapshots.FORMAT) -> None:
+    store = open_store(url)
+    try:
+        store.save_snapshot(StoredSnapshot(snapshots.SOURCE, cursor, format_, time.time(), body))
+    finally:
+        store.close()
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == snapshots.__name__]
+
+
+def _flipped(body: bytes) -> bytes:
+    """`body` with one byte in its middle changed, as a damaged page would change it."""
+    middle = len(body) // 2
+    return body[:middle] + bytes([body[middle] ^ 0x10]) + body[middle + 1 :]
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [(_flipped, "checksum does not match"), (lambda _: snapshots.seal(b"\x93 not a snapshot"), "not a snapshot")],
+)
+def test_a_corrupt_snapshot_is_passed_over_for_the_older_one(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture, damage: Callable[[bytes], bytes], why: str
+) -> None:
+    events = history(5, Shape(transfers=10))
+    _append(sqlite_url, events[: len(events) // 2])
+    older = _snapshot_now(sqlite_url)
+    _append(sqlite_url, events[len(events) // 2 :])
+    newer = _snapshot_now(sqlite_url)
+    store = open_store(sqlite_url)
+    try:
+        written = store.latest_snapshot(snapshots.SOURCE)
+        assert written is not None and written.seq == newer
+    finally:
+        store.close()
+    _save(sqlite_url, newer, damage(written.body))
+    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
+    with _service(sqlite_url) as live:
+        assert live.restored_from == older
+        assert live.rows_folded == len(events)
+        started = _folded(live, [events[-1].ts])
+    (warning,) = _warnings(caplog)
+    assert f"snapshot at cursor {newer} " in warning and why in warning
+    assert started == _refolded(sqlite_url, [events[-1].ts])
+
+
+def _with_ledger_format(body: bytes, ledger_format: int) -> bytes:
+    """`body` with its ledger part replaced by a document of another ledger snapshot format."""
+    doc = msgspec.msgpack.decode(snapshots.unsealed(body))
+    doc["ledger"] = msgspec.msgpack.encode({"format": ledger_format})
+    return snapshots.seal(msgspec.msgpack.encode(doc))
+
+
+@pytest.mark.parametrize(
+    ("column_format", "ledger_format", "why"),
+    [
+        (snapshots.FORMAT - 1, snapshot.FORMAT, f"format {snapshots.FORMAT - 1}, this code reads {snapshots.FORMAT}"),
+        (snapshots.FORMAT, snapshot.FORMAT - 1, f"format {snapshot.FORMAT - 1}, this code reads {snapshot.FORMAT}"),
+    ],
+)
+def test_an_old_format_snapshot_is_ignored_and_the_fold_starts_from_zero(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture, column_format: int, ledger_format: int, why: str
+) -> None:
+    events = history(6, Shape(transfers=10))
+    _append(sqlite_url, events)
+    cursor = _snapshot_now(sqlite_url)
+    store = open_store(sqlite_url)
+    try:
+        written = store.latest_snapshot(snapshots.SOURCE)
+        assert written is not None and written.seq == cursor
+        store.delete_snapshots(snapshots.SOURCE, cursor + 1)
+    finally:
+        store.close()
+    _save(sqlite_url, cursor, _with_ledger_format(written.body, ledger_format), column_format)
+    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
+    with _service(sqlite_url) as live:
+        assert live.restored_from is None
+        assert live.rows_folded == len(events)
+        started = _folded(live, [events[-1].ts])
+    (warning,) = _warnings(caplog)
+    assert f"snapshot at cursor {cursor} " in warning and why in warning
+    assert started == _refolded(sqlite_url, [events[-1].ts])
+
+
+def _insert_at(url: str, rows: list[tuple[int, Event]]) -> None:
+    """Store events at chosen cursors, as concurrent writers whose commits land out of cursor order would."""
+    store = open_store(url)
+    assert isinstance(store, SqlStore)
+    try:
+        with store.engine.begin() as conn:
+            values = [
+                {"cursor": cursor, **dict(zip(INSERT_COLUMNS, row, strict=True))}
+                for (cursor, _), row in zip(rows, encode_rows(e for _, e in rows), strict=True)
+            ]
+            conn.execute(insert(events_table), values)
+    finally:
+        store.close()
+
+
+def test_a_row_committed_below_the_snapshot_is_folded_not_skipped(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    events = history(7, Shape(transfers=10))
+    split = len(events) // 2
+    late = split - 3
+    # Cursor `late + 1` is left free: a writer that took it commits only after the snapshot.
+    _insert_at(store_url, [(i + 1 if i < late else i + 2, e) for i, e in enumerate(events[:split]) if i != late])
+    cursor = _snapshot_now(store_url)
+    assert cursor == split + 1
+    _insert_at(store_url, [(late + 1, events[late])])
+    _insert_at(store_url, [(i + 2, e) for i, e in enumerate(events) if i >= split])
+    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
+    with _service(store_url) as live:
+        assert live.restored_from is None
+        assert live.rows_folded == len(events)
+        started = _folded(live, [events[-1].ts])
+    (warning,) = _warnings(caplog)
+    assert f"snapshot at cursor {cursor} " in warning and "committed below its cursor" in warning
+    assert started == _refolded(store_url, [events[-1].ts])
+
+
+def test_the_background_writer_keeps_the_newest_two(sqlite_url: str) -> None:
+    events = history(8, Shape(transfers=10))
+    thirds = [
+        events[: len(events) // 3],
+        events[len(events) // 3 : 2 * len(events) // 3],
+        events[2 * len(events) // 3 :],
+    ]
+    cursors = []
+    for part in thirds:
+        _append(sqlite_url, part)
+        cursors.append(_snapshot_now(sqlite_url))
+    store = open_store(sqlite_url)
+    try:
+        kept = [store.latest_snapshot(snapshots.SOURCE), store.latest_snapshot(snapshots.SOURCE, cursors[2] - 1)]
+        assert [s.seq if s is not None else None for s in kept] == cursors[2:0:-1]
+        assert store.latest_snapshot(snapshots.SOURCE, cursors[1] - 1) is None
+    finally:
+        store.close()
