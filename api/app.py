@@ -33,7 +33,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        live = Live(settings, on_release=lambda r, latency_s: histogram.labels(r.cause).observe(latency_s))
+        live = Live(
+            settings,
+            on_release=lambda r, latency_s: histogram.labels(r.cause).observe(latency_s),
+            restore=snapshots.restore,
+        )
         app.state.live = live
         # Load the whole store (from its newest snapshot on) before serving: no request sees a half-folded state.
         await live.refresh(TAIL_EVENTS_MAX)

@@ -20,13 +20,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple, ParamSpec, TypeVar
 
 import anyio.to_thread
 from anyio import CapacityLimiter
 
-from api import snapshots
 from api.settings import Settings
 from ledger.advice import LatencyRecorder
 from ledger.audit import AuditConfig, Finding, audit
@@ -40,17 +39,36 @@ from ledger.store.connect import open_store
 from ledger.store.limits import TAIL_EVENTS_MAX
 
 ReleaseHook = Callable[[Release, float], None]
+Restore = Callable[["Live", EventStore], Awaitable[int | None]]
+"""Starts a fold from a snapshot of the store; the cursor it starts after, or None."""
 P = ParamSpec("P")
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
+class Written(NamedTuple):
+    """A snapshot the service wrote: where, how large, and how long the fold waited for it."""
+
+    cursor: int
+    rows: int
+    bytes: int
+    lock_s: float
+    """Seconds the fold lock was held to encode it (the fold and the page's rebuilds wait that long)."""
+    encode_cpu_s: float
+    """CPU seconds the encoding took (`lock_s` is longer when the machine's cores are busy)."""
+    save_s: float
+
+
 class Live:
     """The folded state of one store and what the service derives from it."""
 
-    def __init__(self, settings: Settings, on_release: ReleaseHook | None = None) -> None:
+    def __init__(
+        self, settings: Settings, on_release: ReleaseHook | None = None, *, restore: Restore | None = None
+    ) -> None:
         self.settings = settings
+        self._restore = restore
+        """Starts the fold from a snapshot when the store is first opened (`api.snapshots.restore`)."""
         self.store: EventStore | None = None
         self.store_error: str | None = "store not opened yet"
         self.state = LedgerState()
@@ -90,7 +108,7 @@ class Live:
         self.store_limiter = CapacityLimiter(settings.store_threads_max)
         self.restored_from: int | None = None
         """The cursor of the snapshot the fold started from (None: from the store's start)."""
-        self.snapshot_written: snapshots.Written | None = None
+        self.snapshot_written: Written | None = None
         self.snapshot_rows = 0
         """Rows the newest snapshot known (restored or written) covers: the next is due after more."""
         self._on_release = on_release
@@ -176,8 +194,8 @@ class Live:
         try:
             if self.store is None:
                 self.store = await self.store_call(open_store, self.settings.db)
-                if not self.rows_folded:
-                    await snapshots.restore(self, self.store)  # the store failing meanwhile: a fold from zero
+                if not self.rows_folded and self._restore is not None:
+                    await self._restore(self, self.store)  # the store failing meanwhile: a fold from zero
             await self.catch_up(batch)
             self.quarantined = await self.store_call(self.store.quarantined_count)
             self.store_error = None

@@ -32,11 +32,12 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import anyio.to_thread
 import msgspec
 
+from api.live import Live, Written
 from ledger.advice import LatencyRecorder, RecorderPlain
 from ledger.decisions import Key
 from ledger.events import KINDS
@@ -45,9 +46,6 @@ from ledger.series import HoldingSeries, SeriesPlain
 from ledger.store import snapshot
 from ledger.store.base import EventStore, StoredSnapshot
 from ledger.store.snapshot import SnapshotFormatError
-
-if TYPE_CHECKING:
-    from api.live import Live
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +64,7 @@ FOLDED = frozenset({
 NOT_FOLDED = frozenset({
     "settings", "store", "store_error", "version", "caught_up_from", "ingest_failure", "audit_config",
     "fold_lock", "ingest_lock", "advanced", "replays_running", "uploads_running", "streams_open", "quarantined",
-    "store_limiter", "snapshot_rows", "snapshot_written", "restored_from", "_on_release", "_audit",
+    "store_limiter", "snapshot_rows", "snapshot_written", "restored_from", "_on_release", "_restore", "_audit",
     "_finding_keys",
 })  # fmt: skip
 """`Live`'s other attributes: settings, locks, counters of the service itself. An attribute in neither set
@@ -90,19 +88,6 @@ class _Document(msgspec.Struct, kw_only=True):
 
 _encoder = msgspec.msgpack.Encoder()  # dicts in insertion order: their orders are part of what is restored
 _decoder = msgspec.msgpack.Decoder(_Document)
-
-
-class Written(NamedTuple):
-    """A snapshot the service wrote: where, how large, and how long the fold waited for it."""
-
-    cursor: int
-    rows: int
-    bytes: int
-    lock_s: float
-    """Seconds the fold lock was held to encode it (the fold and the page's rebuilds wait that long)."""
-    encode_cpu_s: float
-    """CPU seconds the encoding took (`lock_s` is longer when the machine's cores are busy)."""
-    save_s: float
 
 
 class _Restored(NamedTuple):
