@@ -70,7 +70,7 @@ def test_a_consumer_delayed_past_the_deadline_recomputes_and_answers_right(tiny_
         r for r in folded.releases if r.role == "consumer" and r.source.endswith("/tp0") and r.cause == "failed"
     ]
     assert len(consumer_fails) == len(batch)
-    assert all(r.code == "read_refused" for r in consumer_fails), consumer_fails
+    assert all(r.why == "read_refused" for r in consumer_fails), consumer_fails
     producer_expired = [r for r in folded.releases if r.role == "producer" and r.cause == "expired"]
     assert producer_expired  # it let go by its deadline, before the read came
     assert not [f for f in folded.findings if f.code == "premature_release"]
