@@ -1,0 +1,116 @@
+"""Which build of the fold runs: its modules compiled by Cython, or the same files interpreted.
+
+The fold's modules (`FOLD_MODULES`) are plain Python that Cython also compiles (its pure-Python mode;
+setup.py builds them where a C compiler is, and a failed build leaves them interpreted). Python finds
+an extension module before its source, so this finder, installed by `ledger/__init__.py` before
+anything imports the fold, decides which of the two loads:
+
+- `KVLEDGER_INTERPRETED=1` in the environment: the source, always (the tests compare the two builds;
+  a debugger or coverage sees the source lines);
+- a source newer than its compiled module (edited since the last build): the source, with a warning,
+  so that an edit is never shadowed by a stale build;
+- otherwise the ordinary finders (the compiled module where there is one).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import GetSetDescriptorType, ModuleType
+from typing import Final
+
+FOLD_MODULES: Final = ("ledger.lifecycle", "ledger.side", "ledger.indexes", "ledger.upkeep", "ledger.fold")
+"""The modules setup.py compiles, in import order."""
+
+INTERPRETED_ENV: Final = "KVLEDGER_INTERPRETED"
+"""Set (to anything but empty or 0) to run the fold's sources even where they are compiled."""
+
+STALE_SLACK_S: Final = 2.0
+"""A source this much newer than its compiled module was edited after the build (an installer writes
+both within moments, in either order)."""
+
+
+def interpreted_forced() -> bool:
+    return os.environ.get(INTERPRETED_ENV, "") not in ("", "0")
+
+
+def _compiled_twin(folder: str, stem: str) -> str | None:
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = os.path.join(folder, stem + suffix)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+class SourceFirst(importlib.abc.MetaPathFinder):
+    """Loads a fold module from its source when told to, or when its compiled twin is stale."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname not in FOLD_MODULES or not path:
+            return None
+        stem = fullname.rpartition(".")[2]
+        for folder in path:
+            source = os.path.join(folder, stem + ".py")
+            if not os.path.isfile(source):
+                continue
+            compiled = _compiled_twin(folder, stem)
+            if compiled is None:
+                return None  # only the source: the ordinary finder loads it
+            if not interpreted_forced():
+                if os.stat(source).st_mtime <= os.stat(compiled).st_mtime + STALE_SLACK_S:
+                    return None
+                warnings.warn(
+                    f"{source} changed after it was compiled: running it interpreted "
+                    "(rebuild with `python setup.py build_ext --inplace`)",
+                    stacklevel=2,
+                )
+            return importlib.util.spec_from_file_location(fullname, source)
+        return None
+
+
+def install() -> None:
+    """Put the finder first on `sys.meta_path` (once)."""
+    if not any(isinstance(finder, SourceFirst) for finder in sys.meta_path):
+        sys.meta_path.insert(0, SourceFirst())
+
+
+def compiled() -> bool:
+    """Whether every fold module that runs here is the compiled one."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for name in FOLD_MODULES:
+        module = importlib.import_module(name)
+        if not (module.__file__ or "").endswith(suffixes):
+            return False
+    return True
+
+
+def declared_fields(cls: type) -> tuple[str, ...]:
+    """The data attributes of a compiled class and its bases: its extension types' settable fields
+    (a read-only property is left out), which interpreted would be the keys of an instance's dict."""
+    cached = _FIELDS.get(cls)
+    if cached is not None:
+        return cached
+    probe = cls()
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        for name, attribute in vars(klass).items():
+            if name.startswith("__") or not isinstance(attribute, GetSetDescriptorType) or name in names:
+                continue
+            try:
+                setattr(probe, name, getattr(probe, name))
+            except AttributeError:
+                continue  # a property
+            names.append(name)
+    fields = _FIELDS[cls] = tuple(names)
+    return fields
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
