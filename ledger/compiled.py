@@ -49,7 +49,12 @@ def _compiled_twin(folder: str, stem: str) -> str | None:
 
 
 class SourceFirst(importlib.abc.MetaPathFinder):
-    """Loads a fold module from its source when told to, or when its compiled twin is stale."""
+    """Loads the fold's modules from their sources when told to, or when one compiled module is stale:
+    all of them then, because the compiled ones are bound to each other's compiled types."""
+
+    def __init__(self) -> None:
+        self._decided: dict[str, bool] = {}
+        """Per folder: whether the fold there runs from its sources."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
@@ -61,19 +66,34 @@ class SourceFirst(importlib.abc.MetaPathFinder):
             source = os.path.join(folder, stem + ".py")
             if not os.path.isfile(source):
                 continue
-            compiled = _compiled_twin(folder, stem)
-            if compiled is None:
-                return None  # only the source: the ordinary finder loads it
-            if not interpreted_forced():
-                if os.stat(source).st_mtime <= os.stat(compiled).st_mtime + STALE_SLACK_S:
-                    return None
-                warnings.warn(
-                    f"{source} changed after it was compiled: running it interpreted "
-                    "(rebuild with `python setup.py build_ext --inplace`)",
-                    stacklevel=2,
-                )
+            if _compiled_twin(folder, stem) is None or not self._from_sources(folder):
+                return None  # the ordinary finders load what is there
             return importlib.util.spec_from_file_location(fullname, source)
         return None
+
+    def _from_sources(self, folder: str) -> bool:
+        decided = self._decided.get(folder)
+        if decided is None:
+            stale = [] if interpreted_forced() else _stale(folder)
+            if stale:
+                warnings.warn(
+                    f"{', '.join(stale)} in {folder} changed after the fold was compiled: running it "
+                    "interpreted (rebuild with `python setup.py build_ext --inplace`)",
+                    stacklevel=3,
+                )
+            decided = self._decided[folder] = interpreted_forced() or bool(stale)
+        return decided
+
+
+def _stale(folder: str) -> list[str]:
+    """The fold's sources in `folder` newer than their compiled modules."""
+    out = []
+    for name in FOLD_MODULES:
+        stem = name.rpartition(".")[2]
+        source, compiled = os.path.join(folder, stem + ".py"), _compiled_twin(folder, stem)
+        if compiled is not None and os.stat(source).st_mtime > os.stat(compiled).st_mtime + STALE_SLACK_S:
+            out.append(stem + ".py")
+    return out
 
 
 def install() -> None:

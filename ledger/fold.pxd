@@ -1,6 +1,7 @@
 # Cython declarations for ledger/fold.py: see indexes.pxd. The handlers are `cpdef` (the `_handlers`
 # table holds them as Python callables) called from C.
 
+from ledger.side cimport completed_by, layers_mask
 from ledger.upkeep cimport Upkeep
 
 

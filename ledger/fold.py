@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 from heapq import heappush
 from typing import Final
 
+from ledger.compiled import declared_fields
 from ledger.decisions import Cause, Key, Release, Why
 from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal, local_exceeds_remote
-from ledger.compiled import declared_fields
 from ledger.lifecycle import ACKS_A_SIDE_RECEIVES, DECIDED, NEXT_PHASE, Phase
 from ledger.limits import DEADLINE_HEAP_SLACK, FORGED_KEPT_MAX, LAYER_MASKS_CACHED_MAX, RANKS_MAX
 from ledger.side import TransferState, completed_by, layers_mask
