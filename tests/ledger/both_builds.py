@@ -101,7 +101,7 @@ def _state(state: LedgerState, events: list[Event], seed: int) -> dict[str, Any]
             state.orphans_evicted,
             state.late_after_eviction,
             state.reused_after_eviction,
-        ],  # fmt: skip
+        ],
         "tombstones": sorted(state.tombstones) + sorted(state.tombstones_old),
         "findings": [canonical(audit(state, now)) for now in audit_moments(events, random.Random(seed))],
     }
