@@ -22,6 +22,7 @@ DIRECTIVES = {
     "annotation_typing": False,  # types are declared with cython.declare/locals: hints stay hints
     "boundscheck": False,
     "wraparound": True,
+    "nonecheck": True,  # a side or event that is None raises as it does interpreted, never reads memory
     "initializedcheck": True,
 }
 

@@ -74,14 +74,22 @@ class SourceFirst(importlib.abc.MetaPathFinder):
     def _from_sources(self, folder: str) -> bool:
         decided = self._decided.get(folder)
         if decided is None:
-            stale = [] if interpreted_forced() else _stale(folder)
+            forced = interpreted_forced()
+            stale = [] if forced else _stale(folder)
             if stale:
                 warnings.warn(
                     f"{', '.join(stale)} in {folder} changed after the fold was compiled: running it "
                     "interpreted (rebuild with `python setup.py build_ext --inplace`)",
                     stacklevel=3,
                 )
-            decided = self._decided[folder] = interpreted_forced() or bool(stale)
+            layout = forced or bool(stale) or struct_layout_holds()
+            if not layout:
+                warnings.warn(
+                    "this msgspec lays out its Structs otherwise than ledger/structs.pxd declares: "
+                    "running the fold interpreted",
+                    stacklevel=3,
+                )
+            decided = self._decided[folder] = forced or bool(stale) or not layout
         return decided
 
 
@@ -94,6 +102,35 @@ def _stale(folder: str) -> list[str]:
         if compiled is not None and os.stat(source).st_mtime > os.stat(compiled).st_mtime + STALE_SLACK_S:
             out.append(stem + ".py")
     return out
+
+
+def struct_layout_holds() -> bool:
+    """Whether msgspec lays a Struct out as ledger/structs.pxd declares (the compiled fold reads sides and
+    events as those C structs): after the object header, its base class's fields and then its own, each
+    sorted by name, one object pointer each. Checked on a throwaway pair of Structs, by address
+    (CPython's `id`, which the compiled fold needs anyway)."""
+    import ctypes
+
+    import msgspec
+
+    class Base(msgspec.Struct, gc=False):
+        b: object = None
+        a: object = None
+
+    class Probe(Base, gc=False):
+        d: object = None
+        c: object = None
+
+    values = {name: object() for name in ("a", "b", "c", "d")}
+    probe = Probe(**values)
+    pointer = ctypes.sizeof(ctypes.c_void_p)
+    if Probe.__basicsize__ != object.__basicsize__ + len(values) * pointer:
+        return False
+    at = id(probe) + object.__basicsize__
+    return all(
+        ctypes.c_void_p.from_address(at + i * pointer).value == id(values[name])
+        for i, name in enumerate(("a", "b", "c", "d"))
+    )
 
 
 def install() -> None:

@@ -1,6 +1,7 @@
 # Cython declarations for ledger/upkeep.py: see indexes.pxd.
 
 from ledger.indexes cimport Indexes
+from ledger.structs cimport TransferState as Side
 
 
 cdef class Upkeep(Indexes):
@@ -18,7 +19,7 @@ cdef class Upkeep(Indexes):
     cdef public dict compacted_by_phase
     cdef public dict compacted_by_mode
 
-    cdef bint _forget(self, tuple key, object t) except -1
+    cdef bint _forget(self, tuple key, Side t) except -1
     cdef _evict(self, dict generation)
     cdef _tombstone(self, tuple key)
     cdef _recall(self, tuple key, object ts)
