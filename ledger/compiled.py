@@ -74,32 +74,38 @@ class SourceFirst(importlib.abc.MetaPathFinder):
     def _from_sources(self, folder: str) -> bool:
         decided = self._decided.get(folder)
         if decided is None:
-            forced = interpreted_forced()
-            stale = [] if forced else _stale(folder)
-            if stale:
-                warnings.warn(
-                    f"{', '.join(stale)} in {folder} changed after the fold was compiled: running it "
-                    "interpreted (rebuild with `python setup.py build_ext --inplace`)",
-                    stacklevel=3,
-                )
-            layout = forced or bool(stale) or struct_layout_holds()
-            if not layout:
-                warnings.warn(
-                    "this msgspec lays out its Structs otherwise than ledger/structs.pxd declares: "
-                    "running the fold interpreted",
-                    stacklevel=3,
-                )
-            decided = self._decided[folder] = forced or bool(stale) or not layout
+            decided = self._decided[folder] = interpreted_forced() or _unusable(folder)
         return decided
 
 
+def _unusable(folder: str) -> bool:
+    """Whether the compiled fold in `folder` must not load (stale, incomplete, or built for another
+    layout of msgspec's Structs), with a warning saying why."""
+    stale = _stale(folder)
+    if stale:
+        warnings.warn(
+            f"{', '.join(stale)} in {folder} changed after the fold was compiled, or did not compile: "
+            "running it interpreted (rebuild with `python setup.py build_ext --inplace`)",
+            stacklevel=4,
+        )
+        return True
+    if not struct_layout_holds():
+        warnings.warn(
+            "this msgspec lays out its Structs otherwise than ledger/structs.pxd declares: the fold runs interpreted",
+            stacklevel=4,
+        )
+        return True
+    return False
+
+
 def _stale(folder: str) -> list[str]:
-    """The fold's sources in `folder` newer than their compiled modules."""
+    """The fold's sources in `folder` newer than their compiled modules, or without one where others have
+    one (a build that failed part way)."""
     out = []
     for name in FOLD_MODULES:
         stem = name.rpartition(".")[2]
         source, compiled = os.path.join(folder, stem + ".py"), _compiled_twin(folder, stem)
-        if compiled is not None and os.stat(source).st_mtime > os.stat(compiled).st_mtime + STALE_SLACK_S:
+        if compiled is None or os.stat(source).st_mtime > os.stat(compiled).st_mtime + STALE_SLACK_S:
             out.append(stem + ".py")
     return out
 

@@ -66,3 +66,17 @@ def test_a_source_edited_after_the_build_runs_interpreted_with_a_warning(tmp_pat
     assert fold_file == str(tmp_path / "ledger" / "fold.py")
     assert side_file == str(tmp_path / "ledger" / "side.py")
     assert "fold.py in" in done.stderr and "changed after the fold was compiled" in done.stderr
+
+
+def test_a_build_that_compiled_only_some_modules_runs_them_all_interpreted(tmp_path: Path) -> None:
+    """The compiled modules are bound to each other's types: with one missing, all run from source."""
+    shutil.copytree(ROOT / "ledger", tmp_path / "ledger", ignore=shutil.ignore_patterns("__pycache__"))
+    for built in (tmp_path / "ledger").glob("upkeep.*.so"):
+        built.unlink()
+    probe = "import ledger.fold, ledger.compiled; print(ledger.compiled.compiled(), ledger.fold.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != INTERPRETED_ENV} | {"PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False", str(tmp_path / "ledger" / "fold.py")]
+    assert "upkeep.py in" in done.stderr
