@@ -26,7 +26,9 @@ from tests.ledger.both_builds import digests
 ROOT = Path(__file__).resolve().parent.parent.parent
 SEEDS = range(0, 120)
 
-pytestmark = pytest.mark.skipif(not compiled(), reason="the fold is not compiled here: one build only")
+pytestmark = pytest.mark.skipif(
+    not compiled(), reason="the fold runs interpreted here (nothing compiled, or KVLEDGER_INTERPRETED): one build only"
+)
 
 
 def _interpreted(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
