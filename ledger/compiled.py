@@ -28,6 +28,10 @@ from typing import Final
 FOLD_MODULES: Final = ("ledger.lifecycle", "ledger.side", "ledger.indexes", "ledger.upkeep", "ledger.fold")
 """The modules setup.py compiles, in import order."""
 
+LAYOUT_SOURCES: Final = ("events.py",)
+"""Interpreted modules whose classes' memory layout the compiled fold is built for (ledger/structs.pxd,
+with side.py's): edited after the build, they make it stale too."""
+
 INTERPRETED_ENV: Final = "KVLEDGER_INTERPRETED"
 """Set (to anything but empty or 0) to run the fold's sources even where they are compiled."""
 
@@ -100,13 +104,20 @@ def _unusable(folder: str) -> bool:
 
 def _stale(folder: str) -> list[str]:
     """The fold's sources in `folder` newer than their compiled modules, or without one where others have
-    one (a build that failed part way)."""
+    one (a build that failed part way), and the layout sources newer than the oldest compiled module."""
     out = []
+    built = []
     for name in FOLD_MODULES:
         stem = name.rpartition(".")[2]
         source, compiled = os.path.join(folder, stem + ".py"), _compiled_twin(folder, stem)
         if compiled is None or os.stat(source).st_mtime > os.stat(compiled).st_mtime + STALE_SLACK_S:
             out.append(stem + ".py")
+        if compiled is not None:
+            built.append(os.stat(compiled).st_mtime)
+    for name in LAYOUT_SOURCES:
+        source = os.path.join(folder, name)
+        if built and os.path.isfile(source) and os.stat(source).st_mtime > min(built) + STALE_SLACK_S:
+            out.append(name)
     return out
 
 

@@ -70,6 +70,21 @@ def test_a_source_edited_after_the_build_runs_interpreted_with_a_warning(tmp_pat
     assert "fold.py in" in done.stderr and "changed after the fold was compiled" in done.stderr
 
 
+def test_an_event_class_edited_after_the_build_runs_the_fold_interpreted(tmp_path: Path) -> None:
+    """The compiled fold reads events by their layout when it was built: an edit of events.py since
+    (a field renamed, added) must not have it read the wrong field."""
+    shutil.copytree(ROOT / "ledger", tmp_path / "ledger", ignore=shutil.ignore_patterns("__pycache__"))
+    later = time.time() + 60
+    os.utime(tmp_path / "ledger" / "events.py", (later, later))
+    probe = "import ledger.fold, ledger.compiled; print(ledger.compiled.compiled())"
+    env = {k: v for k, v in os.environ.items() if k != INTERPRETED_ENV} | {"PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.split() == ["False"]
+    assert "events.py in" in done.stderr
+
+
 def test_a_build_that_compiled_only_some_modules_runs_them_all_interpreted(tmp_path: Path) -> None:
     """The compiled modules are bound to each other's types: with one missing, all run from source."""
     shutil.copytree(ROOT / "ledger", tmp_path / "ledger", ignore=shutil.ignore_patterns("__pycache__"))
