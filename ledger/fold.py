@@ -207,7 +207,7 @@ class Fold(Upkeep):
         if expired_unmapped:
             # Reopened: the orphan's expiry is undone and decided again below (as expired). Its entry in
             # `decided` goes (O(decided), only on this fault path); the decision adds the one to honour.
-            self.decided = deque([item for item in self.decided if item[2] is not t])
+            self.decided = deque([item for item in self.decided if item[2] is not t])  # a list: compiled, no closure
             t.closed = False
             phase = Phase.UNMAPPED
         self.unmapped.pop(key, None)
