@@ -1,17 +1,30 @@
 """Append + fold throughput of the ledger against plain-dict bookkeeping making the same decisions.
 
-Run: python benchmarks/fold.py [--events N]. Ends with one JSON line of figures.
+Run: python -m benchmarks.fold [--events N]. Ends with one JSON line of figures.
+
+`compiled` says whether the fold measured is the compiled one (ledger/compiled.py); beside it,
+`events_per_s_interpreted` is the same append+fold of the same events by the same source files run
+interpreted (`KVLEDGER_INTERPRETED=1`), in a worker process whose runs interleave with these. Times are
+CPU time (`time.process_time`), best of REPEATS: the machines are shared, and a neighbour's load stretches
+wall time, not the CPU time a run takes.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Iterable
+from pathlib import Path
 
+import ledger
+from ledger.compiled import INTERPRETED_ENV, compiled
 from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
 from ledger.fold import LedgerState
 from ledger.ledger import Ledger
@@ -106,7 +119,7 @@ def run_ledger(by_source: dict[str, list[Event]], *, upkeep: bool = False) -> tu
     (what the connector's tick does every step: forget sides decided more than RETAIN_S ago)."""
     ledgers = {source: Ledger(source) for source in by_source}
     gc.collect()
-    start = time.perf_counter()
+    start = time.process_time()
     for source, events in by_source.items():
         ledger = ledgers[source]
         extend, maintain = ledger.extend, ledger.maintain
@@ -117,7 +130,7 @@ def run_ledger(by_source: dict[str, list[Event]], *, upkeep: bool = False) -> tu
         else:
             for batch in _batches(events):
                 extend(batch)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     releases = [(r.source, str(r.transfer_id), str(r.cause)) for lg in ledgers.values() for r in lg.take_releases()]
     return elapsed, releases
 
@@ -125,13 +138,13 @@ def run_ledger(by_source: dict[str, list[Event]], *, upkeep: bool = False) -> tu
 def run_baseline(by_source: dict[str, list[Event]]) -> tuple[float, list[tuple[str, str, str]]]:
     books = {source: DictBookkeeping() for source in by_source}
     gc.collect()
-    start = time.perf_counter()
+    start = time.process_time()
     for source, events in by_source.items():
         feed = books[source].feed
         for batch in _batches(events):
             for event in batch:
                 feed(event)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     return elapsed, [r for book in books.values() for r in book.releases]
 
 
@@ -150,33 +163,89 @@ def bytes_per_live_transfer(n: int = 20_000) -> float:
     return (after - before) / len(state.live)
 
 
+def _traffic(events: int, seed: int) -> tuple[SynthConfig, dict[str, list[Event]]]:
+    cfg = SynthConfig(transfers=max(1, events // 12), concurrency=512, layers=64, layers_per_step=8, fault_rate=0.05)
+    by_source: dict[str, list[Event]] = {}
+    for event in generate(cfg, seed=seed):
+        by_source.setdefault(event.source, []).append(event)
+    return cfg, by_source
+
+
+def _digest(releases: list[tuple[str, str, str]]) -> str:
+    return hashlib.sha256(json.dumps(sorted(releases)).encode()).hexdigest()
+
+
+def serve_runs(events: int, seed: int) -> None:
+    """The interpreted worker: one append+fold run per line read, its CPU time and releases written back."""
+    _, by_source = _traffic(events, seed)
+    print(json.dumps({"compiled": compiled()}), flush=True)
+    for _ in sys.stdin:
+        elapsed, releases = run_ledger(by_source)
+        print(json.dumps({"elapsed": elapsed, "releases": _digest(releases)}), flush=True)
+
+
+def interpreted_worker(events: int, seed: int) -> subprocess.Popen[str]:
+    """This file, run with the fold's sources interpreted, on the same events (same config and seed)."""
+    root = Path(ledger.__file__).resolve().parent.parent  # the tree this run imports, wherever it is
+    env = {
+        **os.environ,
+        INTERPRETED_ENV: "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])),
+    }
+    command = [sys.executable, __file__, "--events", str(events), "--seed", str(seed), "--serve-interpreted"]
+    worker = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert worker.stdout is not None
+    hello = json.loads(worker.stdout.readline())
+    assert hello["compiled"] is False, "the worker runs the fold interpreted"
+    return worker
+
+
+def _worker_run(worker: subprocess.Popen[str]) -> tuple[float, str]:
+    assert worker.stdin is not None and worker.stdout is not None
+    worker.stdin.write("run\n")
+    worker.stdin.flush()
+    answer = json.loads(worker.stdout.readline())
+    return float(answer["elapsed"]), str(answer["releases"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000, help="at least this many events")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--serve-interpreted", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    cfg = SynthConfig(
-        transfers=max(1, args.events // 12), concurrency=512, layers=64, layers_per_step=8, fault_rate=0.05
-    )
-    events = list(generate(cfg, seed=args.seed))
-    by_source: dict[str, list[Event]] = {}
-    for event in events:
-        by_source.setdefault(event.source, []).append(event)
-    n = len(events)
+    if args.serve_interpreted:
+        serve_runs(args.events, args.seed)
+        return
+    is_compiled = compiled()
+    worker = interpreted_worker(args.events, args.seed) if is_compiled else None
+    cfg, by_source = _traffic(args.events, args.seed)
+    n = sum(len(events) for events in by_source.values())
     # Interleave runs so machine noise hits all alike; keep the best of each.
-    ledger_s, upkeep_s, baseline_s = float("inf"), float("inf"), float("inf")
+    ledger_s, upkeep_s, baseline_s, interpreted_s = float("inf"), float("inf"), float("inf"), float("inf")
+    interpreted_releases = ""
     for _ in range(REPEATS):
         elapsed, ledger_releases = run_ledger(by_source)
         ledger_s = min(ledger_s, elapsed)
+        if worker is not None:
+            elapsed, interpreted_releases = _worker_run(worker)
+            interpreted_s = min(interpreted_s, elapsed)
         elapsed, upkeep_releases = run_ledger(by_source, upkeep=True)
         upkeep_s = min(upkeep_s, elapsed)
         elapsed, baseline_releases = run_baseline(by_source)
         baseline_s = min(baseline_s, elapsed)
+    if worker is None:
+        interpreted_s, interpreted_releases = ledger_s, _digest(ledger_releases)  # what ran is interpreted
+    else:
+        worker.communicate()
     same = sorted(ledger_releases) == sorted(baseline_releases) == sorted(upkeep_releases)
+    same = same and interpreted_releases == _digest(ledger_releases)
     figures = {
         "events": n,
         "transfers": cfg.transfers,
+        "compiled": is_compiled,
         "events_per_s": round(n / ledger_s),
+        "events_per_s_interpreted": round(n / interpreted_s),
         "baseline_events_per_s": round(n / baseline_s),
         "ratio": round(ledger_s / baseline_s, 3),
         "events_per_s_with_upkeep": round(n / upkeep_s),
@@ -185,7 +254,9 @@ def main() -> None:
         "releases": len(ledger_releases),
         "bytes_per_live_transfer": round(bytes_per_live_transfer()),
     }
-    print(f"ledger   append+fold: {figures['events_per_s']:>12,} events/s")
+    build = "compiled" if is_compiled else "interpreted (nothing compiled here)"
+    print(f"ledger   append+fold: {figures['events_per_s']:>12,} events/s ({build})")
+    print(f"same, interpreted   : {figures['events_per_s_interpreted']:>12,} events/s")
     print(f"baseline dict books : {figures['baseline_events_per_s']:>12,} events/s")
     print(f"ratio (ledger time / baseline time): {figures['ratio']}  same decisions: {same}")
     print(

@@ -22,12 +22,20 @@ from collections.abc import Callable, Iterable
 from heapq import heappush
 from typing import Final
 
+from ledger.compiled import declared_fields
 from ledger.decisions import Cause, Key, Release, Why
 from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal, local_exceeds_remote
 from ledger.lifecycle import ACKS_A_SIDE_RECEIVES, DECIDED, NEXT_PHASE, Phase
 from ledger.limits import DEADLINE_HEAP_SLACK, FORGED_KEPT_MAX, LAYER_MASKS_CACHED_MAX, RANKS_MAX
 from ledger.side import TransferState, completed_by, layers_mask
 from ledger.upkeep import Upkeep
+
+try:
+    import cython
+except ImportError:  # no Cython here: this module runs as Python
+    COMPILED = False
+else:
+    COMPILED = cython.compiled
 
 _AFTER_MAP: Final = NEXT_PHASE["map"]
 _AFTER_SCHEDULE: Final = NEXT_PHASE["schedule"]
@@ -43,8 +51,8 @@ REASON_LOCAL_EXCEEDS_REMOTE = "local_blocks_exceed_remote"
 REASON_EXPIRED_BEFORE_MAP = "expired before its map arrived"
 
 
-class LedgerState(Upkeep):
-    """All transfer sides of one log (or of several merged), their indexes, and the fold's counts."""
+class Fold(Upkeep):
+    """The fold's rules and counts over the indexes and upkeep (what `LedgerState` is made of)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -199,7 +207,7 @@ class LedgerState(Upkeep):
         if expired_unmapped:
             # Reopened: the orphan's expiry is undone and decided again below (as expired). Its entry in
             # `decided` goes (O(decided), only on this fault path); the decision adds the one to honour.
-            self.decided = deque(item for item in self.decided if item[2] is not t)
+            self.decided = deque([item for item in self.decided if item[2] is not t])  # a list: compiled, no closure
             t.closed = False
             phase = Phase.UNMAPPED
         self.unmapped.pop(key, None)
@@ -434,6 +442,21 @@ class LedgerState(Upkeep):
         if cause == "expired" and t.role == "producer":
             self.expired_producers[key] = None
         return release
+
+
+class LedgerState(Fold):
+    """All transfer sides of one log (or of several merged), their indexes, and the fold's counts.
+
+    Where the fold is compiled, `Fold` is an extension type: its methods cannot be replaced and its
+    fields live in the object, not in an instance dict. This plain subclass is what callers make, so
+    that it patches and subclasses as before, and `vars()` lists the fields either way (the snapshot
+    checks them)."""
+
+    if COMPILED:
+
+        @property
+        def __dict__(self) -> dict[str, object]:  # type: ignore[override]
+            return {name: getattr(self, name) for name in declared_fields(type(self))}
 
 
 def fold(state: LedgerState, event: Event) -> LedgerState:

@@ -22,8 +22,9 @@ class TransferState(msgspec.Struct, gc=False):
     live transfer on every young-generation pass.
     """
 
-    # Field order is memory order: what most events read or write comes first, so one event
-    # touches two cache lines of its side rather than five. `LedgerState._first_map` builds it positionally.
+    # Field order is the constructor's: `LedgerState._first_map` builds a side positionally, so what a
+    # map sets comes first. In memory msgspec sorts the fields by name (ledger/structs.pxd declares that
+    # layout for the compiled fold).
     last: Event | None = None
     """This side's newest event (one reference, not its seq and ts copied: a store per event less)."""
     events: int = 0

@@ -1,0 +1,190 @@
+"""Which build of the fold runs: its modules compiled by Cython, or the same files interpreted.
+
+The fold's modules (`FOLD_MODULES`) are plain Python that Cython also compiles (its pure-Python mode;
+setup.py builds them where a C compiler is, and a failed build leaves them interpreted). Python finds
+an extension module before its source, so this finder, installed by `ledger/__init__.py` before
+anything imports the fold, decides which of the two loads:
+
+- `KVLEDGER_INTERPRETED=1` in the environment: the source, always (the tests compare the two builds;
+  a debugger or coverage sees the source lines);
+- a source newer than its compiled module (edited since the last build): the source, with a warning,
+  so that an edit is never shadowed by a stale build;
+- otherwise the ordinary finders (the compiled module where there is one).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import GetSetDescriptorType, ModuleType
+from typing import Final
+
+FOLD_MODULES: Final = ("ledger.lifecycle", "ledger.side", "ledger.indexes", "ledger.upkeep", "ledger.fold")
+"""The modules setup.py compiles, in import order."""
+
+LAYOUT_SOURCES: Final = ("events.py",)
+"""Interpreted modules whose classes' memory layout the compiled fold is built for (ledger/structs.pxd,
+with side.py's): edited after the build, they make it stale too."""
+
+INTERPRETED_ENV: Final = "KVLEDGER_INTERPRETED"
+"""Set (to anything but empty or 0) to run the fold's sources even where they are compiled."""
+
+STALE_SLACK_S: Final = 2.0
+"""A source this much newer than its compiled module was edited after the build (an installer writes
+both within moments, in either order)."""
+
+
+def interpreted_forced() -> bool:
+    return os.environ.get(INTERPRETED_ENV, "") not in ("", "0")
+
+
+def _compiled_twin(folder: str, stem: str) -> str | None:
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = os.path.join(folder, stem + suffix)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+class SourceFirst(importlib.abc.MetaPathFinder):
+    """Loads the fold's modules from their sources when told to, or when one compiled module is stale:
+    all of them then, because the compiled ones are bound to each other's compiled types."""
+
+    def __init__(self) -> None:
+        self._decided: dict[str, bool] = {}
+        """Per folder: whether the fold there runs from its sources."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if fullname not in FOLD_MODULES or not path:
+            return None
+        stem = fullname.rpartition(".")[2]
+        for folder in path:
+            source = os.path.join(folder, stem + ".py")
+            if not os.path.isfile(source):
+                continue
+            if _compiled_twin(folder, stem) is None or not self._from_sources(folder):
+                return None  # the ordinary finders load what is there
+            return importlib.util.spec_from_file_location(fullname, source)
+        return None
+
+    def _from_sources(self, folder: str) -> bool:
+        decided = self._decided.get(folder)
+        if decided is None:
+            decided = self._decided[folder] = interpreted_forced() or _unusable(folder)
+        return decided
+
+
+def _unusable(folder: str) -> bool:
+    """Whether the compiled fold in `folder` must not load (stale, incomplete, or built for another
+    layout of msgspec's Structs), with a warning saying why."""
+    stale = _stale(folder)
+    if stale:
+        warnings.warn(
+            f"{', '.join(stale)} in {folder} changed after the fold was compiled, or did not compile: "
+            "running it interpreted (rebuild with `python setup.py build_ext --inplace`)",
+            stacklevel=4,
+        )
+        return True
+    if not struct_layout_holds():
+        warnings.warn(
+            "this msgspec lays out its Structs otherwise than ledger/structs.pxd declares: the fold runs interpreted",
+            stacklevel=4,
+        )
+        return True
+    return False
+
+
+def _stale(folder: str) -> list[str]:
+    """The fold's sources in `folder` newer than their compiled modules, or without one where others have
+    one (a build that failed part way), and the layout sources newer than the oldest compiled module."""
+    out = []
+    built = []
+    for name in FOLD_MODULES:
+        stem = name.rpartition(".")[2]
+        source, compiled = os.path.join(folder, stem + ".py"), _compiled_twin(folder, stem)
+        if compiled is None or os.stat(source).st_mtime > os.stat(compiled).st_mtime + STALE_SLACK_S:
+            out.append(stem + ".py")
+        if compiled is not None:
+            built.append(os.stat(compiled).st_mtime)
+    for name in LAYOUT_SOURCES:
+        source = os.path.join(folder, name)
+        if built and os.path.isfile(source) and os.stat(source).st_mtime > min(built) + STALE_SLACK_S:
+            out.append(name)
+    return out
+
+
+def struct_layout_holds() -> bool:
+    """Whether msgspec lays a Struct out as ledger/structs.pxd declares (the compiled fold reads sides and
+    events as those C structs): after the object header, its base class's fields and then its own, each
+    sorted by name, one object pointer each. Checked on a throwaway pair of Structs, by address
+    (CPython's `id`, which the compiled fold needs anyway)."""
+    import ctypes
+
+    import msgspec
+
+    class Base(msgspec.Struct, gc=False):
+        b: object = None
+        a: object = None
+
+    class Probe(Base, gc=False):
+        d: object = None
+        c: object = None
+
+    values = {name: object() for name in ("a", "b", "c", "d")}
+    probe = Probe(**values)
+    pointer = ctypes.sizeof(ctypes.c_void_p)
+    if Probe.__basicsize__ != object.__basicsize__ + len(values) * pointer:
+        return False
+    at = id(probe) + object.__basicsize__
+    return all(
+        ctypes.c_void_p.from_address(at + i * pointer).value == id(values[name])
+        for i, name in enumerate(("a", "b", "c", "d"))
+    )
+
+
+def install() -> None:
+    """Put the finder first on `sys.meta_path` (once)."""
+    if not any(isinstance(finder, SourceFirst) for finder in sys.meta_path):
+        sys.meta_path.insert(0, SourceFirst())
+
+
+def compiled() -> bool:
+    """Whether every fold module that runs here is the compiled one."""
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for name in FOLD_MODULES:
+        module = importlib.import_module(name)
+        if not (module.__file__ or "").endswith(suffixes):
+            return False
+    return True
+
+
+def declared_fields(cls: type) -> tuple[str, ...]:
+    """The data attributes of a compiled class and its bases: its extension types' settable fields
+    (a read-only property is left out), which interpreted would be the keys of an instance's dict."""
+    cached = _FIELDS.get(cls)
+    if cached is not None:
+        return cached
+    probe = cls()
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        for name, attribute in vars(klass).items():
+            if name.startswith("__") or not isinstance(attribute, GetSetDescriptorType) or name in names:
+                continue
+            try:
+                setattr(probe, name, getattr(probe, name))
+            except AttributeError:
+                continue  # a property
+            names.append(name)
+    fields = _FIELDS[cls] = tuple(names)
+    return fields
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}

@@ -1,0 +1,62 @@
+"""Builds the fold's modules with Cython (pure-Python mode: the same .py files, compiled) where a C
+compiler is; anywhere else, or when the build fails, the package installs with them interpreted.
+
+Everything else about the package is in pyproject.toml. `KVLEDGER_INTERPRETED=1` at build time skips
+the compiled modules altogether (and at run time loads the sources anyway: ledger/compiled.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+FOLD_SOURCES = ("ledger/lifecycle.py", "ledger/side.py", "ledger/indexes.py", "ledger/upkeep.py", "ledger/fold.py")
+"""The modules ledger/compiled.py knows as FOLD_MODULES (this file runs before the package imports)."""
+
+DIRECTIVES = {
+    "language_level": 3,
+    "annotation_typing": False,  # types are declared with cython.declare/locals: hints stay hints
+    "boundscheck": False,
+    "wraparound": True,
+    "nonecheck": True,  # a side or event that is None raises as it does interpreted, never reads memory
+    "initializedcheck": True,
+}
+
+
+def _warn(message: str) -> None:
+    print(f"WARNING: kvledger: {message}; the fold runs interpreted", file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """A failed compile is a warning, not a failed install: the same modules run as Python."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as error:  # no compiler, no headers: any of distutils' errors
+            _warn(f"building the compiled fold failed ({error})")
+
+    def build_extension(self, ext: Any) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as error:
+            _warn(f"compiling {ext.name} failed ({error})")
+
+
+def _extensions() -> list[Any]:
+    if os.environ.get("KVLEDGER_INTERPRETED", "") not in ("", "0"):
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        _warn("Cython is not installed")
+        return []
+    modules = [Extension(path[:-3].replace("/", "."), [path]) for path in FOLD_SOURCES]
+    return list(cythonize(modules, compiler_directives=DIRECTIVES, build_dir="build/cython", quiet=True))
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
