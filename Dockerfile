@@ -6,7 +6,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 WORKDIR /app
 
 # Only what the package needs: the service never imports the connector's heavy extras (torch).
-COPY pyproject.toml README* alembic.ini ./
+COPY pyproject.toml setup.py README* alembic.ini ./
 COPY ledger ledger
 COPY api api
 COPY connector connector
