@@ -13,9 +13,10 @@ from collections.abc import Iterable
 import msgspec
 
 from connector.sim.config import StormConfig, StormResult
-from connector.sim.driver import Storm, Tally
+from connector.sim.driver import Storm
 from connector.sim.faults import NO_FAULTS
 from connector.sim.naive import run_naive
+from connector.sim.tally import Tally
 from ledger.audit import AuditConfig, Finding, audit, counts_by_code
 from ledger.decisions import Release
 from ledger.events import Drop, Event, Map, TransferId, to_json

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from ledger.events import Mode
+from connector.config import ConnectorConfig, PeerEngine
+from ledger.events import Mode, Role
 
 FaultKind: TypeAlias = Literal[
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
@@ -159,3 +160,30 @@ class StormResult:
     def corrupt_receives(self) -> int:
         """Receives reported good whose bytes are not the producer's (the checksums): wrong answers."""
         return self.integrity_failures
+
+
+HOST = "127.0.0.1"
+STORM_CONTROL_KEY = b"kvledger-storm-control-key-0001"
+"""Both engines sign their control messages with it; a forged_release is sent without it."""
+
+
+def engine_config(storm: StormConfig, role: Role, mine: list[int], theirs: list[int]) -> ConnectorConfig:
+    peer = PeerEngine(host=HOST, handshake_port=theirs[0], notify_port=theirs[1], transport_port=theirs[2])
+    return ConnectorConfig(
+        role=role,
+        mode=storm.mode,
+        engine_id="prefill-0" if role == "producer" else "decode-0",
+        host=HOST,
+        handshake_port=mine[0],
+        notify_port=mine[1],
+        transport_port=mine[2],
+        transfer_timeout_s=storm.transfer_timeout_s,
+        defer_timeout_s=storm.defer_timeout_s,
+        recv_abort_timeout_s=storm.recv_abort_timeout_s,
+        ledger_url=storm.ledger_url,
+        peers=(peer,),
+        control_key=STORM_CONTROL_KEY,
+        kv_lease_duration_s=storm.kv_lease_duration_s if storm.protections else 0.0,
+        kv_lease_max_s=storm.kv_lease_max_s,
+        refuse_released_reads=storm.protections,
+    )

@@ -19,15 +19,14 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 import zmq
 
-from connector.config import ConnectorConfig, PeerEngine
+from connector.config import ConnectorConfig
 from connector.messages import ReleaseBlocks, encode
 from connector.params import parse_params
 from connector.ports import free_loopback_ports
-from connector.sim.config import StormConfig
+from connector.sim.config import StormConfig, engine_config
 from connector.sim.engine import SimEngine, StepReport
 from connector.sim.errors import SimulationError
 from connector.sim.faults import NO_FAULTS, DeathPlan, TransferFaults, draw_death, draw_faults, horizon_s
@@ -44,57 +43,11 @@ from connector.sim.limits import (
 )
 from connector.sim.network import SimNetwork
 from connector.sim.requests import SideRecord, SimRequest
-from ledger.events import ReqId, Role, TransferId
+from connector.sim.tally import Tally
+from ledger.events import ReqId, TransferId
 
-HOST = "127.0.0.1"
-STORM_CONTROL_KEY = b"kvledger-storm-control-key-0001"
 LOCAL_TRAFFIC_NUMBER_BASE = 1 << 40
 """Content numbers of the producer's local traffic: apart from every storm request's."""
-"""Both engines sign their control messages with it; a forged_release is sent without it."""
-
-
-def engine_config(storm: StormConfig, role: Role, mine: list[int], theirs: list[int]) -> ConnectorConfig:
-    peer = PeerEngine(host=HOST, handshake_port=theirs[0], notify_port=theirs[1], transport_port=theirs[2])
-    return ConnectorConfig(
-        role=role,
-        mode=storm.mode,
-        engine_id="prefill-0" if role == "producer" else "decode-0",
-        host=HOST,
-        handshake_port=mine[0],
-        notify_port=mine[1],
-        transport_port=mine[2],
-        transfer_timeout_s=storm.transfer_timeout_s,
-        defer_timeout_s=storm.defer_timeout_s,
-        recv_abort_timeout_s=storm.recv_abort_timeout_s,
-        ledger_url=storm.ledger_url,
-        peers=(peer,),
-        control_key=STORM_CONTROL_KEY,
-        kv_lease_duration_s=storm.kv_lease_duration_s if storm.protections else 0.0,
-        kv_lease_max_s=storm.kv_lease_max_s,
-        refuse_released_reads=storm.protections,
-    )
-
-
-@dataclass
-class Tally:
-    """What the driver counted while it ran (the checks after the run add the rest)."""
-
-    rounds: int = 0
-    final_now: float = 0.0
-    wall_seconds: float = 0.0
-    issued: int = 0
-    double_reports: int = 0
-    integrity_checked: int = 0
-    integrity_failures: list[str] = field(default_factory=list)
-    failed_reported_as_received: list[str] = field(default_factory=list)
-    load_errors_missing: list[str] = field(default_factory=list)
-    unknown_reports: list[str] = field(default_factory=list)
-    """Reports naming a request the engine's vLLM does not hold (vLLM asserts `req_id in self.requests`)."""
-    death_touched: set[TransferId] = field(default_factory=set)
-    forged: set[TransferId] = field(default_factory=set)
-    """Transfers whose producer got a forged release."""
-    dead: str | None = None
-    horizon_reached: bool = False
 
 
 class Storm:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from connector.config import ConnectorConfig
-from connector.sim.driver import Storm, Tally
+from connector.sim.driver import Storm
 from connector.sim.engine import SimEngine
 from connector.sim.faults import NO_FAULTS
 from connector.sim.limits import (
@@ -50,6 +50,7 @@ from connector.sim.limits import (
 )
 from connector.sim.requests import SimRequest
 from connector.sim.soak_config import SoakConfig, log_uniform
+from connector.sim.tally import Tally
 from ledger.events import Role, TransferId
 
 ConsumerState: TypeAlias = Literal["new", "loading", "loaded", "running", "preempted", "recompute", "done"]
