@@ -35,10 +35,10 @@ from connector.limits import HOOK_CALL_BOUND_S  # noqa: E402
 from connector.messages import ReleaseBlocks, encode  # noqa: E402
 from connector.params import TransferParams, parse_params  # noqa: E402
 from connector.ports import free_loopback_ports  # noqa: E402
+from connector.reasons import REASON_PEER_UNLINKED  # noqa: E402
 from connector.scheduler import SchedulerCore  # noqa: E402
 from connector.transports.tcp import TcpTransport  # noqa: E402
 from connector.worker import WorkerCore  # noqa: E402
-from connector.worker_base import REASON_PEER_UNLINKED  # noqa: E402
 from ledger.events import Drop, Fail, ReqId, TransferId  # noqa: E402
 from ledger.ledger import Ledger  # noqa: E402
 

@@ -13,16 +13,15 @@ from connector.limits import (
     RETRY_BACKOFF_MIN_S,
 )
 from connector.ports import holder_ranks, rank_port
-from connector.transports.base import Code, Op, TransferHandle
-from connector.worker_base import (
+from connector.reasons import (
     REASON_LAYOUT,
     REASON_PEER_UNLINKED,
     REASON_READ_REFUSED,
     REASON_TRANSIENT_TIMEOUT,
     REASON_TRANSPORT,
-    Inflight,
-    WorkerBase,
 )
+from connector.transports.base import Code, Op, TransferHandle
+from connector.worker_base import Inflight, WorkerBase
 from ledger.events import Ack, Event, Fail, FailCode, Schedule, TransferId, block_groups_of
 from ledger.side import TransferState, awaits_data
 

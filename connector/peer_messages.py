@@ -21,8 +21,9 @@ from connector.messages import (
     WriteFailed,
 )
 from connector.moves import DataMoves
+from connector.reasons import REASON_READ_REFUSED
 from connector.transports.base import Code
-from connector.worker_base import REASON_READ_REFUSED, RemoteTarget
+from connector.worker_base import RemoteTarget
 from ledger.events import Ack, Event, Fail, TransferId
 
 log = logging.getLogger(__name__)

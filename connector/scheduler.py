@@ -23,18 +23,13 @@ from connector.limits import LEASES_TRACKED_MAX
 from connector.maps import side_map
 from connector.metadata import AbortItem, FailItem, LeaseItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
 from connector.params import TransferParams, consumer_params
+from connector.reasons import REASON_ABORTED_BEFORE_ALLOCATION, REASON_PEER_NOT_ALLOWED, REASON_WORKER_RECV_FAILED
 from connector.store import abandon_inherited
 from ledger.decisions import Release, VllmOutcome
 from ledger.events import Ack, Event, Fail, ReqId, Role, TransferId
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
-
-REASON_ABORTED_BEFORE_ALLOCATION = "aborted_before_allocation"
-"""A consumer request that ended before it had blocks: the producer is told to release; vLLM already forgot it."""
-
-REASON_PEER_NOT_ALLOWED = "peer_not_allowed"
-REASON_WORKER_RECV_FAILED = "worker_recv_failed"
 
 
 class WorkerOutcome(VllmOutcome, kw_only=True):
@@ -209,15 +204,7 @@ class SchedulerCore:
             )
         )
         if peer is None or not self._allowed_peer(peer):
-            self.counters["peer_not_allowed"] += 1
-            self._record(
-                Fail(
-                    ts=now,
-                    source=self.source,
-                    transfer_id=params.transfer_id,
-                    reason=f"{REASON_PEER_NOT_ALLOWED}: {peer.label if peer else 'none named'}",
-                )
-            )
+            self._refuse_peer(params.transfer_id, peer, now)
             self._route(self.ledger.take_releases(), reported=False)
             return True
         self._step.recv.append(
@@ -327,15 +314,7 @@ class SchedulerCore:
             )
             return True, consumer_params(params.transfer_id, blocks, config.address, block_groups=block_groups)
         if not self._allowed_peer(peer):
-            self.counters["peer_not_allowed"] += 1
-            self._record(
-                Fail(
-                    ts=now,
-                    source=self.source,
-                    transfer_id=params.transfer_id,
-                    reason=f"{REASON_PEER_NOT_ALLOWED}: {peer.label if peer else 'none named'}",
-                )
-            )
+            self._refuse_peer(params.transfer_id, peer, now)
         return True, {"transfer_id": params.transfer_id, "remote_engine_id": config.engine_id}
 
     def _consumer_aborted(self, request_id: ReqId, params: TransferParams, now: float) -> None:
@@ -450,6 +429,12 @@ class SchedulerCore:
         if out is not None and not self._unreported.empty():
             out.merge(self._unreported)
             self._unreported = VllmOutcome()
+
+    def _refuse_peer(self, transfer_id: TransferId, peer: PeerRef | None, now: float) -> None:
+        """A peer outside the allow-list (or none named): the side fails at once, naming it."""
+        self.counters["peer_not_allowed"] += 1
+        reason = f"{REASON_PEER_NOT_ALLOWED}: {peer.label if peer else 'none named'}"
+        self._record(Fail(ts=now, source=self.source, transfer_id=transfer_id, reason=reason))
 
     def _record(self, event: Event) -> None:
         self.ledger.append(event)

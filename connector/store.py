@@ -18,14 +18,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from connector.config import ConnectorConfig
+from connector.reasons import REASON_ENGINE_RESTARTED
 from ledger.events import Fail
 from ledger.ledger import Ledger
 from ledger.store.url import StoreUrl, parse_url
 
 log = logging.getLogger(__name__)
 
-REASON_ENGINE_RESTARTED = "engine_restarted"
-"""Why a side the previous process left live was failed when this one started."""
 
 SPILL_DIR_DEFAULT = "kvledger-spill"
 """Where spill files go when the store is not a local SQLite file (relative to the working directory)."""

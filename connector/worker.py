@@ -36,7 +36,7 @@ from connector.messages import (
 from connector.metadata import FailItem, LeaseItem, PeerRef, StepMetadata
 from connector.peer_messages import PeerMessages
 from connector.ports import releases_expected
-from connector.worker_base import REASON_NOT_SENT
+from connector.reasons import REASON_NOT_SENT
 from ledger.decisions import Release
 from ledger.events import Drop, Event, Fail, ReqId, Schedule, Seal, TransferId
 

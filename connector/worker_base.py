@@ -26,6 +26,7 @@ from connector.messages import (
 )
 from connector.metadata import PeerRef
 from connector.ports import holder_ranks, rank_port
+from connector.reasons import REASON_NOT_SENT, REASON_PEER_NOT_ALLOWED, REASON_WAIT_FULL
 from connector.store import abandon_inherited
 from connector.transports.base import TransferHandle, Transport
 from connector.waiting import WaitingRoom
@@ -35,18 +36,6 @@ from ledger.ledger import Ledger
 from ledger.side import TransferState
 
 log = logging.getLogger(__name__)
-
-REASON_LAYOUT = "layout_mismatch"
-REASON_READ_REFUSED = "read_refused"
-"""The words of a `read_refused` fail (its code says it to the fold)."""
-REASON_TRANSIENT_TIMEOUT = "transient_failures_past_transfer_timeout"
-REASON_PEER_UNLINKED = "peer_not_linked"
-"""A transfer waited a transfer timeout for its peer's handshake: the reason names the peer (the log says why)."""
-REASON_PEER_NOT_ALLOWED = "peer_not_allowed"
-REASON_TRANSPORT = "transport_error"
-"""The transport raised (connect, read or write) instead of returning a failed status."""
-REASON_NOT_SENT = "notification_not_sent"
-REASON_WAIT_FULL = "too_many_transfers_waiting_for_links"
 
 
 class LinkRefused(ValueError):

@@ -20,8 +20,8 @@ from connector.links import PeerLink
 from connector.messages import HandshakeMetadata
 from connector.params import parse_params
 from connector.ports import free_loopback_ports
+from connector.reasons import REASON_LAYOUT, REASON_NOT_SENT, REASON_PEER_UNLINKED
 from connector.transports.base import Code, Op, TransferHandle, TransportEndpoint, failed
-from connector.worker_base import REASON_LAYOUT, REASON_NOT_SENT, REASON_PEER_UNLINKED
 from ledger.events import Event, Fail, ReqId, Schedule, TransferId
 from tests.connector.pd import EnginePorts, Side, Ticks, make_config, run_until
 

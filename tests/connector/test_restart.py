@@ -14,8 +14,9 @@ from connector.config import ConnectorConfig
 from connector.metadata import StepMetadata
 from connector.params import parse_params
 from connector.ports import free_loopback_ports
+from connector.reasons import REASON_ENGINE_RESTARTED
 from connector.scheduler import SchedulerCore
-from connector.store import REASON_ENGINE_RESTARTED, open_ledger
+from connector.store import open_ledger
 from ledger.events import Fail, ReqId, TransferId
 from tests.connector.pd import EnginePorts, make_config
 

@@ -26,8 +26,8 @@ from connector.assemble import build_worker
 from connector.metadata import PeerRef
 from connector.params import consumer_params
 from connector.ports import free_loopback_ports
+from connector.reasons import REASON_PEER_UNLINKED
 from connector.worker import WorkerCore
-from connector.worker_base import REASON_PEER_UNLINKED
 from ledger.events import Fail, ReqId
 from tests.e2e.sched_harness import BLOCK_SIZE, NUM_BLOCKS, assert_empty, make_request, make_scheduler, make_vllm_config
 from tests.e2e.tiny_model import write_tiny_model
