@@ -11,7 +11,7 @@ configured `transfer_id_key` (`observe.transfer_id_key`), read on both sides.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ledger.events import Mode, ReqId, TransferId
@@ -88,14 +88,8 @@ NIXL = ParamsKeys(
     hold_default_s=30.0,
     expired_stat="num_kv_expired_reqs",
 )
-NIXL_PUSH = ParamsKeys(
-    connector="NixlPushConnector",
-    mode="write",
-    consumer_id_key="remote_request_id",
-    hold_key="kv_lease_duration",
-    hold_default_s=30.0,
-    expired_stat="num_kv_expired_reqs",
-)
+NIXL_PUSH = replace(NIXL, connector="NixlPushConnector", mode="write")
+"""NIXL's push (WRITE) variant: the same keys."""
 MORIIO = ParamsKeys(
     connector="MoRIIOConnector", mode="read", consumer_id_key="transfer_id", producer_id_key="transfer_id"
 )
