@@ -14,7 +14,9 @@ from typing import Any
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-FOLD_SOURCES = ("ledger/lifecycle.py", "ledger/side.py", "ledger/indexes.py", "ledger/upkeep.py", "ledger/fold.py")
+FOLD_SOURCES = (
+    "ledger/lifecycle.py", "ledger/side.py", "ledger/indexes.py", "ledger/upkeep.py", "ledger/fold.py", "ledger/log.py",
+)  # fmt: skip
 """The modules ledger/compiled.py knows as FOLD_MODULES (this file runs before the package imports)."""
 
 DIRECTIVES = {

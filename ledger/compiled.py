@@ -25,7 +25,9 @@ from importlib.machinery import ModuleSpec
 from types import GetSetDescriptorType, ModuleType
 from typing import Final
 
-FOLD_MODULES: Final = ("ledger.lifecycle", "ledger.side", "ledger.indexes", "ledger.upkeep", "ledger.fold")
+FOLD_MODULES: Final = (
+    "ledger.lifecycle", "ledger.side", "ledger.indexes", "ledger.upkeep", "ledger.fold", "ledger.log",
+)  # fmt: skip
 """The modules setup.py compiles, in import order."""
 
 LAYOUT_SOURCES: Final = ("events.py",)

@@ -85,18 +85,6 @@ def block_groups_of(block_ids: tuple[int, ...], groups: tuple[int, ...] | None) 
     return tuple(out)
 
 
-def local_exceeds_remote(m: Map) -> bool:
-    """A consumer holds more blocks than its producer filled (in some KV cache group): no pairing exists."""
-    remote = m.remote_block_ids
-    if m.role != "consumer" or remote is None:
-        return False
-    if m.block_groups is None or m.remote_block_groups is None:
-        return len(m.block_ids) > len(remote)
-    if len(m.block_groups) != len(m.remote_block_groups):
-        return True
-    return any(local > far for local, far in zip(m.block_groups, m.remote_block_groups, strict=True))
-
-
 class Schedule(_Envelope, tag="schedule", frozen=True):
     """A transfer operation is issued (or deferred: the remote is not ready yet).
 

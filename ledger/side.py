@@ -202,6 +202,21 @@ def bits(mask: int) -> set[int]:
     return out
 
 
+def local_exceeds_remote(m: Map) -> bool:
+    """A consumer holds more blocks than its producer filled (in some KV cache group): no pairing exists."""
+    remote = m.remote_block_ids
+    if m.role != "consumer" or remote is None:
+        return False
+    if m.block_groups is None or m.remote_block_groups is None:
+        return len(m.block_ids) > len(remote)
+    if len(m.block_groups) != len(m.remote_block_groups):
+        return True
+    for local, far in zip(m.block_groups, m.remote_block_groups, strict=True):  # noqa: SIM110 (compiled: no closure)
+        if local > far:
+            return True
+    return False
+
+
 def layers_mask(layers: tuple[int, ...]) -> int:
     """The bitmask of `layers`; -1 when one is outside [0, LAYERS_MAX) (the event is then
     evidence of a bad appender and changes no count)."""

@@ -13,6 +13,10 @@ cdef extern from *:
     """
     typedef struct {
         PyObject_HEAD
+        PyObject *seq, *source, *transfer_id, *ts;
+    } kvledger__Envelope;
+    typedef struct {
+        PyObject_HEAD
         PyObject *acked_mask, *acks_expected, *arrived_seq, *arrived_ts, *closed, *decision,
             *deferrals, *duplicate_seqs, *early_mask, *events, *expected, *first, *last, *late_seqs,
             *lease_until, *leases, *map_event, *mode, *over_ack_seqs, *pending_fail, *phase,
@@ -81,6 +85,12 @@ cdef extern from *:
         cdef object transient_since
         cdef object whole_acked
         cdef object whole_scheduled
+
+    ctypedef class ledger.events._Envelope [object kvledger__Envelope, check_size error]:
+        cdef object seq
+        cdef object source
+        cdef object transfer_id
+        cdef object ts
 
     ctypedef class ledger.events.Map [object kvledger_Map, check_size error]:
         cdef object seq

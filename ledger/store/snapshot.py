@@ -28,9 +28,9 @@ _STATE_FIELDS = frozenset({
     "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
     "tombstones_max", "tombstones_evicted", "id_memory", "orphan_tombstones", "orphan_tombstones_old",
     "orphan_tombstones_max", "orphans_evicted", "late_after_eviction", "reused_after_eviction",
-    "releases_by_cause", "blocks_held", "_handlers", "decided", "layer_masks", "forged_recent",
+    "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent",
 })  # fmt: skip
-"""Every LedgerState field this encoding knows; `_handlers` and `layer_masks` are rebuilt, not written, and
+"""Every LedgerState field this encoding knows; `layer_masks` is rebuilt, not written, and
 `forged_recent` (audit evidence of dropped forged messages) starts empty again: their counts are kept."""
 _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason", "lease_counts")
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
