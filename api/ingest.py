@@ -94,7 +94,12 @@ def find_gaps(events: list[Event], stored_max: dict[str, int]) -> list[Gap]:
 def _contiguous(events: list[Event], stored_max: dict[str, int]) -> bool:
     """Whether no seq is missing: each source's rising seqs follow on one by one from at most one past its
     highest stored seq (a source's first and last seq are its lowest and highest, as they rise)."""
-    sources, seqs = list(map(_source, events)), list(map(_seq, events))
+    sources: list[str] = list(map(_source, events))
+    seqs: list[int] = list(map(_seq, events))
+    if not sources:
+        return True
+    if sources.count(sources[0]) == len(sources):  # one source: the usual batch of one appender
+        return seqs[0] <= stored_max.get(sources[0], 0) + 1 and seqs[-1] - seqs[0] + 1 == len(seqs)
     lows = dict(zip(reversed(sources), reversed(seqs), strict=True))
     highs = dict(zip(sources, seqs, strict=True))
     counts = Counter(sources)
