@@ -1,7 +1,9 @@
-"""One append's SQL, built per batch: which of its rows are stored already, and each source's highest seq.
+"""One append's SQL, built per batch: which of its rows are stored already, each source's highest seq, and
+the store's highest cursor.
 
-Each is one statement for the whole batch (a UNION ALL with a term per source, each term an index
-range scan on `(source, seq)`), instead of a statement per source or per event.
+All three in one statement for the whole batch (a UNION ALL with two terms per source, each an index range
+scan or lookup on `(source, seq)`), instead of a statement per source or per event: a statement costs a
+round trip to PostgreSQL and tens of microseconds of SQLAlchemy on either backend.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from operator import itemgetter
 from ledger.store.base import ConflictError
 from ledger.store.rows import Row
 
-SOURCES_PER_QUERY = 200
-"""Sources per statement: SQLite allows 500 terms in one compound SELECT."""
+SOURCES_PER_QUERY = 150
+"""Sources per statement: SQLite allows 500 terms in one compound SELECT, and before 3.32 999 parameters
+(five per source)."""
+
+STORED, HIGHEST, CURSOR = 0, 1, 2
+"""The tag in the first column of each row of `lookup_sql`: what the row says."""
 
 _source, _seq = itemgetter(0), itemgetter(1)
 
@@ -24,7 +30,10 @@ def batch_keys(rows: list[Row]) -> tuple[dict[str, tuple[int, int]], bool]:
 
     Sorting the keys and building dicts from them runs in C: a loop over the rows in Python cost
     a fifth of what the whole append costs (benchmarks/store.py)."""
-    keys = list(zip(map(_source, rows), map(_seq, rows), strict=True))
+    sources, seqs = list(map(_source, rows)), list(map(_seq, rows))
+    if sources and sources.count(sources[0]) == len(sources):  # one source (an ingest batch): no sort needed
+        return {sources[0]: (min(seqs), max(seqs))}, len(set(seqs)) == len(seqs)
+    keys = list(zip(sources, seqs, strict=True))
     ordered = sorted(keys)
     highs = dict(ordered)  # the last pair of each source wins: its highest seq
     lows = dict(reversed(ordered))
@@ -37,18 +46,20 @@ def chunks(ranges: dict[str, tuple[int, int]]) -> Iterator[list[tuple[str, tuple
         yield items[first : first + SOURCES_PER_QUERY]
 
 
-@lru_cache(maxsize=64)
-def stored_rows_sql(sources: int, mark: str) -> str:
-    """(source, seq, body) of the stored rows in each of `sources` (source, low, high) ranges."""
-    term = f"SELECT source, seq, body FROM events WHERE source = {mark} AND seq BETWEEN {mark} AND {mark}"
-    return " UNION ALL ".join([term] * sources)
+def lookup_params(chunk: list[tuple[str, tuple[int, int]]]) -> tuple[str | int, ...]:
+    """The parameters of `lookup_sql(len(chunk), ...)`: (source, low, high, source, source) per source."""
+    return tuple(value for source, (low, high) in chunk for value in (source, low, high, source, source))
 
 
 @lru_cache(maxsize=64)
-def max_seq_sql(sources: int, mark: str) -> str:
-    """(source, highest stored seq or NULL) for each of `sources` sources, each given twice."""
-    term = f"SELECT {mark}, (SELECT max(seq) FROM events WHERE source = {mark})"
-    return " UNION ALL ".join([term] * sources)
+def lookup_sql(sources: int, mark: str) -> str:
+    """(tag, source, seq, body) rows for `sources` (source, low, high) ranges: tagged STORED, each stored row
+    in a range; tagged HIGHEST, each source and its highest stored seq (NULL: none); tagged CURSOR, the
+    store's highest cursor (NULL: empty) as the seq."""
+    stored = f"SELECT {STORED}, source, seq, body FROM events WHERE source = {mark} AND seq BETWEEN {mark} AND {mark}"
+    highest = f"SELECT {HIGHEST}, {mark}, (SELECT max(seq) FROM events WHERE source = {mark}), NULL"
+    cursor = f"SELECT {CURSOR}, NULL, (SELECT max(cursor) FROM events), NULL"
+    return " UNION ALL ".join([stored, highest] * sources + [cursor])
 
 
 def fresh_indices(rows: list[Row], stored: dict[tuple[str, int], bytes], unique: bool, where: str) -> list[int]:

@@ -7,7 +7,8 @@ that every backend, both encodings and the clock formatter can take.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import TypeAlias
 
 from ledger.events import EVENT_TYPES, Event, to_json, to_msgpack
@@ -28,6 +29,7 @@ QUARANTINE_COLUMNS = ("created_ts", "source", "seq", "reason", "body")
 
 # A dict lookup by type is several times cheaper than reading the struct config per event.
 _KIND_OF: dict[type, str] = {t: str(t.__struct_config__.tag) for t in EVENT_TYPES}
+_source, _seq, _ts, _transfer_id = attrgetter("source"), attrgetter("seq"), attrgetter("ts"), attrgetter("transfer_id")
 
 
 def encode_row(event: Event, index: int | None = None) -> Row:
@@ -48,11 +50,19 @@ def checked_row(event: Event) -> Row:
     return (event.source, event.seq, event.ts, _KIND_OF[type(event)], event.transfer_id, to_msgpack(event))
 
 
+def checked_rows(events: Sequence[Event]) -> list[Row]:
+    """`checked_row` of each event, built a column at a time: `map` over attribute getters runs in C, where
+    a Python call per event cost most of a 1,000-event ingest batch's encoding."""
+    source, seq, ts, transfer_id = map(_source, events), map(_seq, events), map(_ts, events), map(_transfer_id, events)
+    kind = map(_KIND_OF.__getitem__, map(type, events))
+    return list(zip(source, seq, ts, kind, transfer_id, map(to_msgpack, events), strict=True))
+
+
 def encode_rows(events: Iterable[Event], *, checked: bool = False) -> list[Row]:
     """`encode_row` of each event; the first invalid one raises with its index. With `checked` the caller
     has checked every event against `ledger.valid` already (ingest, the whole batch at once): not again."""
     if checked:
-        return list(map(checked_row, events))
+        return checked_rows(events if isinstance(events, Sequence) else list(events))
     return [encode_row(event, i) for i, event in enumerate(events)]
 
 

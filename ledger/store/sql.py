@@ -3,9 +3,10 @@
 The write path hands pre-encoded tuples to the driver inside a SQLAlchemy
 transaction (sqlite3's executemany, PostgreSQL's binary COPY): on SQLite that is
 most of raw sqlite3's speed, where building Core parameter dicts would cost a
-third of it (benchmarks/store.py). Which rows are stored already is one query per
-batch (ledger/store/batch.py), and `append_returning` reports the cursors the new
-rows got, so a service folds what it ingested without reading it back.
+third of it (benchmarks/store.py). Which rows are stored already, each source's
+highest seq and the highest cursor are one query per batch (ledger/store/batch.py),
+and `append_returning` reports the cursors the new rows got, so a service folds what
+it ingested without reading it back.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sqlalchemy import Connection, Engine, Select, delete, exc, func, insert, se
 
 from ledger.events import Event, TransferId, from_msgpack
 from ledger.store.base import Appended, Quarantined, StoredSnapshot, StoreError
-from ledger.store.batch import batch_keys, chunks, fresh_indices, max_seq_sql, stored_rows_sql
+from ledger.store.batch import CURSOR, STORED, batch_keys, chunks, fresh_indices, lookup_params, lookup_sql
 from ledger.store.errors import translate
 from ledger.store.limits import QUARANTINE_READ_MAX, READ_CHUNK_ROWS, TAIL_EVENTS_MAX
 from ledger.store.rows import INSERT_COLUMNS, QUARANTINE_COLUMNS, Row, encode_rows, quarantine_row
@@ -60,14 +61,13 @@ class SqlStore:
             return Appended([], 0, {})
         rows = encode_rows(events_, checked=checked)
         fresh, cursors, after_cursor, stored_max = self._append(rows, report=True)
-        return Appended([(cursors[n], events_[i]) for n, i in enumerate(fresh)], after_cursor, stored_max)
+        inserted = events_ if len(fresh) == len(events_) else map(events_.__getitem__, fresh)
+        return Appended(list(zip(cursors, inserted, strict=True)), after_cursor, stored_max)
 
     def _append(self, rows: list[Row], *, report: bool) -> tuple[list[int], list[int], int, dict[str, int]]:
         """Insert the rows not stored yet, in one transaction: (their positions in `rows`, and with
         `report` their cursors, the highest cursor before them and each source's highest seq before)."""
         cursors: list[int] = []
-        after_cursor = 0
-        stored_max: dict[str, int] = {}
         try:
             with self.engine.connect() as conn:
                 conn = conn.execution_options(kvledger_write=True)  # BEGIN IMMEDIATE on SQLite
@@ -77,10 +77,8 @@ class SqlStore:
                         # skips a row that commits late (eventsourcing's approach). Readers go on.
                         conn.exec_driver_sql("LOCK TABLE events IN EXCLUSIVE MODE")
                     ranges, unique = batch_keys(rows)
-                    fresh = fresh_indices(rows, self._stored(conn, ranges), unique, self.url)
-                    if report:
-                        stored_max = self._max_seqs(conn, ranges)
-                        after_cursor = self._max_cursor(conn)
+                    stored, stored_max, after_cursor = self._lookup(conn, ranges)
+                    fresh = fresh_indices(rows, stored, unique, self.url)
                     if fresh:
                         self._insert(conn, rows if len(fresh) == len(rows) else [rows[i] for i in fresh])
                         if report:
@@ -108,23 +106,24 @@ class SqlStore:
             # The driver's own error, as SQLAlchemy would have wrapped it, for `translate`.
             raise exc.DBAPIError.instance(self._copy_sql, None, error, psycopg.Error) from error
 
-    def _stored(self, conn: Connection, ranges: dict[str, tuple[int, int]]) -> dict[tuple[str, int], bytes]:
-        """Body of every stored row whose seq lies in its source's range of the batch."""
+    def _lookup(
+        self, conn: Connection, ranges: dict[str, tuple[int, int]]
+    ) -> tuple[dict[tuple[str, int], bytes], dict[str, int], int]:
+        """In one statement per chunk of sources: the body of every stored row whose seq lies in its source's
+        range of the batch, each source's highest stored seq (if it has any), and the highest cursor."""
         stored: dict[tuple[str, int], bytes] = {}
+        highest: dict[str, int] = {}
+        cursor = 0
         for chunk in chunks(ranges):
-            params = [value for source, (low, high) in chunk for value in (source, low, high)]
-            for source, seq, body in conn.exec_driver_sql(stored_rows_sql(len(chunk), self._mark), tuple(params)):
-                stored[(source, seq)] = bytes(body)
-        return stored
-
-    def _max_seqs(self, conn: Connection, ranges: dict[str, tuple[int, int]]) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for chunk in chunks(ranges):
-            params = tuple(value for source, _ in chunk for value in (source, source))
-            for source, seq in conn.exec_driver_sql(max_seq_sql(len(chunk), self._mark), params):
-                if seq is not None:
-                    found[source] = int(seq)
-        return found
+            found = conn.exec_driver_sql(lookup_sql(len(chunk), self._mark), lookup_params(chunk))
+            for tag, source, seq, body in found:
+                if tag == STORED:
+                    stored[(source, seq)] = bytes(body)
+                elif tag == CURSOR:
+                    cursor = int(seq or 0)
+                elif seq is not None:
+                    highest[source] = int(seq)
+        return stored, highest, cursor
 
     def _max_cursor(self, conn: Connection) -> int:
         return int(conn.exec_driver_sql("SELECT max(cursor) FROM events").scalar() or 0)

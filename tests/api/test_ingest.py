@@ -94,6 +94,32 @@ def test_out_of_order_batch_is_rejected(empty: TestClient, sqlite_url: str) -> N
     assert stored(sqlite_url) == 0
 
 
+@pytest.mark.parametrize(
+    ("order", "bad_index"),
+    [
+        ([("a", 1), ("b", 2), ("a", 2), ("b", 1)], 3),  # b goes back while a rises
+        ([("a", 1), ("b", 1), ("a", 1)], 2),  # a repeats, b in between
+        ([("b", 5), ("a", 1), ("a", 3), ("b", 6), ("a", 2), ("b", 4)], 4),  # the first of two is named
+    ],
+)
+def test_an_out_of_order_source_among_several_is_named(
+    empty: TestClient, sqlite_url: str, order: list[tuple[str, int]], bad_index: int
+) -> None:
+    events = [Side(f"remote-{source}/tp0").map(f"tx-{source}-{seq}", "r") for source, seq in order]
+    events = [msgspec.structs.replace(e, seq=seq) for e, (_, seq) in zip(events, order, strict=True)]
+    response = empty.post("/events", json=body(events), headers=AUTH)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["body", "events", bad_index, "seq"]
+    assert stored(sqlite_url) == 0
+
+
+def test_interleaved_sources_each_rising_are_taken(empty: TestClient) -> None:
+    a, b = Side("remote-a/tp0"), Side("remote-b/tp0")
+    events = [a.map("tx-1", "r-1"), b.map("tx-2", "r-2"), b.ack("tx-2", "release"), a.ack("tx-1", "release")]
+    result = empty.post("/events", json=body(events), headers=AUTH).json()
+    assert (result["inserted"], result["gaps"]) == (4, [])
+
+
 def _valid_map() -> dict[str, object]:
     return msgspec.to_builtins(Side("remote/tp0").map("tx-1", "r-1"))  # type: ignore[no-any-return]
 

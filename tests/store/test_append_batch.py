@@ -10,6 +10,7 @@ from ledger.events import Ack, Event, TransferId
 from ledger.store.base import ConflictError, EventStore, UnstorableEvent
 from ledger.store.batch import SOURCES_PER_QUERY
 from ledger.store.connect import open_store
+from ledger.store.rows import encode_row, encode_rows
 from ledger.synth import SynthConfig, generate
 
 
@@ -87,6 +88,27 @@ def test_more_sources_than_one_query_holds(store: EventStore) -> None:
     with pytest.raises(ConflictError, match=f"decode-{sources - 1}/tp0"):
         store.append_returning([msgspec.structs.replace(batch[-1], ts=2.0)])
     assert store.count() == 2 * sources
+
+
+def test_a_one_source_batch_is_checked_like_any(store: EventStore) -> None:
+    """The shape of an ingest batch (one appender's events): repeats and conflicts are found as in any batch."""
+    events = [e for e in _events(30) if e.source == _events(30)[0].source]
+    assert len(events) > 10
+    first = store.append_returning(events[:5], checked=True)
+    assert (first.after_cursor, first.stored_max, len(first.inserted)) == (0, {}, 5)
+    again = store.append_returning([*events[3:10], events[7]], checked=True)
+    assert [e for _, e in again.inserted] == events[5:10]
+    assert again.stored_max == {events[0].source: events[4].seq} and again.after_cursor == 5
+    with pytest.raises(ConflictError, match=f"seq {events[11].seq}"):
+        store.append_returning([events[10], events[11], msgspec.structs.replace(events[11], ts=1.0)], checked=True)
+    assert store.tail(0, 100) == [*first.inserted, *again.inserted]
+
+
+def test_checked_rows_are_the_rows_each_event_encodes_to() -> None:
+    events = _events(200)
+    assert len({type(e) for e in events}) > 3
+    assert encode_rows(events, checked=True) == [encode_row(e) for e in events]
+    assert encode_rows(iter(events), checked=True) == encode_rows(events)
 
 
 @pytest.mark.postgres
