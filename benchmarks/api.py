@@ -7,7 +7,10 @@ call, and for ingest raw `executemany` of the same events' rows in the same batc
 table made from the store's DDL; psycopg into a store of its own). Ingest into PostgreSQL goes to a
 schema of its own (a store prefilled with --pg-events), dropped at the end; --pg-url '' skips it.
 Ingested maps name blocks no live transfer holds (an engine maps free blocks): a batch re-mapping held
-blocks would measure the fold's double-claim path instead.
+blocks would measure the fold's double-claim path instead. Ingest is posted as engines post it: from client
+processes of their own (--ingest-clients, one source each, every client's batches in seq order), all at
+once; the figure is the events stored over the wall time from the first request to the last answer (in
+the service's process, a client would share its GIL and time the client's work as the service's).
 Then the service's start over a 1M-event store (benchmarks/ready.py): `ready_s_1m` from its snapshot, beside
 `ready_s_1m_refold`, the baseline, folding the whole store.
 """
@@ -18,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -76,13 +80,13 @@ def build_store(url: str, events_total: int, live: int, now: float) -> float:
     return time.perf_counter() - started
 
 
-def ingest_batches(count: int, now: float) -> list[list[Event]]:
-    """`count` batches of live maps from one source, seqs following on, each naming blocks of its own."""
+def ingest_batches(count: int, now: float, source: str = INGEST_SOURCE) -> list[list[Event]]:
+    """`count` batches of live maps from `source`, seqs following on, each naming blocks of its own."""
     batches: list[list[Event]] = []
     for b in range(count):
         first = b * INGEST_BATCH_EVENTS
         batches.append([
-            Map(seq=first + i + 1, ts=now, source=INGEST_SOURCE, transfer_id=TransferId(f"in-{b}-{i}"),
+            Map(seq=first + i + 1, ts=now, source=source, transfer_id=TransferId(f"in-{b}-{i}"),
                 request_id=ReqId(f"p-in-{b}-{i}"), role="producer", mode="read",
                 block_ids=tuple(range(4 * (first + i), 4 * (first + i) + 4)), deadline=now + 3600.0)
             for i in range(INGEST_BATCH_EVENTS)
@@ -90,18 +94,57 @@ def ingest_batches(count: int, now: float) -> list[list[Event]]:
     return batches
 
 
-def ingest_events_per_s(base: str, batches: list[list[Event]]) -> float:
-    """POST /events of each batch (encoded beforehand), timed from the request to the answer."""
-    bodies = [msgspec.json.encode({"events": batch}) for batch in batches]
+def ingest_sources(clients: int) -> list[str]:
+    return [f"{INGEST_SOURCE.split('/')[0]}-{c}/tp0" for c in range(clients)]
+
+
+def ingest_events_per_s(base: str, batches_by_source: list[list[list[Event]]]) -> float:
+    """POST /events of each source's batches (encoded beforehand), each source from a client process of its
+    own, all started at once: events stored per second of wall time, first request to last answer."""
+    folder = Path(tempfile.mkdtemp(prefix="kvledger-ingest-"))
+    clients: list[subprocess.Popen[str]] = []
+    try:
+        for c, batches in enumerate(batches_by_source):
+            bodies = folder / f"client-{c}.jsonl"
+            bodies.write_bytes(b"".join(msgspec.json.encode({"events": batch}) + b"\n" for batch in batches))
+            command = [sys.executable, str(Path(__file__).resolve()), "--post-client", base, str(bodies)]
+            clients.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for client in clients:  # each has read its bodies and opened its connection
+            assert client.stdout is not None and client.stdout.readline().strip() == "ready"
+        for client in clients:
+            assert client.stdin is not None
+            client.stdin.write("go\n")
+            client.stdin.flush()
+        answers = [json.loads(client.communicate()[0].splitlines()[-1]) for client in clients]
+    finally:
+        for client in clients:
+            if client.poll() is None:
+                client.kill()
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()
+    expected = sum(len(batch) for batches in batches_by_source for batch in batches)
+    assert sum(a["inserted"] for a in answers) == expected, answers
+    return expected / float(max(a["end"] for a in answers) - min(a["start"] for a in answers))
+
+
+def post_client(base: str, bodies_path: str) -> None:
+    """A client process: post each line of `bodies_path` to POST /events in order once told to go, then
+    print when it started and ended (wall clock, comparable across processes) and how many were stored."""
+    bodies = Path(bodies_path).read_bytes().splitlines()
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    elapsed = 0.0
-    with httpx.Client(base_url=base, timeout=60) as client:
-        for body, batch in zip(bodies, batches, strict=True):
-            t0 = time.perf_counter()
+    with httpx.Client(base_url=base, timeout=120) as client:
+        client.get("/healthz")
+        print("ready", flush=True)
+        sys.stdin.readline()
+        inserted = 0
+        start = time.time()
+        for body in bodies:
             response = client.post("/events", content=body, headers=headers)
-            elapsed += time.perf_counter() - t0
-            assert response.status_code == 200 and response.json()["inserted"] == len(batch), response.text
-    return sum(map(len, batches)) / elapsed
+            assert response.status_code == 200, response.text
+            inserted += response.json()["inserted"]
+        end = time.time()
+    print(json.dumps({"start": start, "end": end, "inserted": inserted}), flush=True)
 
 
 def raw_pg_rows_per_s(pg_url: str, batches: list[list[Event]]) -> float:
@@ -125,7 +168,7 @@ def raw_pg_rows_per_s(pg_url: str, batches: list[list[Event]]) -> float:
     return sum(map(len, batches)) / elapsed
 
 
-def pg_ingest(pg_url: str, prefill: int, batches: list[list[Event]]) -> dict[str, float]:
+def pg_ingest(pg_url: str, prefill: int, batches_by_source: list[list[list[Event]]]) -> dict[str, float]:
     """Ingest into a PostgreSQL store of its own (prefilled), and the raw baseline; both schemas dropped."""
     import psycopg
 
@@ -140,11 +183,11 @@ def pg_ingest(pg_url: str, prefill: int, batches: list[list[Event]]) -> dict[str
         app = create_app(Settings(db=url, token=TOKEN, poll_interval_s=0.5))  # type: ignore[arg-type]
         server, thread, base, _ = start_server(app)
         try:
-            served = ingest_events_per_s(base, batches)
+            served = ingest_events_per_s(base, batches_by_source)
         finally:
             server.should_exit = True
             thread.join()
-        raw = raw_pg_rows_per_s(f"{pg_url}?schema={schemas[1]}", batches)
+        raw = raw_pg_rows_per_s(f"{pg_url}?schema={schemas[1]}", [b for batches in batches_by_source for b in batches])
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for schema in schemas:
@@ -174,10 +217,15 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--live", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=2_000)
-    parser.add_argument("--ingest-batches", type=int, default=50)
+    parser.add_argument("--ingest-batches", type=int, default=50, help="1,000-event batches in all")
+    parser.add_argument("--ingest-clients", type=int, default=2, help="client processes posting, a source each")
+    parser.add_argument("--post-client", nargs=2, metavar=("BASE", "BODIES"), help=argparse.SUPPRESS)
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL for the ingest figure ('' to skip)")
     parser.add_argument("--pg-events", type=int, default=100_000, help="Events in the PostgreSQL store first")
     args = parser.parse_args()
+    if args.post_client:
+        post_client(*args.post_client)
+        return
     folder = tempfile.mkdtemp(prefix="kvledger-bench-")
     url = f"sqlite:///{folder}/ledger.db"
     now = time.time()
@@ -199,14 +247,17 @@ def main() -> None:
             response = client.get("/audit")
             latencies.append((time.perf_counter() - t0) * 1000)
             assert response.status_code == 200
-    batches = ingest_batches(args.ingest_batches, time.time())
-    ingest = ingest_events_per_s(base, batches)
+    now = time.time()
+    per_client = max(1, args.ingest_batches // args.ingest_clients)
+    by_source = [ingest_batches(per_client, now, source) for source in ingest_sources(args.ingest_clients)]
+    batches = [batch for batches in by_source for batch in batches]
+    ingest = ingest_events_per_s(base, by_source)
     server.should_exit = True
     thread.join()
     raw_dir = Path(folder) / "raw"
     raw_dir.mkdir()
     raw_ingest = raw_rows_per_s([e for b in batches for e in b], raw_dir, INGEST_BATCH_EVENTS, events_ddl(raw_dir))
-    postgres = pg_ingest(args.pg_url, args.pg_events, batches) if args.pg_url else {}
+    postgres = pg_ingest(args.pg_url, args.pg_events, by_source) if args.pg_url else {}
     ready = measure_ready_in_child()  # its own 1M-event store, whatever --events says
     result = {
         "events": args.events,
@@ -219,6 +270,7 @@ def main() -> None:
         "audit_p50_ms": round(statistics.median(latencies), 2),
         "audit_p99_ms": round(percentile(latencies, 99), 2),
         "audit_max_ms": round(max(latencies), 2),
+        "ingest_clients": args.ingest_clients,
         "ingest_events_per_s": round(ingest),
         "ingest_raw_events_per_s": round(raw_ingest),
         **postgres,
