@@ -1,5 +1,6 @@
 # The memory layout of the msgspec Structs the compiled fold reads and writes on every event: a side
-# (ledger/side.py) and the events it folds (ledger/events.py). Declared, the compiled fold reads and
+# (ledger/side.py) and the events it folds (ledger/events.py), with their envelope (`_Envelope`: what a
+# replay reads of an event of any kind). Declared, the compiled fold reads and
 # writes their fields as C struct members instead of through Python's attribute lookup (most of what the
 # compiled fold otherwise spends). Nothing here runs interpreted.
 #
@@ -19,6 +20,10 @@ cdef extern from *:
             *ranks_mask, *recv, *retries, *reuse_seqs, *reused_by, *role, *scheduled_mask, *source,
             *transfer_id, *transient_failures, *transient_since, *whole_acked, *whole_scheduled;
     } kvledger_TransferState;
+    typedef struct {
+        PyObject_HEAD
+        PyObject *seq, *source, *transfer_id, *ts;
+    } kvledger__Envelope;
     typedef struct {
         PyObject_HEAD
         PyObject *seq, *source, *transfer_id, *ts, *acks_expected, *block_groups, *block_ids,
@@ -81,6 +86,12 @@ cdef extern from *:
         cdef object transient_since
         cdef object whole_acked
         cdef object whole_scheduled
+
+    ctypedef class ledger.events._Envelope [object kvledger__Envelope, check_size error]:
+        cdef object seq
+        cdef object source
+        cdef object transfer_id
+        cdef object ts
 
     ctypedef class ledger.events.Map [object kvledger_Map, check_size error]:
         cdef object seq
