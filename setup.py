@@ -15,8 +15,18 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 FOLD_SOURCES = (
-    "ledger/lifecycle.py", "ledger/side.py", "ledger/indexes.py", "ledger/upkeep.py", "ledger/fold.py", "ledger/log.py",
-)  # fmt: skip
+    "ledger/lifecycle.py",
+    "ledger/side.py",
+    "ledger/indexes.py",
+    "ledger/idmemory.py",
+    "ledger/upkeep.py",
+    "ledger/fold.py",
+    "ledger/log.py",
+    "ledger/valid.py",
+    "ledger/jsonl.py",
+    "ledger/advice.py",
+    "ledger/replay.py",
+)
 """The modules ledger/compiled.py knows as FOLD_MODULES (this file runs before the package imports)."""
 
 DIRECTIVES = {

@@ -30,8 +30,22 @@ RecorderPlain = tuple[list[tuple[str, HistogramPlain]], HistogramPlain, Histogra
 """A LatencyRecorder as plain data (`to_plain`)."""
 
 
+_MIN_S = BUCKET_MIN_S
+"""`BUCKET_MIN_S` as the compiled module reads it (a C double: ledger/advice.pxd)."""
+
+
+def _bucket(value_s: float) -> int:
+    """The histogram bucket of a latency."""
+    if value_s <= _MIN_S:
+        return 0
+    return 1 + int(math.log(value_s / _MIN_S) / _LOG_RATIO)
+
+
 class LatencyHistogram:
-    """Counts of latencies in log-scale buckets; exact count, min and max."""
+    """Counts of latencies in log-scale buckets; exact count, min and max.
+
+    Compiled (ledger/advice.pxd), this and `LatencyRecorder` are extension types: a replay records
+    every release, and their fields and `add_in` are then C."""
 
     def __init__(self) -> None:
         self.counts: dict[int, int] = {}
@@ -39,17 +53,11 @@ class LatencyHistogram:
         self.max_s = 0.0
 
     @staticmethod
-    def _bucket(value_s: float) -> int:
-        if value_s <= BUCKET_MIN_S:
-            return 0
-        return 1 + int(math.log(value_s / BUCKET_MIN_S) / _LOG_RATIO)
-
-    @staticmethod
     def _upper(bucket: int) -> float:
         return BUCKET_MIN_S * BUCKET_RATIO**bucket
 
     def add(self, value_s: float) -> None:
-        self.add_in(self._bucket(value_s), value_s)
+        self.add_in(_bucket(value_s), value_s)
 
     def add_in(self, bucket: int, value_s: float) -> None:
         """`add`, with the bucket already computed (one release lands in several histograms)."""
@@ -88,7 +96,7 @@ class LatencyHistogram:
 
     def count_above(self, threshold_s: float) -> int:
         """Latencies above `threshold_s` (to bucket resolution)."""
-        edge = self._bucket(threshold_s)
+        edge = _bucket(threshold_s)
         return sum(n for bucket, n in self.counts.items() if bucket > edge)
 
 
@@ -127,16 +135,17 @@ class LatencyRecorder:
         held_s = release.ts - side.first_ts
         if held_s < 0.0:
             held_s = 0.0
-        bucket = LatencyHistogram._bucket(held_s)
+        bucket = _bucket(held_s)
         self.all_causes.add_in(bucket, held_s)
-        if release.cause == "completed":
+        cause = release.cause
+        if cause == "completed":
             self.completed.add_in(bucket, held_s)
             kind = f"{release.role}/{release.mode}"
             histogram = self.by_kind.get(kind)
             if histogram is None:
                 histogram = self.by_kind[kind] = LatencyHistogram()
             histogram.add_in(bucket, held_s)
-        elif release.cause == "expired":
+        elif cause == "expired":
             self.expired_releases += 1
             self.expired_block_seconds += held_s * len(release.block_ids)
         return held_s

@@ -26,9 +26,21 @@ from types import GetSetDescriptorType, ModuleType
 from typing import Final
 
 FOLD_MODULES: Final = (
-    "ledger.lifecycle", "ledger.side", "ledger.indexes", "ledger.upkeep", "ledger.fold", "ledger.log",
-)  # fmt: skip
-"""The modules setup.py compiles, in import order."""
+    "ledger.lifecycle",
+    "ledger.side",
+    "ledger.indexes",
+    "ledger.idmemory",
+    "ledger.upkeep",
+    "ledger.fold",
+    "ledger.log",
+    "ledger.valid",
+    "ledger.jsonl",
+    "ledger.advice",
+    "ledger.replay",
+)
+"""The modules setup.py compiles, in import order: the fold's, an append's numbering loop (log), and a
+replay's hot path (reading a JSONL log, its chunk check, the latency histograms, the loop that folds a
+chunk)."""
 
 LAYOUT_SOURCES: Final = ("events.py",)
 """Interpreted modules whose classes' memory layout the compiled fold is built for (ledger/structs.pxd,

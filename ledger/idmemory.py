@@ -72,24 +72,16 @@ class IdMemory:
                 self.current[:] = bytes(len(self.current))
             self.count = 0
         position, step = self._hashes(source, transfer_id)
-        bits, mask = self.current, self.mask
-        for _ in range(self.hashes):  # one loop, no list: this runs for every side compacted
-            position = (position + step) & mask
-            bits[position >> 3] |= 1 << (position & 7)
+        _set_bits(self.current, position, step, self.mask, self.hashes)
         self.count += 1
         self.added += 1
 
     def contains(self, source: str, transfer_id: str) -> bool:
-        h1, step = self._hashes(source, transfer_id)
+        position, step = self._hashes(source, transfer_id)
         mask, hashes = self.mask, self.hashes
         generations = [self.current, *self.older] if self.count else list(self.older)
-        for bits in generations:
-            position = h1
-            for _ in range(hashes):
-                position = (position + step) & mask
-                if not bits[position >> 3] & (1 << (position & 7)):
-                    break
-            else:
+        for bits in generations:  # noqa: SIM110 (a loop: compiled, C; `any` of a generator would not be)
+            if _has_bits(bits, position, step, mask, hashes):
                 return True
         return False
 
@@ -118,3 +110,21 @@ class IdMemory:
         memory.older.extend(bytearray(bloom) for bloom in blooms[1:])
         memory.count, memory.added = count, added
         return memory
+
+
+# The bit loops, apart: compiled (ledger/idmemory.pxd) they run on 64-bit C integers. `(position + step) &
+# mask` is the same there: mask is below 2**64, so a sum that wraps at 2**64 keeps the bits it keeps.
+
+
+def _set_bits(bits: bytearray, position: int, step: int, mask: int, hashes: int) -> None:
+    for _ in range(hashes):  # one loop, no list: this runs for every side compacted
+        position = (position + step) & mask
+        bits[position >> 3] |= 1 << (position & 7)
+
+
+def _has_bits(bits: bytearray, position: int, step: int, mask: int, hashes: int) -> bool:
+    for _ in range(hashes):
+        position = (position + step) & mask
+        if not bits[position >> 3] & (1 << (position & 7)):
+            return False
+    return True

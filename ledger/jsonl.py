@@ -20,6 +20,13 @@ from ledger.events import Event
 from ledger.limits import JSONL_CHUNK_BYTES, JSONL_HEADER_DEPTH_MAX, JSONL_LINE_BYTES_MAX
 from ledger.valid import event_problem, json_chunk_valid
 
+try:
+    import cython
+except ImportError:  # no Cython here: this module runs as Python
+    COMPILED = False
+else:
+    COMPILED = cython.compiled
+
 FORMAT = "kvledger"
 VERSION = 1
 
@@ -142,14 +149,12 @@ class LogReader:
             except _DECODE_ERRORS:
                 yield list(self._line_by_line(chunk))
                 continue
-            if (
-                (len(chunk) > JSONL_LINE_BYTES_MAX and max(map(len, chunk.split(b"\n"))) > JSONL_LINE_BYTES_MAX)
-                or (events and min(map(_seq_of, events)) < 1)
-                or (self.check and not json_chunk_valid(events, chunk))
-            ):  # fmt: skip
+            # Checked, seq >= 1 is one of the chunk check's rules; unchecked, it is looked at alone.
+            odd = not json_chunk_valid(events, chunk) if self.check else bool(events) and min(map(_seq_of, events)) < 1
+            if odd or (len(chunk) > JSONL_LINE_BYTES_MAX and max(map(len, chunk.split(b"\n"))) > JSONL_LINE_BYTES_MAX):
                 yield list(self._line_by_line(chunk))
                 continue
-            self.line += chunk.count(b"\n") + (0 if chunk.endswith(b"\n") else 1)
+            self.line += _newlines(chunk) + (0 if chunk.endswith(b"\n") else 1)
             yield events
 
     def _line_by_line(self, chunk: bytes) -> Iterator[Event]:
@@ -179,6 +184,17 @@ class LogReader:
             if not self.skip_bad_lines:
                 raise LogFormatError(self.name, self.line, error)
             self.skipped.append((self.line, error))
+
+
+def _newlines(chunk: bytes) -> int:
+    """How many lines `chunk` ends. Compiled (ledger/jsonl.pxd), a loop over its bytes that the C compiler
+    vectorizes, several times faster than `bytes.count`'s byte-at-a-time loop."""
+    if not COMPILED:
+        return chunk.count(b"\n")
+    n = 0
+    for byte in chunk:
+        n += byte == 10  # a newline
+    return n
 
 
 def open_log(path: str | os.PathLike[str], *, skip_bad_lines: bool = False, check: bool = True) -> LogReader:

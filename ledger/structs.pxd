@@ -1,5 +1,6 @@
 # The memory layout of the msgspec Structs the compiled fold reads and writes on every event: a side
-# (ledger/side.py) and the events it folds (ledger/events.py). Declared, the compiled fold reads and
+# (ledger/side.py) and the events it folds (ledger/events.py), with their envelope (`_Envelope`: what a
+# replay reads of an event of any kind). Declared, the compiled fold reads and
 # writes their fields as C struct members instead of through Python's attribute lookup (most of what the
 # compiled fold otherwise spends). Nothing here runs interpreted.
 #
@@ -13,16 +14,16 @@ cdef extern from *:
     """
     typedef struct {
         PyObject_HEAD
-        PyObject *seq, *source, *transfer_id, *ts;
-    } kvledger__Envelope;
-    typedef struct {
-        PyObject_HEAD
         PyObject *acked_mask, *acks_expected, *arrived_seq, *arrived_ts, *closed, *decision,
             *deferrals, *duplicate_seqs, *early_mask, *events, *expected, *first, *last, *late_seqs,
             *lease_until, *leases, *map_event, *mode, *over_ack_seqs, *pending_fail, *phase,
             *ranks_mask, *recv, *retries, *reuse_seqs, *reused_by, *role, *scheduled_mask, *source,
             *transfer_id, *transient_failures, *transient_since, *whole_acked, *whole_scheduled;
     } kvledger_TransferState;
+    typedef struct {
+        PyObject_HEAD
+        PyObject *seq, *source, *transfer_id, *ts;
+    } kvledger__Envelope;
     typedef struct {
         PyObject_HEAD
         PyObject *seq, *source, *transfer_id, *ts, *acks_expected, *block_groups, *block_ids,

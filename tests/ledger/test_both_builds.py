@@ -45,7 +45,7 @@ def test_both_builds_decide_and_find_the_same_on_generated_histories() -> None:
 
 
 def test_the_environment_variable_runs_every_fold_module_from_its_source() -> None:
-    probe = "import importlib, json; from ledger.compiled import FOLD_MODULES as M, compiled; "
+    probe = "import json, importlib; from ledger.compiled import FOLD_MODULES as M, compiled; "
     probe += "print(json.dumps([compiled(), [importlib.import_module(m).__file__ for m in M]]))"
     is_compiled, files = json.loads(_interpreted(["-c", probe]).stdout)
     assert is_compiled is False

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import ledger.jsonl as jsonl_module
 from ledger.audit import audit
+from ledger.events import Event
 from ledger.jsonl import LogFormatError, read_chunks, read_events, write_log
 from ledger.merge import batched
 from ledger.replay import ReplayResult, replay_chunks
@@ -64,3 +67,26 @@ def test_a_bad_line_inside_a_chunk_is_named_and_nothing_of_its_chunk_is_folded(
     with pytest.raises(LogFormatError) as again:
         list(read_events(path))
     assert again.value.line == 31
+
+
+def test_a_replay_leaves_the_collector_as_it_found_it() -> None:
+    """The collector is paused while a replay folds (it would free nothing), and only then."""
+    events = list(generate(CFG, seed=7))[:200]
+
+    def failing() -> Iterator[list[Event]]:
+        yield events[:100]
+        raise OSError("the disk went away")
+
+    assert gc.isenabled()
+    seen: list[bool] = []
+    replay_chunks(batched(events, 50), on_progress=lambda n: seen.append(gc.isenabled()))
+    assert seen == [False] * 4 and gc.isenabled()
+    with pytest.raises(OSError, match="went away"):
+        replay_chunks(failing())
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        replay_chunks(batched(events, 50))
+        assert not gc.isenabled()  # a caller's own pause is kept
+    finally:
+        gc.enable()

@@ -14,7 +14,7 @@ from ledger.events import Event, from_msgpack, to_msgpack
 from ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
 from ledger.store.rows import encode_row
 from ledger.synth import SynthConfig, generate
-from ledger.valid import InvalidEvent, check_event, event_problem, json_chunk_valid
+from ledger.valid import InvalidEvent, _each_fits, check_event, event_problem, json_chunk_valid
 from tests.fuzz.strategies import events
 from tests.ledger.builders import Side
 
@@ -80,6 +80,20 @@ def test_the_chunk_check_never_accepts_what_the_definition_rejects(batch: list[E
         return  # NaN and infinity encode as null: such a line never decodes to reach the check
     if json_chunk_valid(decoded, raw):
         assert [event_problem(e) for e in decoded] == [None] * len(decoded)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events, min_size=1, max_size=8))
+def test_the_chunk_checks_event_loop_is_the_definition_but_for_nul(batch: list[Event]) -> None:
+    """The loop the compiled build runs (and the interpreted one can): exactly `event_problem`, but for
+    NUL characters, which the chunk check looks for in the bytes before."""
+    raw = _encoder.encode_lines(batch)
+    try:
+        decoded = _decoder.decode_lines(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+        return
+    decoded = [e for e in decoded if b"\\u0000" not in _encoder.encode(e)]
+    assert _each_fits(decoded) == all(event_problem(e) is None for e in decoded)
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,15 @@
+# Cython declarations for ledger/replay.py (see indexes.pxd): a chunk is folded in one C loop that calls
+# the compiled fold's `apply` as a C method and reads each event's ts from its envelope
+# (ledger/structs.pxd) as a C double.
+
+cimport cython
+
+from ledger.advice cimport LatencyRecorder
+from ledger.fold cimport Fold
+from ledger.structs cimport _Envelope
+
+
+@cython.locals(fold=Fold, first=_Envelope, envelope=_Envelope, ts=double, newest=double)
+cdef double _fold_chunk(object state, list chunk, list decided) except? -1.0
+
+cdef _observe(LatencyRecorder latencies, list decided, dict transfers)
