@@ -16,6 +16,7 @@ from setuptools.command.build_ext import build_ext
 
 FOLD_SOURCES = (
     "ledger/lifecycle.py",
+    "ledger/transfer_state.py",
     "ledger/side.py",
     "ledger/indexes.py",
     "ledger/idmemory.py",

@@ -27,6 +27,7 @@ from typing import Final
 
 FOLD_MODULES: Final = (
     "ledger.lifecycle",
+    "ledger.transfer_state",
     "ledger.side",
     "ledger.indexes",
     "ledger.idmemory",

@@ -1,8 +1,10 @@
-# Cython declarations for ledger/side.py: see indexes.pxd. The completion rule is called from the
-# fold as a C function (cimported in fold.pxd), and so is a map's own consistency rule (its map read as
-# an object: ledger/structs.pxd declares this module's TransferState, and cimporting it here would import
-# this module while it initialises).
+# Cython declarations for ledger/side.py: see indexes.pxd. The completion rule and a map's own consistency
+# rule are called from the fold as C functions (cimported in fold.pxd), and read the side and the map as
+# C structs (ledger/structs.pxd).
 
-cpdef object completed_by(object t)
+from ledger.structs cimport Map
+from ledger.structs cimport TransferState as Side
+
+cpdef object completed_by(Side t)
 cpdef object layers_mask(tuple layers)
-cpdef bint local_exceeds_remote(object m) except -1
+cpdef bint local_exceeds_remote(Map m) except -1

@@ -1,5 +1,5 @@
 # The memory layout of the msgspec Structs the compiled fold reads and writes on every event: a side
-# (ledger/side.py) and the events it folds (ledger/events.py), with their envelope (`_Envelope`: what a
+# (ledger/transfer_state.py) and the events it folds (ledger/events.py), with their envelope (`_Envelope`: what a
 # replay reads of an event of any kind). Declared, the compiled fold reads and
 # writes their fields as C struct members instead of through Python's attribute lookup (most of what the
 # compiled fold otherwise spends). Nothing here runs interpreted.
@@ -51,7 +51,7 @@ cdef extern from *:
     } kvledger_Expire;
     """
 
-    ctypedef class ledger.side.TransferState [object kvledger_TransferState, check_size error]:
+    ctypedef class ledger.transfer_state.TransferState [object kvledger_TransferState, check_size error]:
         cdef object acked_mask
         cdef object acks_expected
         cdef object arrived_seq
