@@ -134,9 +134,14 @@ class ConnectorConfig:
         lease renewal; with leases on, the scheduler half's deadline is the backstop (kv_lease_max, never
         sooner than defer_timeout): it is decided by its worker's report, or at the backstop if the worker
         died."""
+        return now + self.producer_hold_s(scheduler=scheduler)
+
+    def producer_hold_s(self, *, scheduler: bool) -> float:
+        """How long after its map a producer side's deadline falls (`producer_deadline`): a constant of the
+        config, so that a hook can take it once rather than per request."""
         if scheduler and self.leases:
-            return now + max(self.defer_timeout_s, self.kv_lease_max_s)
-        return now + self.defer_timeout_s
+            return max(self.defer_timeout_s, self.kv_lease_max_s)
+        return self.defer_timeout_s
 
     @functools.cached_property
     def address(self) -> PeerRef:

@@ -4,7 +4,7 @@ params) and the workers (from the step's metadata), so both halves describe a tr
 from __future__ import annotations
 
 from connector.metadata import PeerRef
-from ledger.events import Map, Mode, ReqId, Role, TransferId
+from ledger.events import UNASSIGNED_SEQ, Map, Mode, ReqId, Role, TransferId
 
 
 def side_map(
@@ -22,10 +22,13 @@ def side_map(
     block_groups: tuple[int, ...] | None = None,
     remote_block_groups: tuple[int, ...] | None = None,
     acks_expected: int = 1,
+    seq: int = UNASSIGNED_SEQ,
 ) -> Map:
     """`peer`: the remote engine the params named (recorded as its label); None where the side has none
-    (a READ producer does not know its reader) or the params named none."""
+    (a READ producer does not know its reader) or the params named none. `seq`: the one the log will give
+    it, where the caller knows (the log then keeps the event as built instead of copying it to stamp it)."""
     return Map(
+        seq=seq,
         ts=ts,
         source=source,
         transfer_id=transfer_id,

@@ -60,10 +60,16 @@ def parse_params(raw: Mapping[str, Any] | None) -> TransferParams | None:
     """None when the request takes no part in a kvledger transfer; ParamsError when it is malformed."""
     if not raw or "transfer_id" not in raw:
         return None
+    data = raw if type(raw) is dict else dict(raw)
     try:
-        params = msgspec.convert(dict(raw), TransferParams, strict=False)
-    except msgspec.ValidationError as error:
-        raise ParamsError(f"kv_transfer_params: {error}") from None
+        # Lax conversion (a port given as "7001") only widens what strict accepts, with the same result
+        # where both accept: strict first is the same answer, and half the cost for well-typed params.
+        params = msgspec.convert(data, TransferParams)
+    except msgspec.ValidationError:
+        try:
+            params = msgspec.convert(data, TransferParams, strict=False)
+        except msgspec.ValidationError as error:
+            raise ParamsError(f"kv_transfer_params: {error}") from None
     if not params.transfer_id:
         raise ParamsError("kv_transfer_params.transfer_id: empty")
     # What the ledger will record must be a valid event (ledger/valid.py): refused here, at the edge, a
@@ -97,6 +103,35 @@ def remote_prefill_taken(raw: dict[str, Any]) -> None:
     raw["do_remote_prefill"] = False
 
 
+class ConsumerParams:
+    """What a producer's `request_finished` returns for the consumer (through the proxy): the transfer, the
+    producer's blocks and the producer itself (its `ConnectorConfig.address`, as the `remote_*` fields that
+    `TransferParams.peer` reads back). Built from a template of `producer`'s fields, taken once: a copy of it
+    and two keys set cost half of a ten-key literal, on every request_finished."""
+
+    def __init__(self, producer: PeerRef) -> None:
+        self._template: dict[str, Any] = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "transfer_id": "",  # set per transfer, in place: the keys keep this order
+            "remote_block_ids": [],  # set per transfer
+            "remote_engine_id": producer.engine_id,
+            "remote_host": producer.host,
+            "remote_handshake_port": producer.handshake_port,
+            "remote_notify_port": producer.notify_port,
+            "remote_tp_size": producer.tp_size,
+            "remote_dp_rank": producer.dp_rank,
+        }
+
+    def __call__(
+        self, transfer_id: TransferId, block_ids: tuple[int, ...], *, block_groups: tuple[int, ...] | None = None
+    ) -> dict[str, Any]:
+        params = self._template.copy()
+        params["transfer_id"] = transfer_id
+        params["remote_block_ids"] = list(block_ids)
+        return params if block_groups is None else {"remote_block_groups": list(block_groups), **params}
+
+
 def consumer_params(
     transfer_id: TransferId,
     block_ids: tuple[int, ...],
@@ -104,20 +139,5 @@ def consumer_params(
     *,
     block_groups: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """What a producer's `request_finished` returns for the consumer (through the proxy): the transfer, the
-    producer's blocks and the producer itself (its `ConnectorConfig.address`, as the `remote_*` fields that
-    `TransferParams.peer` reads back)."""
-    groups = {} if block_groups is None else {"remote_block_groups": list(block_groups)}
-    return {
-        **groups,
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "transfer_id": transfer_id,
-        "remote_block_ids": list(block_ids),
-        "remote_engine_id": producer.engine_id,
-        "remote_host": producer.host,
-        "remote_handshake_port": producer.handshake_port,
-        "remote_notify_port": producer.notify_port,
-        "remote_tp_size": producer.tp_size,
-        "remote_dp_rank": producer.dp_rank,
-    }
+    """`ConsumerParams(producer)` for one transfer."""
+    return ConsumerParams(producer)(transfer_id, block_ids, block_groups=block_groups)

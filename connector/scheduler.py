@@ -22,7 +22,7 @@ from connector.index import RequestIndex
 from connector.limits import LEASES_TRACKED_MAX
 from connector.maps import side_map
 from connector.metadata import AbortItem, FailItem, LeaseItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
-from connector.params import TransferParams, consumer_params
+from connector.params import ConsumerParams, TransferParams
 from connector.reasons import REASON_ABORTED_BEFORE_ALLOCATION, REASON_PEER_NOT_ALLOWED, REASON_WORKER_RECV_FAILED
 from connector.store import abandon_inherited
 from ledger.decisions import Release, VllmOutcome
@@ -45,6 +45,12 @@ class SchedulerCore:
         self.ledger = ledger
         self.source = ledger.source
         self.state = ledger.state
+        self._log = ledger.log
+        """Every event this core appends is built with its seq, `self._log.next_seq` read as it is built:
+        exact, because this core is its ledger's only appender (vLLM calls the scheduler hooks from one
+        thread), and it spares the log a copy of each event to stamp it."""
+        self._producer_hold_s = config.producer_hold_s(scheduler=True)
+        self._consumer_params = ConsumerParams(config.address)
         self.index = RequestIndex(ledger.log)
         self.counters: Counter[str] = Counter()
         self._step = StepMetadata()
@@ -83,8 +89,9 @@ class SchedulerCore:
 
     def _record_blockless_map(self, request_id: ReqId, params: TransferParams, role: Role, now: float) -> None:
         """A side that holds no blocks (refused, or ended before its allocation): the log says what happened."""
-        self._record(
+        self.ledger.append(
             side_map(
+                seq=self._log.next_seq,
                 ts=now,
                 source=self.source,
                 transfer_id=params.transfer_id,
@@ -187,8 +194,9 @@ class SchedulerCore:
             return True
         peer = params.peer()
         blocks = tuple(block_ids)
-        self._record(
+        self.ledger.append(
             side_map(
+                seq=self._log.next_seq,
                 ts=now,
                 source=self.source,
                 transfer_id=params.transfer_id,
@@ -288,8 +296,9 @@ class SchedulerCore:
             return False, None
         config = self.config
         peer = params.peer()
-        self._record(
+        self.ledger.append(
             side_map(
+                seq=self._log.next_seq,
                 ts=now,
                 source=self.source,
                 transfer_id=params.transfer_id,
@@ -298,7 +307,7 @@ class SchedulerCore:
                 mode=config.mode,
                 block_ids=blocks,
                 peer=peer,
-                deadline=config.producer_deadline(now, scheduler=True),
+                deadline=now + self._producer_hold_s,  # ConnectorConfig.producer_deadline, its hold taken once
                 block_groups=block_groups,
             )
         )
@@ -312,7 +321,7 @@ class SchedulerCore:
                     block_groups=block_groups,
                 )
             )
-            return True, consumer_params(params.transfer_id, blocks, config.address, block_groups=block_groups)
+            return True, self._consumer_params(params.transfer_id, blocks, block_groups=block_groups)
         if not self._allowed_peer(peer):
             self._refuse_peer(params.transfer_id, peer, now)
         return True, {"transfer_id": params.transfer_id, "remote_engine_id": config.engine_id}
@@ -323,8 +332,9 @@ class SchedulerCore:
         peer = params.peer()
         self._leases.pop(tid, None)
         self._record_blockless_map(request_id, params, "consumer", now)
-        self._record(
+        self.ledger.append(
             Fail(
+                seq=self._log.next_seq,
                 ts=now,
                 source=self.source,
                 transfer_id=tid,
@@ -340,7 +350,9 @@ class SchedulerCore:
         update_connector_output waits for a worker report), then hand this step's outbox to the workers."""
         if now is not None:
             self.tick(now)
-            self._route(self.ledger.take_releases(), reported=False)
+            releases = self.ledger.take_releases()
+            if releases:
+                self._route(releases, reported=False)
             if self._lease_due:
                 self._renew_leases(now)
         step, self._step = self._step, StepMetadata()
@@ -355,38 +367,44 @@ class SchedulerCore:
     ) -> WorkerOutcome:
         """update_connector_output, the clock tick: fold the workers' reports and expire what is due."""
         events: list[Event] = []
-        source, index = self.source, self.index
+        source, transfer_of = self.source, self.index.get
+        # Each event is built with the seq the log will give it (see `_log`): nothing else appends
+        # between here and the extend below.
+        seq = self._log.next_seq
         # vLLM hands over sets: sorting makes the log's order independent of string hashing, so
         # the same run gives the same log byte for byte in every process.
         failed_set = set(failed_recving)
         out = WorkerOutcome()
-        for request_id in sorted(set(finished_recving) & self._handed):
-            self._handed.discard(request_id)
-            out.finished_recving.add(request_id)
-            if request_id in failed_set:
-                out.failed_recving.add(request_id)
+        if self._handed:
+            for request_id in sorted(set(finished_recving) & self._handed):
+                self._handed.discard(request_id)
+                out.finished_recving.add(request_id)
+                if request_id in failed_set:
+                    out.failed_recving.add(request_id)
         for request_id in sorted(failed_set):
             if request_id in out.finished_recving:
                 continue
-            tid = index.get(request_id)
+            tid = transfer_of(request_id)
             if tid is None:
                 self.counters["unknown_request"] += 1
                 continue
-            events.append(Fail(ts=now, source=source, transfer_id=tid, reason=REASON_WORKER_RECV_FAILED))
+            events.append(
+                Fail(seq=seq + len(events), ts=now, source=source, transfer_id=tid, reason=REASON_WORKER_RECV_FAILED)
+            )
         for request_id in sorted(finished_recving):
-            tid = index.get(request_id)
+            tid = transfer_of(request_id)
             if request_id in failed_set or request_id in out.finished_recving:
                 continue
             if tid is None:
                 self.counters["unknown_request"] += 1
                 continue
-            events.append(Ack(ts=now, source=source, transfer_id=tid, what="recv"))
+            events.append(Ack(seq=seq + len(events), ts=now, source=source, transfer_id=tid, what="recv"))
         for request_id in sorted(finished_sending):
-            tid = index.get(request_id)
+            tid = transfer_of(request_id)
             if tid is None:
                 self.counters["unknown_request"] += 1
                 continue
-            events.append(Ack(ts=now, source=source, transfer_id=tid, what="release"))
+            events.append(Ack(seq=seq + len(events), ts=now, source=source, transfer_id=tid, what="release"))
         if events:
             self.ledger.extend(events)
         self._route(self.ledger.take_releases(), reported=True, out=out)
@@ -405,8 +423,11 @@ class SchedulerCore:
         consumer's: as `out`'s finished/failed receive when it answers a worker's report (`reported`);
         decided here (a refused peer, a deadline) it goes to the workers in the next metadata, for them to
         report: vLLM reads failed_recving and load errors from the workers before update_connector_output."""
+        # Heard of now (`out`) or at the next update_connector_output (`_unreported`, merged into it then).
+        outcome = self._unreported if out is None else out
+        forget = self.index.forget
         for release in releases:
-            self.index.forget(release.request_id, release.transfer_id)
+            forget(release.request_id, release.transfer_id)
             if out is not None:
                 out.releases.append(release)
             if release.role == "consumer":
@@ -425,7 +446,7 @@ class SchedulerCore:
                         )
                     )
                     continue
-            self._unreported.add(release)
+            outcome.add(release)
         if out is not None and not self._unreported.empty():
             out.merge(self._unreported)
             self._unreported = VllmOutcome()
@@ -434,10 +455,9 @@ class SchedulerCore:
         """A peer outside the allow-list (or none named): the side fails at once, naming it."""
         self.counters["peer_not_allowed"] += 1
         reason = f"{REASON_PEER_NOT_ALLOWED}: {peer.label if peer else 'none named'}"
-        self._record(Fail(ts=now, source=self.source, transfer_id=transfer_id, reason=reason))
-
-    def _record(self, event: Event) -> None:
-        self.ledger.append(event)
+        self.ledger.append(
+            Fail(seq=self._log.next_seq, ts=now, source=self.source, transfer_id=transfer_id, reason=reason)
+        )
 
     # -- queries --------------------------------------------------------------
 
@@ -450,11 +470,13 @@ class SchedulerCore:
 
     def stats(self) -> dict[str, Any]:
         state = self.state
-        return {
+        out: dict[str, Any] = {
             "live": len(state.live),
             "blocks_held": state.blocks_held,
             "released": dict(state.releases_by_cause),
             "leases_renewed_for": len(self._leases),
-            "events": self.ledger.log.next_seq - 1,
-            **{f"count_{k}": v for k, v in self.counters.items()},
+            "events": self._log.next_seq - 1,
         }
+        if self.counters:
+            out.update({f"count_{k}": v for k, v in self.counters.items()})
+        return out
