@@ -45,7 +45,7 @@ chunk)."""
 
 LAYOUT_SOURCES: Final = ("events.py",)
 """Interpreted modules whose classes' memory layout the compiled fold is built for (ledger/structs.pxd,
-with side.py's): edited after the build, they make it stale too."""
+with transfer_state.py's): edited after the build, they make it stale too."""
 
 INTERPRETED_ENV: Final = "KVLEDGER_INTERPRETED"
 """Set (to anything but empty or 0) to run the fold's sources even where they are compiled."""
