@@ -163,7 +163,7 @@ def bytes_per_live_transfer(n: int = 20_000) -> float:
     return (after - before) / len(state.live)
 
 
-def _traffic(events: int, seed: int) -> tuple[SynthConfig, dict[str, list[Event]]]:
+def traffic(events: int, seed: int) -> tuple[SynthConfig, dict[str, list[Event]]]:
     cfg = SynthConfig(transfers=max(1, events // 12), concurrency=512, layers=64, layers_per_step=8, fault_rate=0.05)
     by_source: dict[str, list[Event]] = {}
     for event in generate(cfg, seed=seed):
@@ -177,7 +177,7 @@ def _digest(releases: list[tuple[str, str, str]]) -> str:
 
 def serve_runs(events: int, seed: int) -> None:
     """The interpreted worker: one append+fold run per line read, its CPU time and releases written back."""
-    _, by_source = _traffic(events, seed)
+    _, by_source = traffic(events, seed)
     print(json.dumps({"compiled": compiled()}), flush=True)
     for _ in sys.stdin:
         elapsed, releases = run_ledger(by_source)
@@ -219,7 +219,7 @@ def main() -> None:
         return
     is_compiled = compiled()
     worker = interpreted_worker(args.events, args.seed) if is_compiled else None
-    cfg, by_source = _traffic(args.events, args.seed)
+    cfg, by_source = traffic(args.events, args.seed)
     n = sum(len(events) for events in by_source.values())
     # Interleave runs so machine noise hits all alike; keep the best of each.
     ledger_s, upkeep_s, baseline_s, interpreted_s = float("inf"), float("inf"), float("inf"), float("inf")
