@@ -26,12 +26,9 @@ latency percentiles of /audit/summary) are restored whole.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import NamedTuple
 
 import anyio.to_thread
@@ -39,6 +36,7 @@ import msgspec
 
 from api.live import Live, Written
 from ledger.advice import LatencyRecorder, RecorderPlain
+from ledger.collector import collector_paused
 from ledger.decisions import Key
 from ledger.events import KINDS
 from ledger.fold import LedgerState
@@ -143,19 +141,6 @@ def unsealed(body: bytes) -> memoryview:
     return view[:-4]
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Decoding builds millions of objects; the collector's full passes over them would cost more than the
-    decoding (they are frozen out of its passes once the service has started)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
     """The snapshot decoded and checked against the store; `SnapshotFormatError` says why it cannot be used."""
     if stored.format != FORMAT:
@@ -190,7 +175,7 @@ def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
 def load_newest(store: EventStore) -> _Restored | None:
     """The newest snapshot that can be used, older ones tried in turn; None: fold from zero."""
     below: int | None = None
-    with _collector_paused():
+    with collector_paused():
         while (stored := store.latest_snapshot(SOURCE, below)) is not None:
             try:
                 return _restore(store, stored)

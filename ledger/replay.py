@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 from ledger.advice import LatencyRecorder
+from ledger.collector import collector_paused
 from ledger.decisions import Key, Release
 from ledger.events import Event
 from ledger.fold import LedgerState
@@ -69,7 +68,7 @@ def replay_chunks(
     next_compaction = compact_every or 0
     first_ts: float | None = None
     last_ts = float("-inf")
-    with _collector_paused():
+    with collector_paused():
         for chunk in chunks:
             if until_ts is not None or until_seq is not None:
                 kept = [
@@ -129,17 +128,3 @@ def _observe(latencies: LatencyRecorder, decided: list[Release], transfers: dict
     """Record each release with its side (compiled, `observe` is called as a C method)."""
     for release in decided:
         latencies.observe(release, transfers[(release.source, release.transfer_id)])
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """A replay allocates millions of short-lived objects and no cycles: the collector's passes over
-    them cost more than a tenth of a replay and would free nothing (api/snapshots.py does the same while
-    decoding a snapshot)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
