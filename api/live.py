@@ -30,7 +30,7 @@ from api.settings import Settings
 from ledger.advice import LatencyRecorder
 from ledger.audit import AuditConfig, Finding, audit
 from ledger.decisions import Key, Release
-from ledger.events import EVENT_TYPES, KINDS, Event, Map
+from ledger.events import KIND_OF_TYPE, KINDS, Event, Map
 from ledger.fold import LedgerState
 from ledger.series import HoldingSeries
 from ledger.sources import SourceHealth, judge_sources
@@ -45,9 +45,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-_KIND_OF_TYPE: dict[type, str] = dict(zip(EVENT_TYPES, KINDS, strict=True))
-"""An event's kind by its type: a dict lookup, where `kind_of` per event cost a Python call."""
 
 
 class Written(NamedTuple):
@@ -161,7 +158,7 @@ class Live:
         self.advanced = asyncio.Event()
 
     def _fold(self, rows: list[tuple[int, Event]]) -> None:
-        state, transfers, by_kind, kinds = self.state, self.state.transfers, self.events_by_kind, _KIND_OF_TYPE
+        state, transfers, by_kind, kinds = self.state, self.state.transfers, self.events_by_kind, KIND_OF_TYPE
         apply, last_ts, held, observe = state.apply, self.last_ts, state.held, self.holding.observe
         by_request, order_append = self.by_request, self.order.append
         for cursor, event in rows:
