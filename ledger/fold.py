@@ -221,7 +221,7 @@ class Fold(Upkeep):
         if expired_unmapped:
             # Reopened: the orphan's expiry is undone and decided again below (as expired). Its entry in
             # `decided` goes (O(decided), only on this fault path); the decision adds the one to honour.
-            self.decided = deque([item for item in self.decided if item[2] is not t])  # a list: compiled, no closure
+            self.decided = deque([item for item in self.decided if item[3] is not t])  # a list: compiled, no closure
             t.closed = False
             phase = Phase.UNMAPPED
         self.unmapped.pop(key, None)
@@ -370,7 +370,7 @@ class Fold(Upkeep):
             t.phase = _AFTER_EXPIRE[t.phase]
             t.closed = True
             del self.unmapped[key]
-            self.decided.append((e.ts, key, t))
+            self.decided.append((e.ts, e.source, e.transfer_id, t))
             self.orphans_expired[key] = None
             if self.retrying:
                 self.retrying.pop(key, None)
@@ -453,7 +453,7 @@ class Fold(Upkeep):
             for block in blocks:
                 held.discard(block)
         self.releases_by_cause[cause] += 1
-        self.decided.append((ts, key, t))
+        self.decided.append((ts, t.source, t.transfer_id, t))
         if self.retrying:
             self.retrying.pop(key, None)
         if cause == "expired" and t.role == "producer":

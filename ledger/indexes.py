@@ -9,7 +9,7 @@ import heapq
 from collections import deque
 
 from ledger.decisions import Key
-from ledger.events import ReqId
+from ledger.events import ReqId, TransferId
 from ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX
 from ledger.side import TransferState
 
@@ -49,9 +49,11 @@ class Indexes:
         self.retrying: dict[Key, TransferState] = {}
         """Undecided sides with a transient failure: what a worker re-issues, without scanning every live side."""
         self.sources: dict[str, None] = {}
-        self.decided: deque[tuple[float, Key, TransferState]] = deque()
-        """(decision ts, key, side) in decision order: what `forget_decided` pops from, O(1) per side.
-        Holds only sides still in `transfers` (`compact` filters it)."""
+        self.decided: deque[tuple[float, str, TransferId, TransferState]] = deque()
+        """(decision ts, source, transfer id, side) in decision order: what `forget_decided` pops from, O(1)
+        per side. Holds only sides still in `transfers` (`compact` filters it). Flat, not (ts, key, side):
+        a tuple holding only strings and floats is untracked by the collector once it has looked at it, and
+        the nested key tuple kept every entry tracked (four times the full collections in a long replay)."""
         self.blocks_held = 0
         """Blocks held by live sides, each claim counted once."""
 

@@ -1,5 +1,8 @@
 # Cython declarations for ledger/upkeep.py: see indexes.pxd.
 
+cimport cython
+
+from ledger.idmemory cimport IdMemory
 from ledger.indexes cimport Indexes
 from ledger.structs cimport TransferState as Side
 
@@ -19,9 +22,11 @@ cdef class Upkeep(Indexes):
     cdef public dict compacted_by_phase
     cdef public dict compacted_by_mode
 
+    @cython.locals(memory=IdMemory)
     cdef bint _forget(self, tuple key, Side t) except -1
     cdef _evict(self, dict generation)
     cdef _tombstone(self, tuple key)
     cdef _recall(self, tuple key, object ts)
+    @cython.locals(memory=IdMemory)
     cdef bint _remembered(self, tuple key) except -1
     cdef _after_eviction(self, object event)

@@ -91,7 +91,7 @@ class Upkeep(Indexes):
             dropped += self._forget(key, t)
         if dropped:
             transfers = self.transfers
-            self.decided = deque(item for item in self.decided if item[1] in transfers)
+            self.decided = deque(item for item in self.decided if (item[1], item[2]) in transfers)
         return dropped
 
     def forget_decided(self, before_ts: float, *, keep_evidence: bool = False) -> int:
@@ -102,13 +102,14 @@ class Upkeep(Indexes):
         decided = self.decided
         dropped = 0
         while decided and decided[0][0] < before_ts:
-            _, key, t = decided.popleft()
+            _, source, transfer_id, t = decided.popleft()
             if not t.closed:
                 continue  # an orphan expired, then mapped after all: its decision will come again
             last = t.last
             if last is not None and last.ts >= before_ts:
-                decided.append((last.ts, key, t))  # a late event came: keep it visible a little longer
+                decided.append((last.ts, source, transfer_id, t))  # a late event came: keep it visible a little longer
                 continue
+            key = (source, transfer_id)
             if keep_evidence and self.has_evidence(key):
                 continue
             dropped += self._forget(key, t)
@@ -182,7 +183,7 @@ class Upkeep(Indexes):
         self.transfers[key] = t
         self.compacted_by_phase[t.phase] -= 1  # counted whole again (summaries add both)
         self.compacted_by_mode[t.mode or "unmapped"] -= 1
-        self.decided.append((ts, key, t))
+        self.decided.append((ts, key[0], key[1], t))
         return t
 
     def _remembered(self, key: Key) -> bool:

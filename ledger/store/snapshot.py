@@ -20,8 +20,9 @@ from ledger.idmemory import IdMemory
 from ledger.side import TransferState
 from ledger.tombstone import Compacted
 
-FORMAT = 8
-"""Bumped whenever the encoding below changes."""
+FORMAT = 9
+"""Bumped whenever the encoding below changes (9: the id memory's bits are set by `key_hash`, no longer
+blake2b, so an older snapshot's filter would answer wrongly)."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
@@ -161,7 +162,7 @@ def encode(state: LedgerState) -> bytes:
         reused_after_eviction=state.reused_after_eviction,
         releases_by_cause=list(state.releases_by_cause.items()),
         blocks_held=state.blocks_held,
-        decided=[(ts, key) for ts, key, _ in state.decided],
+        decided=[(ts, (source, tid)) for ts, source, tid, _ in state.decided],
         counters={name: list(getattr(state, name).items()) for name in counters},
     )
     return _encoder.encode(document)
@@ -215,7 +216,7 @@ def decode(body: bytes) -> LedgerState:
     state.reused_after_eviction = doc.reused_after_eviction
     state.releases_by_cause = dict(doc.releases_by_cause)
     state.blocks_held = doc.blocks_held
-    state.decided = deque((ts, (source, tid), transfers[(source, tid)]) for ts, (source, tid) in doc.decided)
+    state.decided = deque((ts, source, tid, transfers[(source, tid)]) for ts, (source, tid) in doc.decided)
     for name in _COUNTER_FIELDS:
         if hasattr(state, name) != (name in doc.counters):
             raise SnapshotFormatError(f"LedgerState field {name} appeared or went since the snapshot")

@@ -88,7 +88,7 @@ def _state(state: LedgerState, events: list[Event], seed: int) -> dict[str, Any]
         "anomalous": list(state.anomalous),
         "retrying": list(state.retrying),
         "deadlines": sorted(state.deadlines),
-        "decided": [(ts, key) for ts, key, _ in state.decided],
+        "decided": [(ts, (source, tid)) for ts, source, tid, _ in state.decided],
         "counts": [
             state.releases_by_cause,
             state.blocks_held,

@@ -37,7 +37,7 @@ def test_compact_takes_decided_sides_behind_a_live_one_and_keeps_forget_decided_
     state, _ = fold_all([p.map("live", "p-live", blocks=(99,)), *_clean(p, 3)])
     assert state.compact(decided_before_ts=p.ts) == 2  # the side decided at exactly that time stays
     assert set(k[1] for k in state.transfers) == {"live", "tx-2"}
-    assert [key for _, key, _ in state.decided] == [(P, "tx-2")]
+    assert [(source, tid) for _, source, tid, _ in state.decided] == [(P, "tx-2")]
     restored = snapshot.decode(snapshot.encode(state))
     assert snapshot.encode(restored) == snapshot.encode(state)
     assert state.forget_decided(before_ts=p.ts + 1) == 1 and set(k[1] for k in state.transfers) == {"live"}

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from ledger import idmemory
 from ledger.idmemory import IdMemory
 from ledger.limits import ID_MEMORY_FALSE_POSITIVE_MAX
 
@@ -69,3 +70,25 @@ def test_plain_round_trip_and_bad_plain_data() -> None:
         IdMemory.from_plain((generation_ids, 1, hashes, count, added, blooms))
     with pytest.raises(ValueError, match=">= 1"):
         IdMemory(generation_ids=0)
+
+
+def _reference_hash(source: str, transfer_id: str) -> int:
+    """FNV-1a (64-bit) over the key's code points and a 0 between, then MurmurHash3's fmix64: written
+    out here from their published definitions, apart from ledger/idmemory.py."""
+    h = 0xCBF29CE484222325
+    for point in [*map(ord, source), 0, *map(ord, transfer_id)]:
+        h = ((h ^ point) * 0x100000001B3) % 2**64
+    for multiplier in (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53):
+        h = ((h ^ (h >> 33)) * multiplier) % 2**64
+    return h ^ (h >> 33)
+
+
+@pytest.mark.parametrize(
+    "source, transfer_id",
+    [("prefill-0/sched", "tx-1"), ("", ""), ("d/é", "ü€𝄞-transfer"), ("s" * 300, "x" * 700), ("a\x00", "b")],
+)
+def test_key_hash_is_fnv1a_then_fmix64_in_either_build(source: str, transfer_id: str) -> None:
+    """The compiled hash wraps at 2**64 in C, the interpreted one masks Python ints: both must be this
+    one function, or a replay would not take the connector's false positives (CI runs both builds)."""
+    assert idmemory.key_hash(source, transfer_id) == _reference_hash(source, transfer_id)
+    assert idmemory.step_of(_reference_hash(source, transfer_id)) % 2 == 1
