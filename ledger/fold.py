@@ -27,7 +27,7 @@ from ledger.decisions import Cause, Key, Release, Why
 from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal
 from ledger.lifecycle import ACKS_A_SIDE_RECEIVES, DECIDED, NEXT_PHASE, Phase
 from ledger.limits import DEADLINE_HEAP_SLACK, FORGED_KEPT_MAX, LAYER_MASKS_CACHED_MAX, RANKS_MAX
-from ledger.side import TransferState, completed_by, layers_mask, local_exceeds_remote
+from ledger.side import TransferState, completed_by, layers_mask, local_exceeds_remote, low_layers_mask
 from ledger.upkeep import Upkeep
 
 try:
@@ -80,9 +80,10 @@ class Fold(Upkeep):
         # struct members (ledger/structs.pxd) where `event.x` would be an attribute lookup; interpreted,
         # they are the same object under another name.
         envelope = event
-        key = (envelope.source, envelope.transfer_id)
-        t = self.transfers.get(key)
+        by_id = self.sides_of.get(envelope.source)
+        t = None if by_id is None else by_id.get(envelope.transfer_id)
         if t is None:
+            key = (envelope.source, envelope.transfer_id)
             if (
                 (self.tombstones or self.tombstones_old) and (key in self.tombstones or key in self.tombstones_old)
             ) or (
@@ -108,8 +109,8 @@ class Fold(Upkeep):
             ack: Ack = event  # type: ignore[assignment]
             layers = ack.layers
             if layers is not None and ack.what == "write" and t.role == "producer" and t.mode == "write":
-                mask = self.layer_masks.get(layers)
-                if mask is not None:
+                mask = low_layers_mask(layers)
+                if mask:
                     acked = t.acked_mask
                     if not acked & mask and t.scheduled_mask & mask == mask:
                         acked |= mask
@@ -122,8 +123,8 @@ class Fold(Upkeep):
             layers = schedule.layers
             first_try = not (schedule.deferred or schedule.attempt)
             if layers is not None and t.role is not None and first_try and not t.early_mask:
-                mask = self.layer_masks.get(layers)
-                if mask is not None and mask >= 0 and not t.scheduled_mask & mask:
+                mask = low_layers_mask(layers)
+                if mask and not t.scheduled_mask & mask:
                     t.scheduled_mask |= mask
                     t.phase = _AFTER_SCHEDULE[t.phase]
                     return None
@@ -161,7 +162,7 @@ class Fold(Upkeep):
         t = TransferState(
             last=event, source=event.source, transfer_id=event.transfer_id, first=event,
         )  # fmt: skip
-        self.transfers[key] = t
+        self._put_side(key, t)
         self.unmapped[key] = t
         return t
 
@@ -176,7 +177,7 @@ class Fold(Upkeep):
             e, 1, False, e.role, _AFTER_MAP[Phase.UNMAPPED], e.mode, 0, 0, None, 0, 0, e.acks_expected,
             False, False, False, None, e.source, e.transfer_id, e, e,
         )  # fmt: skip
-        self.transfers[key] = t
+        self._put_side(key, t)
         return self._hold(t, key, e, e.deadline)
 
     def _hold(self, t: TransferState, key: Key, e: Map, deadline: float) -> Release | None:

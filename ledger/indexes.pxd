@@ -2,6 +2,8 @@
 # where nothing is compiled). Typed attributes are read and written as C struct fields, cdef methods
 # are called as C functions, and a side (`Side`, ledger/structs.pxd) is read as a C struct: what makes the compiled fold faster than the interpreted one.
 
+cimport cython
+
 from ledger.structs cimport TransferState as Side
 
 
@@ -10,6 +12,7 @@ cdef object _note(object seqs, object seq)
 
 cdef class Indexes:
     cdef public dict transfers
+    cdef public dict sides_of
     cdef public dict live
     cdef public dict unmapped
     cdef public list deadlines
@@ -24,6 +27,9 @@ cdef class Indexes:
     cdef public object decided
     cdef public Py_ssize_t blocks_held
 
+    @cython.locals(by_id=dict)
+    cdef _put_side(self, tuple key, Side t)
+    cdef _drop_side(self, tuple key)
     cdef _claim_blocks(self, Side t, tuple key)
     cdef _free_blocks(self, Side t, tuple key)
     cdef _duplicate(self, Side t, object seq)
@@ -31,4 +37,7 @@ cdef class Indexes:
     cdef _refused_map(self, Side t, object seq, object request_id)
     cdef _over_ack(self, Side t, object seq)
     cdef _push_deadline(self, object deadline, object map_seq, object source, object transfer_id)
+    @cython.locals(by_id=dict, t=Side)
+    cdef Side _live_side(self, object source, object transfer_id)
+    @cython.locals(kept=list, d=tuple, t=Side)
     cdef _sweep_deadlines(self)

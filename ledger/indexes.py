@@ -27,11 +27,15 @@ class Indexes:
 
     def __init__(self) -> None:
         self.transfers: dict[Key, TransferState] = {}
+        self.sides_of: dict[str, dict[TransferId, TransferState]] = {}
+        """Per source, transfer id -> side: `transfers` again, for the fold's lookup of every event, which
+        this saves building and hashing a key tuple (a third of a compiled event's cost was that lookup).
+        Kept with `transfers` by `_put_side` and `_drop_side` only; `index_sides` rebuilds it."""
         self.live: dict[Key, TransferState] = {}
         """Mapped, undecided: the sides holding blocks."""
         self.unmapped: dict[Key, TransferState] = {}
         """Events seen, no map yet; ordered by first sight for the orphan audit."""
-        self.deadlines: list[tuple[float, int, str, str]] = []
+        self.deadlines: list[tuple[float, int, str, TransferId]] = []
         """Heap of (deadline, map seq, source, transfer id) of live transfers; stale
         entries (already decided) are skipped and swept when they dominate."""
         self.held: dict[str, set[int]] = {}
@@ -56,6 +60,31 @@ class Indexes:
         the nested key tuple kept every entry tracked (four times the full collections in a long replay)."""
         self.blocks_held = 0
         """Blocks held by live sides, each claim counted once."""
+
+    # -- the sides -------------------------------------------------------
+
+    def _put_side(self, key: Key, t: TransferState) -> None:
+        """`t` is the side of `key` (in `transfers` and `sides_of`: the only way a side comes in)."""
+        self.transfers[key] = t
+        by_id = self.sides_of.get(key[0])
+        if by_id is None:
+            by_id = self.sides_of[key[0]] = {}
+        by_id[key[1]] = t
+
+    def _drop_side(self, key: Key) -> None:
+        """The side of `key` goes (from both; the only way one goes)."""
+        del self.transfers[key]
+        del self.sides_of[key[0]][key[1]]
+
+    def index_sides(self) -> None:
+        """Rebuild `sides_of` from `transfers` (after `transfers` was set whole: a snapshot's decoding)."""
+        sides_of: dict[str, dict[TransferId, TransferState]] = {}
+        for (source, transfer_id), t in self.transfers.items():
+            by_id = sides_of.get(source)
+            if by_id is None:
+                by_id = sides_of[source] = {}
+            by_id[transfer_id] = t
+        self.sides_of = sides_of
 
     # -- block claims ----------------------------------------------------
 
@@ -151,20 +180,31 @@ class Indexes:
 
     # -- deadlines ---------------------------------------------------------
 
-    def _push_deadline(self, deadline: float, map_seq: int, source: str, transfer_id: str) -> None:
+    def _push_deadline(self, deadline: float, map_seq: int, source: str, transfer_id: TransferId) -> None:
         """A live side's (new) deadline; stale entries are swept once they dominate the heap."""
         heapq.heappush(self.deadlines, (deadline, map_seq, source, transfer_id))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
 
+    def _live_side(self, source: str, transfer_id: TransferId) -> TransferState | None:
+        """The side of `(source, transfer_id)` if it is live (mapped, undecided: what `live` holds), found
+        in `sides_of` with no key tuple built: the deadline heap asks this of every entry it sweeps."""
+        by_id = self.sides_of.get(source)
+        if by_id is None:
+            return None
+        t = by_id.get(transfer_id)
+        if t is None or t.role is None or t.decision is not None:
+            return None
+        return t
+
     def _sweep_deadlines(self) -> None:
-        live = self.live
-        self.deadlines = [
-            d
-            for d in self.deadlines
-            if (t := live.get((d[2], d[3]))) is not None and t.deadline == d[0]  # type: ignore[arg-type]
-        ]
-        heapq.heapify(self.deadlines)
+        kept: list[tuple[float, int, str, TransferId]] = []
+        for d in self.deadlines:
+            t = self._live_side(d[2], d[3])
+            if t is not None and t.deadline == d[0]:
+                kept.append(d)
+        heapq.heapify(kept)
+        self.deadlines = kept
 
     # -- queries used by the audits and the shells ----------------------------
 
@@ -174,7 +214,7 @@ class Indexes:
         Walks only the heap nodes at or before `now` (and their children), so the
         cost follows the number due, not the number live. Does not mutate.
         """
-        heap, live = self.deadlines, self.live
+        heap = self.deadlines
         found: list[tuple[float, int, TransferState]] = []
         stack = [0] if heap else []
         while stack:
@@ -182,7 +222,7 @@ class Indexes:
             deadline, seq, source, tid = heap[i]
             if deadline > now:
                 continue
-            t = live.get((source, tid))  # type: ignore[arg-type]
+            t = self._live_side(source, tid)
             if t is not None and t.map_seq == seq and (t.lease_until is None or t.lease_until == deadline):
                 found.append((deadline, seq, t))
             for child in (2 * i + 1, 2 * i + 2):

@@ -2,9 +2,15 @@
 # rule are called from the fold as C functions (cimported in fold.pxd), and read the side and the map as
 # C structs (ledger/structs.pxd).
 
+cimport cython
+
 from ledger.structs cimport Map
 from ledger.structs cimport TransferState as Side
 
 cpdef object completed_by(Side t)
 cpdef object layers_mask(tuple layers)
+cdef unsigned long long _ONE
+
+@cython.locals(mask=cython.ulonglong, item=object, layer=cython.long)
+cpdef unsigned long long low_layers_mask(tuple layers) except? 0
 cpdef bint local_exceeds_remote(Map m) except -1

@@ -13,7 +13,7 @@ from ledger.transfer_state import TransferState, bits
 
 __all__ = [
     "Evidence", "TransferState", "awaits_data", "bits", "completed_by", "is_complete", "layers_mask",
-    "local_exceeds_remote",
+    "local_exceeds_remote", "low_layers_mask",
 ]  # fmt: skip
 
 
@@ -40,6 +40,26 @@ def layers_mask(layers: tuple[int, ...]) -> int:
         if not 0 <= layer < LAYERS_MAX:
             return -1
         mask |= 1 << layer
+    return mask
+
+
+_ONE = 1
+"""Compiled, a 64-bit unsigned C constant (ledger/side.pxd): the shift below is then 64 bits wide."""
+
+
+def low_layers_mask(layers: tuple[int, ...]) -> int:
+    """The bitmask of `layers` when there is one at least and each is in [0, 64), else 0. The fold's fast
+    paths take it instead of a lookup of the tuple in its mask cache (hashing and comparing the tuple cost
+    more than this loop, compiled on a 64-bit C integer); on 0 they take the general path."""
+    mask = 0
+    try:
+        for item in layers:
+            layer = item  # compiled: a C long read off the int (one past 64 bits raises OverflowError)
+            if not 0 <= layer < 64:
+                return 0
+            mask |= _ONE << layer
+    except OverflowError:
+        return 0
     return mask
 
 

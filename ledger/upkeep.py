@@ -124,7 +124,7 @@ class Upkeep(Indexes):
                 tomb = compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
             except (OverflowError, struct.error):
                 return False  # integers past 64 bits (no valid event has them): kept whole, as evidence
-        del self.transfers[key]
+        self._drop_side(key)
         # The evidence indexes are usually empty: skip hashing the key into them.
         if self.anomalous:
             self.anomalous.pop(key, None)
@@ -180,7 +180,7 @@ class Upkeep(Indexes):
             orphan = self.orphan_tombstones.pop(key, None)
             t = orphan if orphan is not None else self.orphan_tombstones_old.pop(key)
             self.orphans_expired[key] = None
-        self.transfers[key] = t
+        self._put_side(key, t)
         self.compacted_by_phase[t.phase] -= 1  # counted whole again (summaries add both)
         self.compacted_by_mode[t.mode or "unmapped"] -= 1
         self.decided.append((ts, key[0], key[1], t))

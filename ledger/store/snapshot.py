@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from ledger.decisions import Cause, Key
+from ledger.events import TransferId
 from ledger.fold import LedgerState
 from ledger.idmemory import IdMemory
 from ledger.side import TransferState
@@ -29,9 +30,10 @@ _STATE_FIELDS = frozenset({
     "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
     "tombstones_max", "tombstones_evicted", "id_memory", "orphan_tombstones", "orphan_tombstones_old",
     "orphan_tombstones_max", "orphans_evicted", "late_after_eviction", "reused_after_eviction",
-    "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent",
+    "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent", "sides_of",
 })  # fmt: skip
-"""Every LedgerState field this encoding knows; `layer_masks` is rebuilt, not written, and
+"""Every LedgerState field this encoding knows; `layer_masks` and `sides_of` (`transfers` by source) are
+rebuilt, not written, and
 `forged_recent` (audit evidence of dropped forged messages) starts empty again: their counts are kept."""
 _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason", "lease_counts")
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
@@ -85,7 +87,7 @@ class _Document(msgspec.Struct, kw_only=True):
     transfers: list[_StoredSide]  # type: ignore[valid-type]
     live: list[Key]
     unmapped: list[Key]
-    deadlines: list[tuple[float, int, str, str]]
+    deadlines: list[tuple[float, int, str, TransferId]]
     held: list[tuple[str, list[int]]]
     contested: list[tuple[str, int, list[Key]]]
     double_owned: list[tuple[Key, list[tuple[int, Key, int]]]]
@@ -189,6 +191,7 @@ def decode(body: bytes) -> LedgerState:
     state = LedgerState()
     sides = [_restored(stored) for stored in doc.transfers]
     transfers = state.transfers = {t.key: t for t in sides}
+    state.index_sides()
     state.live = {key: transfers[key] for key in doc.live}
     state.unmapped = {key: transfers[key] for key in doc.unmapped}
     state.deadlines = doc.deadlines
