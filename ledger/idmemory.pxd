@@ -8,6 +8,8 @@ cimport cython
 cdef unsigned long long _FNV_OFFSET
 cdef unsigned long long _FNV_PRIME
 cdef unsigned long long _MASK64
+cdef unsigned long long _FMIX_FIRST
+cdef unsigned long long _FMIX_SECOND
 cdef unsigned long long _STEP_SALT
 
 cpdef unsigned long long fmix64(unsigned long long h)

@@ -34,6 +34,10 @@ from ledger.limits import ID_MEMORY_BITS_PER_ID, ID_MEMORY_GENERATION_IDS, ID_ME
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3
 _MASK64 = 0xFFFFFFFFFFFFFFFF
+_FMIX_FIRST = 0xFF51AFD7ED558CCD
+_FMIX_SECOND = 0xC4CEB9FE1A85EC53
+"""fmix64's multipliers: names, not literals, so that compiled they are the 64-bit C constants ledger/idmemory.pxd
+declares (a literal past 2**63 would be a Python int, and the product Python arithmetic)."""
 _STEP_SALT = 0x9E3779B97F4A7C15
 """XORed into the hash before the second mixing: the step of the double hashing is independent of the start."""
 
@@ -42,9 +46,9 @@ def fmix64(h: int) -> int:
     """MurmurHash3's 64-bit finalizer: every input bit moves about half of the output bits (FNV-1a alone
     leaves the low bits, which pick the filter's positions, weakly mixed)."""
     h ^= h >> 33
-    h = (h * 0xFF51AFD7ED558CCD) & _MASK64
+    h = (h * _FMIX_FIRST) & _MASK64
     h ^= h >> 33
-    h = (h * 0xC4CEB9FE1A85EC53) & _MASK64
+    h = (h * _FMIX_SECOND) & _MASK64
     h ^= h >> 33
     return h
 

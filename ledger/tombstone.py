@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import struct
-from array import array
 
 import msgspec
 
@@ -24,7 +23,7 @@ from ledger.events import Map, Mode, ReqId, Role, TransferId
 
 _NUMBERS = struct.Struct("<ddddqqqqq")
 """deadline, map ts, decision ts, arrived ts (NaN: none), acks expected, map seq, decision seq,
-arrived seq, events; then the block ids as `array('q')`."""
+arrived seq, events; then the block ids, signed 64-bit little-endian (`_packer`)."""
 
 
 class Compacted(msgspec.Struct, frozen=True, gc=False, array_like=True):
@@ -41,12 +40,29 @@ class Compacted(msgspec.Struct, frozen=True, gc=False, array_like=True):
 def compacted(m: Map, decision: Release, arrived_ts: float | None, arrived_seq: int, events: int) -> Compacted:
     """Raises OverflowError or struct.error for an integer past 64 bits (no valid event has one: the
     fold then keeps that side whole)."""
-    numbers = _NUMBERS.pack(
+    blocks = m.block_ids
+    packed = _packer(len(blocks)).pack(
         m.deadline, m.ts, decision.ts, math.nan if arrived_ts is None else arrived_ts,
-        m.acks_expected, m.seq, decision.seq, arrived_seq, events,
+        m.acks_expected, m.seq, decision.seq, arrived_seq, events, *blocks,
     )  # fmt: skip
-    blocks = array("q", m.block_ids).tobytes()
-    return Compacted(m.request_id, m.role, m.mode, decision.cause, decision.reason, decision.why, numbers + blocks)
+    return Compacted(m.request_id, m.role, m.mode, decision.cause, decision.reason, decision.why, packed)
+
+
+_PACKERS: dict[int, struct.Struct] = {}
+"""`_NUMBERS` and n block ids as one format, by n (a model's requests have a few block counts)."""
+_PACKERS_MAX = 1024
+"""Block counts whose format is kept (past it the cache starts again: bounded, and a format is cheap)."""
+
+
+def _packer(blocks: int) -> struct.Struct:
+    """`_NUMBERS` and `blocks` signed 64-bit block ids as one format: packed (or unpacked) by one call, where
+    packing the numbers and then the ids as an array took three and a concatenation."""
+    packer = _PACKERS.get(blocks)
+    if packer is None:
+        if len(_PACKERS) >= _PACKERS_MAX:
+            _PACKERS.clear()
+        packer = _PACKERS[blocks] = struct.Struct(f"{_NUMBERS.format}{blocks}q")
+    return packer
 
 
 class Unpacked(msgspec.Struct, frozen=True, gc=False):
@@ -65,10 +81,9 @@ class Unpacked(msgspec.Struct, frozen=True, gc=False):
 
 
 def unpack(c: Compacted) -> Unpacked:
-    deadline, map_ts, decision_ts, arrived_ts, acks, map_seq, decision_seq, arrived_seq, events = _NUMBERS.unpack_from(
-        c.packed
-    )
-    blocks = tuple(array("q", c.packed[_NUMBERS.size :]))
+    values = _packer((len(c.packed) - _NUMBERS.size) // 8).unpack(c.packed)
+    deadline, map_ts, decision_ts, arrived_ts, acks, map_seq, decision_seq, arrived_seq, events = values[:9]
+    blocks = values[9:]
     arrived = None if math.isnan(arrived_ts) else arrived_ts
     return Unpacked(deadline, map_ts, decision_ts, arrived, acks, map_seq, decision_seq, arrived_seq, events, blocks)
 
