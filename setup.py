@@ -20,6 +20,7 @@ FOLD_SOURCES = (
     "ledger/side.py",
     "ledger/indexes.py",
     "ledger/idmemory.py",
+    "ledger/tombstone.py",
     "ledger/upkeep.py",
     "ledger/fold.py",
     "ledger/log.py",

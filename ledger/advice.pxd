@@ -3,6 +3,10 @@
 # Python int once per release: it keys three histograms).
 
 cimport cython
+cimport libc.math as math
+
+from ledger.structs cimport _Envelope
+from ledger.structs cimport TransferState as Side
 
 
 cdef double _MIN_S, _LOG_RATIO
@@ -25,5 +29,5 @@ cdef class LatencyRecorder:
     cdef public Py_ssize_t expired_releases
     cdef public double expired_block_seconds
 
-    @cython.locals(held_s=double, bucket=object, histogram=LatencyHistogram)
-    cpdef double observe(self, object release, object side) except? -1.0
+    @cython.locals(held_s=double, bucket=object, histogram=LatencyHistogram, first=_Envelope, first_ts=double)
+    cpdef double observe(self, object release, Side side) except? -1.0

@@ -38,7 +38,7 @@ def _bucket(value_s: float) -> int:
     """The histogram bucket of a latency."""
     if value_s <= _MIN_S:
         return 0
-    return 1 + int(math.log(value_s / _MIN_S) / _LOG_RATIO)
+    return 1 + int(math.log(value_s / _MIN_S) / _LOG_RATIO)  # compiled: C's log (advice.pxd)
 
 
 class LatencyHistogram:
@@ -132,7 +132,9 @@ class LatencyRecorder:
 
     def observe(self, release: Release, side: TransferState) -> float:
         """Record one release; returns how long its side held the blocks (seconds)."""
-        held_s = release.ts - side.first_ts
+        first = side.first  # `side.first_ts`, read as C struct fields where compiled
+        first_ts = first.ts if first is not None else 0.0
+        held_s = release.ts - first_ts
         if held_s < 0.0:
             held_s = 0.0
         bucket = _bucket(held_s)

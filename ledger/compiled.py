@@ -31,6 +31,7 @@ FOLD_MODULES: Final = (
     "ledger.side",
     "ledger.indexes",
     "ledger.idmemory",
+    "ledger.tombstone",
     "ledger.upkeep",
     "ledger.fold",
     "ledger.log",
