@@ -6,6 +6,8 @@ an entry is forgotten once the transfer's release has been handed to vLLM.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ledger.events import Event, Map, ReqId, TransferId
 from ledger.log import EventLog
 
@@ -16,6 +18,8 @@ class RequestIndex:
         its owner's `note` of each map it appends (the scheduler core, its ledger's only appender: no
         listener call per event on vLLM's step path)."""
         self._by_request: dict[ReqId, TransferId] = {}
+        self.get: Callable[[ReqId], TransferId | None] = self._by_request.get
+        """The transfer of a request, or None: the dict's own `get` (no Python frame per lookup)."""
         if log is not None:
             log.subscribe(self.on_event)
 
@@ -27,9 +31,6 @@ class RequestIndex:
     def note(self, event: Map) -> None:
         """A map its owner appended (the same entry `on_event` makes)."""
         self._by_request[event.request_id] = event.transfer_id
-
-    def get(self, request_id: ReqId) -> TransferId | None:
-        return self._by_request.get(request_id)
 
     def forget(self, request_id: ReqId, transfer_id: TransferId) -> None:
         if self._by_request.get(request_id) == transfer_id:

@@ -411,11 +411,16 @@ class SchedulerCore:
                 self.counters["unknown_request"] += 1
                 continue
             events.append(Ack(seq=seq + len(events), ts=now, source=source, transfer_id=tid, what="release"))
+        ledger = self.ledger
         if events:
-            self.ledger.extend(events)
-        self._route(self.ledger.take_releases(), reported=True, out=out)
+            ledger.extend(events)
+        releases = ledger.take_releases()
+        if releases or not self._unreported.empty():
+            self._route(releases, reported=True, out=out)
         self.tick(now)
-        self._route(self.ledger.take_releases(), reported=False, out=out)
+        releases = ledger.take_releases()
+        if releases:  # decided by the tick (its expires); most steps, none
+            self._route(releases, reported=False, out=out)
         return out
 
     def tick(self, now: float) -> None:
