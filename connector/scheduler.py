@@ -91,7 +91,7 @@ class SchedulerCore:
     def _append_map(self, event: Map) -> None:
         """Append a map and index its request (entries go when the release is routed, `_route`)."""
         self.ledger.append(event)
-        self.index.note(event)
+        self.index.put(event.request_id, event.transfer_id)
 
     def _record_blockless_map(self, request_id: ReqId, params: TransferParams, role: Role, now: float) -> None:
         """A side that holds no blocks (refused, or ended before its allocation): the log says what happened."""
