@@ -50,7 +50,8 @@ class SchedulerCore:
         exact, because this core is its ledger's only appender (vLLM calls the scheduler hooks from one
         thread), and it spares the log a copy of each event to stamp it."""
         self._producer_hold_s = config.producer_hold_s(scheduler=True)
-        self._consumer_params = ConsumerParams(config.address)
+        self._consumer_params = ConsumerParams(config.address).__call__
+        """Bound once: calling the instance would look `__call__` up and bind it on every request_finished."""
         self.index = RequestIndex()
         """Told of every map by `_append_map`: this core is its ledger's only appender of maps."""
         self.counters: Counter[str] = Counter()
