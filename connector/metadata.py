@@ -6,8 +6,12 @@ import msgspec
 
 from ledger.events import Mode, ReqId, TransferId
 
+# The items are frozen and hold only strings, numbers, tuples and a PeerRef: they can make no cycle, so they
+# are kept out of the garbage collector (`gc=False`), as the events are: no tracking on every item's
+# allocation and free, on vLLM's step path.
 
-class PeerRef(msgspec.Struct, frozen=True, kw_only=True):
+
+class PeerRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A remote engine as named in params: host and *base* ports (ports.rank_port adds the rank)."""
 
     engine_id: str = ""
@@ -23,7 +27,7 @@ class PeerRef(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.host}:{self.notify_port}"
 
 
-class RecvItem(msgspec.Struct, frozen=True, kw_only=True):
+class RecvItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Consumer: receive this transfer into `block_ids` (READ: pull from the peer; WRITE: tell it where)."""
 
     transfer_id: TransferId
@@ -40,7 +44,7 @@ class RecvItem(msgspec.Struct, frozen=True, kw_only=True):
     remote_block_groups: tuple[int, ...] | None = None
 
 
-class SendItem(msgspec.Struct, frozen=True, kw_only=True):
+class SendItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Producer, READ: hold `block_ids` for the consumer's reads until it releases them."""
 
     transfer_id: TransferId
@@ -50,7 +54,7 @@ class SendItem(msgspec.Struct, frozen=True, kw_only=True):
     block_groups: tuple[int, ...] | None = None
 
 
-class SaveItem(msgspec.Struct, frozen=True, kw_only=True):
+class SaveItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Producer, WRITE: this step's forward completes the prompt; write every layer to the consumer."""
 
     transfer_id: TransferId
@@ -62,7 +66,7 @@ class SaveItem(msgspec.Struct, frozen=True, kw_only=True):
     """The request's prompt digest: remote_blocks naming another prompt are refused."""
 
 
-class AbortItem(msgspec.Struct, frozen=True, kw_only=True):
+class AbortItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Consumer aborted before allocation: tell the holder ranks to release at once."""
 
     transfer_id: TransferId
@@ -70,7 +74,7 @@ class AbortItem(msgspec.Struct, frozen=True, kw_only=True):
     peer: PeerRef
 
 
-class FailItem(msgspec.Struct, frozen=True, kw_only=True):
+class FailItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Consumer: the scheduler half decided this receive failed (a refused peer, its deadline): the workers
     report it to vLLM (failed_recving, load errors), the one path vLLM reads before it trusts a load."""
 
@@ -80,7 +84,7 @@ class FailItem(msgspec.Struct, frozen=True, kw_only=True):
     reason: str
 
 
-class LeaseItem(msgspec.Struct, frozen=True, kw_only=True):
+class LeaseItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Consumer: this waiting transfer's lease is due for renewal; the workers tell its holder ranks."""
 
     transfer_id: TransferId

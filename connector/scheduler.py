@@ -26,7 +26,7 @@ from connector.params import ConsumerParams, TransferParams
 from connector.reasons import REASON_ABORTED_BEFORE_ALLOCATION, REASON_PEER_NOT_ALLOWED, REASON_WORKER_RECV_FAILED
 from connector.store import abandon_inherited
 from ledger.decisions import Release, VllmOutcome
-from ledger.events import Ack, Event, Fail, ReqId, Role, TransferId
+from ledger.events import Ack, Event, Fail, Map, ReqId, Role, TransferId
 from ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -50,8 +50,10 @@ class SchedulerCore:
         exact, because this core is its ledger's only appender (vLLM calls the scheduler hooks from one
         thread), and it spares the log a copy of each event to stamp it."""
         self._producer_hold_s = config.producer_hold_s(scheduler=True)
-        self._consumer_params = ConsumerParams(config.address)
-        self.index = RequestIndex(ledger.log)
+        self._consumer_params = ConsumerParams(config.address).__call__
+        """Bound once: calling the instance would look `__call__` up and bind it on every request_finished."""
+        self.index = RequestIndex()
+        """Told of every map by `_append_map`: this core is its ledger's only appender of maps."""
         self.counters: Counter[str] = Counter()
         self._step = StepMetadata()
         self._unreported = VllmOutcome()
@@ -87,9 +89,14 @@ class SchedulerCore:
         # No transfer starts, so no release will ever drop the index entry the map made.
         self.index.forget(request_id, params.transfer_id)
 
+    def _append_map(self, event: Map) -> None:
+        """Append a map and index its request (entries go when the release is routed, `_route`)."""
+        self.ledger.append(event)
+        self.index.put(event.request_id, event.transfer_id)
+
     def _record_blockless_map(self, request_id: ReqId, params: TransferParams, role: Role, now: float) -> None:
         """A side that holds no blocks (refused, or ended before its allocation): the log says what happened."""
-        self.ledger.append(
+        self._append_map(
             side_map(
                 seq=self._log.next_seq,
                 ts=now,
@@ -194,7 +201,7 @@ class SchedulerCore:
             return True
         peer = params.peer()
         blocks = tuple(block_ids)
-        self.ledger.append(
+        self._append_map(
             side_map(
                 seq=self._log.next_seq,
                 ts=now,
@@ -296,7 +303,7 @@ class SchedulerCore:
             return False, None
         config = self.config
         peer = params.peer()
-        self.ledger.append(
+        self._append_map(
             side_map(
                 seq=self._log.next_seq,
                 ts=now,
@@ -405,11 +412,16 @@ class SchedulerCore:
                 self.counters["unknown_request"] += 1
                 continue
             events.append(Ack(seq=seq + len(events), ts=now, source=source, transfer_id=tid, what="release"))
+        ledger = self.ledger
         if events:
-            self.ledger.extend(events)
-        self._route(self.ledger.take_releases(), reported=True, out=out)
+            ledger.extend(events)
+        releases = ledger.take_releases()
+        if releases or not self._unreported.empty():
+            self._route(releases, reported=True, out=out)
         self.tick(now)
-        self._route(self.ledger.take_releases(), reported=False, out=out)
+        releases = ledger.take_releases()
+        if releases:  # decided by the tick (its expires); most steps, none
+            self._route(releases, reported=False, out=out)
         return out
 
     def tick(self, now: float) -> None:

@@ -65,6 +65,8 @@ class Map(_Envelope, tag="map", frozen=True):
     def __post_init__(self) -> None:
         if self.acks_expected < 1:
             raise ValueError(f"map.acks_expected must be >= 1, got {self.acks_expected}")
+        if self.block_groups is None and self.remote_block_groups is None:
+            return  # one KV cache group, the common map: nothing to add up (and no loop built per map)
         for name, groups, blocks in (
             ("block_groups", self.block_groups, self.block_ids),
             ("remote_block_groups", self.remote_block_groups, self.remote_block_ids),

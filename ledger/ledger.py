@@ -7,7 +7,6 @@ release it caused for `take_releases`. The clock is read here, never in the fold
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -32,7 +31,10 @@ class Ledger:
         self.log = EventLog(source, next_seq=next_seq)
         self.state = state if state is not None else LedgerState()
         self.clock = clock
-        self._lock = threading.Lock()
+        self._lock = self.log.lock
+        """The log's own lock: an append numbers, stores and folds its event under one acquisition (the
+        log's `_held` methods), so the state always equals a fold of the log and a listener sees each
+        event before the next one is folded."""
         self._outbox: deque[Release] = deque()
         self._closers: list[Callable[[], object]] = []
         self._next_maintenance = float("-inf")
@@ -46,7 +48,7 @@ class Ledger:
         fields.setdefault("ts", self.clock())
         event: Event = event_type(source=self.log.source, **fields)
         with self._lock:
-            stored = self.log.append(event)
+            stored = self.log.append_held(event)
             release = self.state.apply(stored)
             if release is not None:
                 self._outbox.append(release)
@@ -55,17 +57,17 @@ class Ledger:
     def append(self, event: Event) -> Release | None:
         """Append a built event (its seq 0 or the next one) and fold it."""
         with self._lock:
-            stored = self.log.append(event)
-            release = self.state.apply(stored)
+            release = self.state.apply(self.log.append_held(event))
             if release is not None:
                 self._outbox.append(release)
         return release
 
     def extend(self, events: Iterable[Event]) -> list[Release]:
         """Append and fold a batch under one lock; returns the releases it caused."""
+        batch = list(events)  # numbered in place: the caller's own list stays as given
         with self._lock:
             # filter(None, ...) keeps the releases: a Release is always truthy, None is not.
-            out: list[Release] = list(filter(None, map(self.state.apply, self.log.extend(events))))
+            out: list[Release] = list(filter(None, map(self.state.apply, self.log.extend_held(batch))))
             self._outbox.extend(out)
         return out
 
@@ -73,7 +75,13 @@ class Ledger:
         """The clock tick: append an `expire` for every deadline passed at `now` (a producer's is its
         defer deadline, a consumer's its transfer deadline) and for every never-mapped side older
         than `transfer_timeout_s`. Returns the releases they caused."""
-        state, source = self.state, self.log.source
+        state = self.state
+        heap = state.deadlines
+        if (not heap or heap[0][0] > now) and not state.unmapped:
+            # Nothing due: the heap's root is its earliest deadline (`due` would walk that one node), and no
+            # never-mapped side waits. The common step, spared building the walk and its list.
+            return []
+        source = self.log.source
         expired: list[Event] = [
             Expire(ts=now, source=source, transfer_id=t.transfer_id,
                    deadline="defer" if t.role == "producer" else "transfer")
@@ -98,7 +106,7 @@ class Ledger:
             dropped = self.state.forget_decided(now - retain_s)
             excess = len(self.log) - LOG_EVENTS_RETAINED_MAX
             if excess > 0:
-                self.log.retain_from(self.log.first_seq + excess)
+                self.log.retain_from_held(self.log.first_seq + excess)
         return dropped
 
     def on_close(self, closer: Callable[[], object]) -> None:

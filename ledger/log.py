@@ -83,21 +83,29 @@ class EventLog:
     def append(self, event: Event) -> Event:
         """Append one event; an unassigned seq (0) gets the next one, any other must equal it."""
         with self.lock:
-            return self._append_locked(event)
+            return self.append_held(event)
 
     def extend(self, events: Iterable[Event]) -> list[Event]:
         """Append several events under one lock acquisition; all or nothing on a seq error."""
         batch = list(events)
         with self.lock:
-            seq = number(batch, self._next_seq, self.source)
-            self._events.extend(batch)
-            self._next_seq = seq
-            for listener in self._listeners:
-                for event in batch:
-                    listener(event)
+            return self.extend_held(batch)
+
+    # The `_held` variants are for an owner that holds `lock` already (the ledger folds each event under
+    # the same acquisition: one lock per append instead of two).
+
+    def extend_held(self, batch: list[Event]) -> list[Event]:
+        """`extend` of a list the caller gives up (numbered in place), `lock` held by the caller."""
+        seq = number(batch, self._next_seq, self.source)
+        self._events.extend(batch)
+        self._next_seq = seq
+        for listener in self._listeners:
+            for event in batch:
+                listener(event)
         return batch
 
-    def _append_locked(self, event: Event) -> Event:
+    def append_held(self, event: Event) -> Event:
+        """`append`, `lock` held by the caller."""
         seq = self._next_seq
         if event.seq != seq:
             if event.seq != UNASSIGNED_SEQ:
@@ -121,7 +129,11 @@ class EventLog:
     def retain_from(self, seq: int) -> int:
         """Drop events with a seq below `seq` from memory; returns how many were dropped."""
         with self.lock:
-            drop = max(0, min(seq, self._next_seq) - self._first_seq)
-            del self._events[:drop]
-            self._first_seq += drop
-            return drop
+            return self.retain_from_held(seq)
+
+    def retain_from_held(self, seq: int) -> int:
+        """`retain_from`, `lock` held by the caller."""
+        drop = max(0, min(seq, self._next_seq) - self._first_seq)
+        del self._events[:drop]
+        self._first_seq += drop
+        return drop
