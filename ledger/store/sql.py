@@ -87,22 +87,24 @@ class SqlStore:
                     stored, stored_max, after_cursor = self._lookup(conn, ranges)
                     fresh = fresh_indices(rows, stored, unique, self.url)
                     if fresh:
-                        self._insert(conn, rows if len(fresh) == len(rows) else [rows[i] for i in fresh])
+                        last = self._insert(conn, rows if len(fresh) == len(rows) else [rows[i] for i in fresh])
                         if report:
-                            cursors = self._cursors_after(conn, after_cursor, len(fresh))
+                            cursors = self._cursors_after(conn, after_cursor, len(fresh), last)
                     return fresh, cursors, after_cursor, stored_max
         except Exception as error:
             raise translate(error, self.url) from error
 
-    def _insert(self, conn: Connection, rows: list[Row]) -> None:
+    def _insert(self, conn: Connection, rows: list[Row]) -> int | None:
+        """Insert `rows`; the cursor the last one got where the driver says (SQLite), else None."""
         if not self._postgres:
             # Many rows per INSERT statement: sqlite3's executemany binds, steps and resets its statement once
             # per row; 1,000 rows took about 4 ms that way and 2.5 ms in statements of 100.
-            chunk = INSERT_ROWS_PER_STATEMENT
+            chunk, last = INSERT_ROWS_PER_STATEMENT, None
             for first in range(0, len(rows), chunk):
                 some = rows[first : first + chunk]
-                conn.exec_driver_sql(_insert_sql(len(some), self._mark), tuple(chain.from_iterable(some)))
-            return
+                result = conn.exec_driver_sql(_insert_sql(len(some), self._mark), tuple(chain.from_iterable(some)))
+                last = result.lastrowid  # sqlite3_last_insert_rowid: the last row of a multi-row INSERT
+            return last
         # Binary COPY on PostgreSQL: one stream instead of a round of parse and bind per row, at about
         # twice executemany's rate and a tenth of its client time (benchmarks/api.py).
         import psycopg
@@ -117,6 +119,7 @@ class SqlStore:
         except psycopg.Error as error:
             # The driver's own error, as SQLAlchemy would have wrapped it, for `translate`.
             raise exc.DBAPIError.instance(self._copy_sql, None, error, psycopg.Error) from error
+        return None
 
     def _lookup(
         self, conn: Connection, ranges: dict[str, tuple[int, int]]
@@ -140,11 +143,13 @@ class SqlStore:
     def _max_cursor(self, conn: Connection) -> int:
         return int(conn.exec_driver_sql("SELECT max(cursor) FROM events").scalar() or 0)
 
-    def _cursors_after(self, conn: Connection, after_cursor: int, inserted: int) -> list[int]:
+    def _cursors_after(self, conn: Connection, after_cursor: int, inserted: int, last: int | None) -> list[int]:
         """The cursors the rows just inserted got, in insertion order. Under the write lock no other
         writer inserts, so they are the rows after `after_cursor`: almost always consecutive (SQLite's
-        rowid, PostgreSQL's sequence), read back only when they are not."""
-        last = self._max_cursor(conn)
+        rowid, PostgreSQL's sequence), read back only when they are not. `last`: the last row's cursor
+        as the driver reported it (SQLite), else it is read."""
+        if last is None:
+            last = self._max_cursor(conn)
         if last == after_cursor + inserted:
             return list(range(after_cursor + 1, last + 1))
         query = f"SELECT cursor FROM events WHERE cursor > {self._mark} ORDER BY cursor"

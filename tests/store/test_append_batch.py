@@ -142,3 +142,21 @@ def test_a_value_postgresql_refuses_in_the_copy_is_unstorable(pg_url: str) -> No
         assert len(store.append_returning(events).inserted) == len(events)  # the connection is usable
     finally:
         store.close()
+
+
+def test_cursors_after_a_gap_in_postgresqls_sequence_are_read_back(pg_url: str) -> None:
+    """A refused COPY took sequence values and gave none back: the next batch's cursors do not follow on
+    from the highest stored one, and the cursors reported are still the tail's."""
+    store = open_store(pg_url, create=True)
+    try:
+        events = _events(3)
+        store.append(events[:2])
+        wide = msgspec.structs.replace(events[3], source="s" * 300)
+        with pytest.raises(UnstorableEvent):
+            store.append_returning([events[2], wide], checked=True)
+        appended = store.append_returning(events[2:], checked=True)
+        assert appended.inserted == store.tail(appended.after_cursor, 100)
+        assert appended.inserted[0][0] > appended.after_cursor + 1  # the gap: read back, not counted on
+        assert [e for _, e in appended.inserted] == events[2:]
+    finally:
+        store.close()
