@@ -29,6 +29,7 @@ from anyio import CapacityLimiter
 from api.settings import Settings
 from ledger.advice import LatencyRecorder
 from ledger.audit import AuditConfig, Finding, audit
+from ledger.collector import collector_paused
 from ledger.decisions import Key, Release
 from ledger.events import KIND_OF_TYPE, KINDS, Event, Map
 from ledger.fold import LedgerState
@@ -158,6 +159,12 @@ class Live:
         self.advanced = asyncio.Event()
 
     def _fold(self, rows: list[tuple[int, Event]]) -> None:
+        # Without the pause, a 1,000-event batch's fold set off several of the collector's passes, each over
+        # the batch's new objects, that all live on in the state: nothing to free, a tenth of the fold's time.
+        with collector_paused():
+            self._fold_rows(rows)
+
+    def _fold_rows(self, rows: list[tuple[int, Event]]) -> None:
         state, transfers, by_kind, kinds = self.state, self.state.transfers, self.events_by_kind, KIND_OF_TYPE
         apply, last_ts, held, observe = state.apply, self.last_ts, state.held, self.holding.observe
         by_request, order_append = self.by_request, self.order.append

@@ -1,6 +1,6 @@
 """The audit service under load: GET /audit latency over 1M events and 100k live transfers, and HTTP ingest.
 
-Run: python benchmarks/api.py [--events 1000000] [--live 100000] [--pg-url URL]. Builds a SQLite store
+Run: python benchmarks/api.py [--events 1000000] [--live 100000] [--pg-url URL] [--only ingest]. Builds a SQLite store
 (ledger.synth traffic plus live maps, loaded with the store's batched append), serves it with uvicorn on
 loopback, and ends with one JSON line. Baselines in the same run: one uncached `ledger.audit.audit()`
 call, and for ingest raw `executemany` of the same events' rows in the same batches (sqlite3 into a
@@ -222,6 +222,9 @@ def main() -> None:
     parser.add_argument("--post-client", nargs=2, metavar=("BASE", "BODIES"), help=argparse.SUPPRESS)
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL for the ingest figure ('' to skip)")
     parser.add_argument("--pg-events", type=int, default=100_000, help="Events in the PostgreSQL store first")
+    parser.add_argument(
+        "--only", choices=("all", "ingest"), default="all", help="ingest: only the ingest figures (no audit, no ready)"
+    )
     args = parser.parse_args()
     if args.post_client:
         post_client(*args.post_client)
@@ -240,9 +243,10 @@ def main() -> None:
     audit_uncached_ms = (time.perf_counter() - baseline_started) * 1000
 
     latencies: list[float] = []
+    only_ingest = args.only == "ingest"
     with httpx.Client(base_url=base, timeout=60) as client:
         summary = client.get("/audit/summary").json()
-        for _ in range(args.requests):
+        for _ in range(0 if only_ingest else args.requests):
             t0 = time.perf_counter()
             response = client.get("/audit")
             latencies.append((time.perf_counter() - t0) * 1000)
@@ -258,6 +262,11 @@ def main() -> None:
     raw_dir.mkdir()
     raw_ingest = raw_rows_per_s([e for b in batches for e in b], raw_dir, INGEST_BATCH_EVENTS, events_ddl(raw_dir))
     postgres = pg_ingest(args.pg_url, args.pg_events, by_source) if args.pg_url else {}
+    if only_ingest:
+        print(json.dumps({"events": args.events, "ingest_clients": args.ingest_clients,
+                          "ingest_events_per_s": round(ingest), "ingest_raw_events_per_s": round(raw_ingest),
+                          **postgres}))  # fmt: skip
+        return
     ready = measure_ready_in_child()  # its own 1M-event store, whatever --events says
     result = {
         "events": args.events,

@@ -26,6 +26,10 @@ WRITER_CLOSE_TIMEOUT_S = 10.0
 SPILL_LOAD_EVENTS_MAX = WRITER_BATCH_EVENTS_MAX
 """Events loaded from a spill file per transaction when the store comes back."""
 
+INSERT_ROWS_PER_STATEMENT = 100
+"""Rows in one SQLite INSERT statement (six parameters each): within the 999 parameters SQLite allowed
+before 3.32, and large enough that the statement's per-call cost is a small part of its rows'."""
+
 READ_CHUNK_ROWS = 1_000
 """Rows fetched per round trip when streaming a read (server-side cursor / yield_per)."""
 

@@ -44,6 +44,16 @@ def test_events_are_immutable_and_validated() -> None:
         from_json(b'{"kind":"teleport","ts":1,"source":"p","transfer_id":"t"}')
 
 
+def test_a_maps_block_groups_must_add_up_to_its_blocks_each_way() -> None:
+    base = Side("p").map("tx", "r", blocks=(1, 2, 3), remote=(4, 5))
+    assert msgspec.structs.replace(base, block_groups=(2, 1), remote_block_groups=(0, 2)).block_groups == (2, 1)
+    for field, groups in (("block_groups", (2, 2)), ("block_groups", (4, -1)), ("remote_block_groups", (1,))):
+        with pytest.raises(ValueError, match=f"map.{field} must be counts"):
+            msgspec.structs.replace(base, **{field: groups})
+    with pytest.raises(msgspec.ValidationError, match="remote_block_groups"):
+        from_json(to_json(base)[:-1] + b',"remote_block_groups":[3]}')  # decoding checks it too
+
+
 def test_a_log_round_trips(tmp_path: Path) -> None:
     events = list(generate(SynthConfig(transfers=50, concurrency=8, fault_rate=0.3), seed=4))
     path = tmp_path / "incident.jsonl"

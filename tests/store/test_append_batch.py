@@ -10,6 +10,7 @@ from ledger.events import Ack, Event, TransferId
 from ledger.store.base import ConflictError, EventStore, UnstorableEvent
 from ledger.store.batch import SOURCES_PER_QUERY
 from ledger.store.connect import open_store
+from ledger.store.limits import INSERT_ROWS_PER_STATEMENT
 from ledger.store.rows import encode_row, encode_rows
 from ledger.synth import SynthConfig, generate
 
@@ -35,6 +36,22 @@ def test_the_cursors_reported_are_the_tails(store: EventStore) -> None:
     assert first.inserted + second.inserted == store.tail(0, len(events))
     assert second.after_cursor == first.inserted[-1][0]
     assert second.stored_max == {s: m for s, m in _highest(events[:50]).items() if s in _highest(events[50:])}
+
+
+def test_a_batch_of_several_insert_statements_is_stored_whole_and_in_order(store: EventStore) -> None:
+    events = _events(300)
+    count = 2 * INSERT_ROWS_PER_STATEMENT + 7  # two full statements and a short one
+    assert len(events) >= 2 * count + 20
+    store.append(events[:20])
+    appended = store.append_returning(events[: count + 20])  # the first 20 stored already: skipped
+    assert [e for _, e in appended.inserted] == events[20 : count + 20]
+    assert appended.inserted == store.tail(appended.after_cursor, count + 100)
+    assert list(store.read()) == events[: count + 20]
+    # A conflict among the last statement's rows leaves the earlier statements' rows unwritten too.
+    changed = msgspec.structs.replace(events[5], ts=events[5].ts + 1)
+    with pytest.raises(ConflictError):
+        store.append([*events[count + 20 : count + 20 + count], changed])
+    assert store.count() == count + 20
 
 
 def test_the_same_batch_twice_inserts_once(store: EventStore) -> None:
@@ -123,5 +140,23 @@ def test_a_value_postgresql_refuses_in_the_copy_is_unstorable(pg_url: str) -> No
             store.append_returning([events[0], wide], checked=True)
         assert store.count() == 0
         assert len(store.append_returning(events).inserted) == len(events)  # the connection is usable
+    finally:
+        store.close()
+
+
+def test_cursors_after_a_gap_in_postgresqls_sequence_are_read_back(pg_url: str) -> None:
+    """A refused COPY took sequence values and gave none back: the next batch's cursors do not follow on
+    from the highest stored one, and the cursors reported are still the tail's."""
+    store = open_store(pg_url, create=True)
+    try:
+        events = _events(3)
+        store.append(events[:2])
+        wide = msgspec.structs.replace(events[3], source="s" * 300)
+        with pytest.raises(UnstorableEvent):
+            store.append_returning([events[2], wide], checked=True)
+        appended = store.append_returning(events[2:], checked=True)
+        assert appended.inserted == store.tail(appended.after_cursor, 100)
+        assert appended.inserted[0][0] > appended.after_cursor + 1  # the gap: read back, not counted on
+        assert [e for _, e in appended.inserted] == events[2:]
     finally:
         store.close()
