@@ -10,6 +10,9 @@ from ledger.structs cimport TransferState as Side
 from ledger.upkeep cimport Upkeep
 
 
+cdef bint COMPILED  # a C flag, read without a module lookup where `apply` picks how to take a layer mask
+
+
 cdef class Fold(Upkeep):
     cdef public dict releases_by_cause
     cdef public dict forged_by_reason
@@ -25,7 +28,7 @@ cdef class Fold(Upkeep):
     cdef _on_drop(self, object e)
     cdef _first_sight(self, object event)
     cdef _first_map(self, tuple key, Map e)
-    @cython.locals(blocks=tuple, held=set, before=Py_ssize_t)
+    @cython.locals(blocks=tuple, held=set, before=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t)
     cdef _hold(self, Side t, tuple key, Map e, object deadline)
     cdef _on_map(self, Side t, Map e)
     cdef _on_schedule(self, Side t, Schedule e)

@@ -104,13 +104,15 @@ class Fold(Upkeep):
             return self._after_close(t, event)
         # The commonest events (WRITE mode's layer schedules and acks, three in five) are folded
         # here when they decide nothing and need no evidence: the handlers' rules for that case,
-        # inlined, and every other case goes to the handler.
+        # inlined, and every other case goes to the handler. The layer mask: compiled, a C loop over
+        # the layers (no tuple hashed); interpreted, the cache's (a lookup in C, where the loop would
+        # be Python). Either way 0 (none yet, or none that fits) takes the handler's general path.
         if kind is Ack:
             ack: Ack = event  # type: ignore[assignment]
             layers = ack.layers
             if layers is not None and ack.what == "write" and t.role == "producer" and t.mode == "write":
-                mask = low_layers_mask(layers)
-                if mask:
+                mask = low_layers_mask(layers) if COMPILED else self.layer_masks.get(layers, 0)
+                if mask > 0:
                     acked = t.acked_mask
                     if not acked & mask and t.scheduled_mask & mask == mask:
                         acked |= mask
@@ -123,8 +125,8 @@ class Fold(Upkeep):
             layers = schedule.layers
             first_try = not (schedule.deferred or schedule.attempt)
             if layers is not None and t.role is not None and first_try and not t.early_mask:
-                mask = low_layers_mask(layers)
-                if mask and not t.scheduled_mask & mask:
+                mask = low_layers_mask(layers) if COMPILED else self.layer_masks.get(layers, 0)
+                if mask > 0 and not t.scheduled_mask & mask:
                     t.scheduled_mask |= mask
                     t.phase = _AFTER_SCHEDULE[t.phase]
                     return None
@@ -192,17 +194,19 @@ class Fold(Upkeep):
         if held is None:
             self._claim_blocks(t, key)  # the source's first map
         else:
-            for block in blocks:
-                if block in held:
-                    self._claim_blocks(t, key)  # held by another side: the general path
+            # One pass: each block added, and the set's size tells whether it was there already. If one was
+            # (held by another side, or named twice in this map), the blocks added before it are taken out
+            # again, leaving `held` as it was, and the general path claims them all.
+            for i in range(len(blocks)):
+                before = len(held)
+                held.add(blocks[i])
+                if len(held) == before:
+                    for j in range(i):
+                        held.discard(blocks[j])
+                    self._claim_blocks(t, key)
                     break
             else:
-                before = len(held)
-                for block in blocks:
-                    held.add(block)
                 self.blocks_held += len(blocks)
-                if len(held) - before != len(blocks):
-                    self._duplicate(t, e.seq)  # a block named twice in its own map
         heappush(self.deadlines, (deadline, e.seq, e.source, e.transfer_id))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
