@@ -28,7 +28,7 @@ class RequestIndex:
     def on_event(self, event: Event) -> None:
         # Called under the log's lock, in seq order: must be quick and must not append.
         if type(event) is Map:
-            self._by_request[event.request_id] = event.transfer_id
+            self.put(event.request_id, event.transfer_id)
 
     def forget(self, request_id: ReqId, transfer_id: TransferId) -> None:
         if self._by_request.get(request_id) == transfer_id:

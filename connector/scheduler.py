@@ -415,13 +415,9 @@ class SchedulerCore:
         ledger = self.ledger
         if events:
             ledger.extend(events)
-        releases = ledger.take_releases()
-        if releases or not self._unreported.empty():
-            self._route(releases, reported=True, out=out)
+        self._route(ledger.take_releases(), reported=True, out=out)
         self.tick(now)
-        releases = ledger.take_releases()
-        if releases:  # decided by the tick (its expires); most steps, none
-            self._route(releases, reported=False, out=out)
+        self._route(ledger.take_releases(), reported=False, out=out)
         return out
 
     def tick(self, now: float) -> None:
@@ -435,6 +431,8 @@ class SchedulerCore:
         consumer's: as `out`'s finished/failed receive when it answers a worker's report (`reported`);
         decided here (a refused peer, a deadline) it goes to the workers in the next metadata, for them to
         report: vLLM reads failed_recving and load errors from the workers before update_connector_output."""
+        if not releases and (out is None or self._unreported.empty()):
+            return  # most steps: nothing decided, nothing waiting to be heard of
         # Heard of now (`out`) or at the next update_connector_output (`_unreported`, merged into it then).
         outcome = self._unreported if out is None else out
         forget = self.index.forget

@@ -5,7 +5,6 @@
 cimport cython
 cimport libc.math as math
 
-from ledger.structs cimport _Envelope
 from ledger.structs cimport TransferState as Side
 
 
@@ -29,5 +28,5 @@ cdef class LatencyRecorder:
     cdef public Py_ssize_t expired_releases
     cdef public double expired_block_seconds
 
-    @cython.locals(held_s=double, bucket=object, histogram=LatencyHistogram, first=_Envelope, first_ts=double)
+    @cython.locals(held_s=double, bucket=object, histogram=LatencyHistogram)
     cpdef double observe(self, object release, Side side) except? -1.0

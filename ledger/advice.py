@@ -132,9 +132,7 @@ class LatencyRecorder:
 
     def observe(self, release: Release, side: TransferState) -> float:
         """Record one release; returns how long its side held the blocks (seconds)."""
-        first = side.first  # `side.first_ts`, read as C struct fields where compiled
-        first_ts = first.ts if first is not None else 0.0
-        held_s = release.ts - first_ts
+        held_s = release.ts - side.first_ts
         if held_s < 0.0:
             held_s = 0.0
         bucket = _bucket(held_s)

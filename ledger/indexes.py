@@ -78,13 +78,9 @@ class Indexes:
 
     def index_sides(self) -> None:
         """Rebuild `sides_of` from `transfers` (after `transfers` was set whole: a snapshot's decoding)."""
-        sides_of: dict[str, dict[TransferId, TransferState]] = {}
-        for (source, transfer_id), t in self.transfers.items():
-            by_id = sides_of.get(source)
-            if by_id is None:
-                by_id = sides_of[source] = {}
-            by_id[transfer_id] = t
-        self.sides_of = sides_of
+        self.sides_of = {}
+        for key, t in list(self.transfers.items()):
+            self._put_side(key, t)
 
     # -- block claims ----------------------------------------------------
 
@@ -187,15 +183,13 @@ class Indexes:
             self._sweep_deadlines()
 
     def _live_side(self, source: str, transfer_id: TransferId) -> TransferState | None:
-        """The side of `(source, transfer_id)` if it is live (mapped, undecided: what `live` holds), found
+        """The side of `(source, transfer_id)` if it is live (`TransferState.live`: what `live` holds), found
         in `sides_of` with no key tuple built: the deadline heap asks this of every entry it sweeps."""
         by_id = self.sides_of.get(source)
         if by_id is None:
             return None
         t = by_id.get(transfer_id)
-        if t is None or t.role is None or t.decision is not None:
-            return None
-        return t
+        return t if t is not None and t.live else None
 
     def _sweep_deadlines(self) -> None:
         kept: list[tuple[float, int, str, TransferId]] = []
@@ -215,6 +209,8 @@ class Indexes:
         cost follows the number due, not the number live. Does not mutate.
         """
         heap = self.deadlines
+        if not heap or heap[0][0] > now:
+            return []  # the root is the earliest deadline: nothing due (the clock tick's common answer)
         found: list[tuple[float, int, TransferState]] = []
         stack = [0] if heap else []
         while stack:

@@ -75,13 +75,7 @@ class Ledger:
         """The clock tick: append an `expire` for every deadline passed at `now` (a producer's is its
         defer deadline, a consumer's its transfer deadline) and for every never-mapped side older
         than `transfer_timeout_s`. Returns the releases they caused."""
-        state = self.state
-        heap = state.deadlines
-        if (not heap or heap[0][0] > now) and not state.unmapped:
-            # Nothing due: the heap's root is its earliest deadline (`due` would walk that one node), and no
-            # never-mapped side waits. The common step, spared building the walk and its list.
-            return []
-        source = self.log.source
+        state, source = self.state, self.log.source
         expired: list[Event] = [
             Expire(ts=now, source=source, transfer_id=t.transfer_id,
                    deadline="defer" if t.role == "producer" else "transfer")
