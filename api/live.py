@@ -55,9 +55,9 @@ class Written(NamedTuple):
     rows: int
     bytes: int
     lock_s: float
-    """Seconds the fold lock was held to encode it (the fold and the page's rebuilds wait that long)."""
+    """Seconds the fold lock was held to copy the fold (the fold and the page's rebuilds wait that long)."""
     encode_cpu_s: float
-    """CPU seconds the encoding took (`lock_s` is longer when the machine's cores are busy)."""
+    """CPU seconds the copy and its encoding took (the fold waits only for the copy)."""
     save_s: float
 
 

@@ -6,7 +6,7 @@ own rows (ledger.synth traffic). Ready is the time from `create_app` until uvico
 startup, which folds the store, is done) and GET /healthz has answered, imports excluded.
 
 1. a service folds the first `events - tail` events from zero and writes its snapshot in the background
-   (the lock the fold waits on while it is encoded is reported: `snapshot_lock_s`);
+   (how long the fold waits while it is copied is reported: `snapshot_lock_s`);
 2. `tail` more events are appended; a service starts from the snapshot and folds only them (`ready_s`);
 3. the baseline in the same run: a service over the same store with snapshots not read (`ready_s_refold`).
 Both states are checked equal (same encoding). `ready_cpu_s*` are the CPU seconds the process spent meanwhile:

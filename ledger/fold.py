@@ -174,10 +174,11 @@ class Fold(Upkeep):
             self.sources[e.source] = None
         # Positional on purpose (msgspec parses keywords ~8x slower, and this runs once per side),
         # in field order: last, events, closed, role, phase, mode, the five masks and counts,
-        # acks_expected, recv, whole_acked, whole_scheduled, decision, source, transfer_id, map, first.
+        # acks_expected, recv, whole_acked, whole_scheduled, decision, source, transfer_id, map, then `first`
+        # None (the map was the side's first event).
         t = TransferState(
             e, 1, False, e.role, _AFTER_MAP[Phase.UNMAPPED], e.mode, 0, 0, None, 0, 0, e.acks_expected,
-            False, False, False, None, e.source, e.transfer_id, e, e,
+            False, False, False, None, e.source, e.transfer_id, e, None,
         )  # fmt: skip
         self._put_side(key, t)
         return self._hold(t, key, e, e.deadline)

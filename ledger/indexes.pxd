@@ -30,6 +30,8 @@ cdef class Indexes:
     @cython.locals(by_id=dict)
     cdef _put_side(self, tuple key, Side t)
     cdef _drop_side(self, tuple key)
+    @cython.locals(t=Side)
+    cpdef put_sides(self, list sides)
     cdef _claim_blocks(self, Side t, tuple key)
     cdef _free_blocks(self, Side t, tuple key)
     cdef _duplicate(self, Side t, object seq)

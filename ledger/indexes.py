@@ -30,7 +30,7 @@ class Indexes:
         self.sides_of: dict[str, dict[TransferId, TransferState]] = {}
         """Per source, transfer id -> side: `transfers` again, for the fold's lookup of every event, which
         this saves building and hashing a key tuple (a third of a compiled event's cost was that lookup).
-        Kept with `transfers` by `_put_side` and `_drop_side` only; `index_sides` rebuilds it."""
+        Kept with `transfers` by `_put_side` and `_drop_side` only; `put_sides` builds both whole."""
         self.live: dict[Key, TransferState] = {}
         """Mapped, undecided: the sides holding blocks."""
         self.unmapped: dict[Key, TransferState] = {}
@@ -76,11 +76,13 @@ class Indexes:
         del self.transfers[key]
         del self.sides_of[key[0]][key[1]]
 
-    def index_sides(self) -> None:
-        """Rebuild `sides_of` from `transfers` (after `transfers` was set whole: a snapshot's decoding)."""
+    def put_sides(self, sides: list[TransferState]) -> None:
+        """`transfers` and `sides_of` hold exactly `sides`, in their order (a snapshot's decoding: one pass,
+        each key built from its side's C fields when compiled)."""
+        self.transfers = {}
         self.sides_of = {}
-        for key, t in list(self.transfers.items()):
-            self._put_side(key, t)
+        for t in sides:
+            self._put_side((t.source, t.transfer_id), t)
 
     # -- block claims ----------------------------------------------------
 

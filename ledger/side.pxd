@@ -14,3 +14,8 @@ cdef unsigned long long _ONE
 @cython.locals(mask=cython.ulonglong, item=object, layer=cython.long)
 cpdef unsigned long long low_layers_mask(tuple layers) except? 0
 cpdef bint local_exceeds_remote(Map m) except -1
+
+@cython.locals(side=Side, t=Side, out=list)
+cpdef list copies(object sides)
+@cython.locals(t=Side, i=Py_ssize_t)
+cpdef list wide_masks(list sides, Py_ssize_t bits_max)

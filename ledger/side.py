@@ -5,6 +5,7 @@ in ledger/transfer_state.py (imported here too, where callers have always found 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal, TypeAlias
 
 from ledger.events import Map
@@ -12,8 +13,8 @@ from ledger.limits import LAYERS_MAX
 from ledger.transfer_state import TransferState, bits
 
 __all__ = [
-    "Evidence", "TransferState", "awaits_data", "bits", "completed_by", "is_complete", "layers_mask",
-    "local_exceeds_remote", "low_layers_mask",
+    "Evidence", "TransferState", "awaits_data", "bits", "completed_by", "copies", "is_complete", "layers_mask",
+    "local_exceeds_remote", "low_layers_mask", "wide_masks",
 ]  # fmt: skip
 
 
@@ -100,3 +101,34 @@ def awaits_data(t: TransferState) -> bool:
     if t.role == "producer" and t.mode == "write":
         return t.expected is not None and t.acked_mask.bit_count() < t.expected
     return False
+
+
+def copies(sides: Iterable[TransferState]) -> list[TransferState]:
+    """Copies of `sides` that share nothing the fold changes later, so that a snapshot can encode them while
+    the fold goes on (ledger/store/snapshot.py). The fold replaces a side's fields, never changes them in
+    place, but for its lists of seqs and request ids, which grow: those are copied too (nearly always None).
+    Compiled, a side's fields are read as C struct fields: a third of the time of the same loop in Python."""
+    out: list[TransferState] = []
+    for side in sides:
+        t = side.__copy__()  # type: ignore[attr-defined]  # msgspec's own copy, in C
+        if t.late_seqs is not None:
+            t.late_seqs = list(t.late_seqs)
+        if t.duplicate_seqs is not None:
+            t.duplicate_seqs = list(t.duplicate_seqs)
+        if t.over_ack_seqs is not None:
+            t.over_ack_seqs = list(t.over_ack_seqs)
+        if t.reuse_seqs is not None:
+            t.reuse_seqs = list(t.reuse_seqs)
+        if t.reused_by is not None:
+            t.reused_by = list(t.reused_by)
+        out.append(t)
+    return out
+
+
+def wide_masks(sides: list[TransferState], bits_max: int) -> list[int]:
+    """The indexes of the sides with a layer or rank mask of more than `bits_max` bits."""
+    return [
+        i
+        for i, t in enumerate(sides)
+        if (t.scheduled_mask | t.acked_mask | t.early_mask | t.ranks_mask).bit_length() > bits_max
+    ]

@@ -15,12 +15,15 @@ from ledger.events import Event, Fail, Map, Mode, ReqId, Role, TransferId
 from ledger.lifecycle import Phase, PhaseName
 
 
-class TransferState(msgspec.Struct, gc=False):
+class TransferState(msgspec.Struct, gc=False, array_like=True):
     """One side of one transfer, as derived from its events.
 
     A msgspec Struct without GC tracking: it holds only ids, numbers, tuples and
     sets of ints, never a cycle, and the collector would otherwise rescan every
-    live transfer on every young-generation pass.
+    live transfer on every young-generation pass. Array-like: only a snapshot
+    (ledger/store/snapshot.py) encodes a side, and as an array of its fields it
+    decodes straight into sides, with no field names to write and match and no
+    conversion side by side (that was a quarter of a service's start).
     """
 
     # Field order is the constructor's: `LedgerState._first_map` builds a side positionally, so what a
@@ -54,7 +57,9 @@ class TransferState(msgspec.Struct, gc=False):
     """The side's map: its request id, blocks, peer and deadline are read from it (one reference
     instead of eight copies, fewer objects to let go of when the side is forgotten)."""
     first: Event | None = None
-    """The first event seen for this side (its map, in the common case)."""
+    """The first event seen for this side when that was not its map; None: its map was (nearly always).
+    Read through `first_seq` and `first_ts`. Not a second reference to the map: a snapshot writes each
+    reference it meets, and would write and decode every map twice (or copy every side to leave it out)."""
     pending_fail: Fail | None = None
     """A terminal fail seen before the map: applied when the map arrives."""
     transient_failures: int = 0
@@ -110,11 +115,13 @@ class TransferState(msgspec.Struct, gc=False):
 
     @property
     def first_seq(self) -> int:
-        return self.first.seq if self.first is not None else 0
+        first = self.first if self.first is not None else self.map_event
+        return first.seq if first is not None else 0
 
     @property
     def first_ts(self) -> float:
-        return self.first.ts if self.first is not None else 0.0
+        first = self.first if self.first is not None else self.map_event
+        return first.ts if first is not None else 0.0
 
     @property
     def last_seq(self) -> int:

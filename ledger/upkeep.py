@@ -248,7 +248,6 @@ def _rebuilt(key: Key, tomb: Compacted) -> TransferState:
         source=key[0],
         transfer_id=key[1],
         map_event=m,
-        first=m,
         arrived_ts=numbers.arrived_ts,
         arrived_seq=numbers.arrived_seq,
     )

@@ -10,7 +10,9 @@ then refolds from the start) rather than silently dropping a field.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from collections.abc import Iterable, Iterator
+from itertools import chain
+from typing import cast
 
 import msgspec
 
@@ -18,12 +20,12 @@ from ledger.decisions import Cause, Key
 from ledger.events import TransferId
 from ledger.fold import LedgerState
 from ledger.idmemory import IdMemory
-from ledger.side import TransferState
+from ledger.side import TransferState, copies, wide_masks
 from ledger.tombstone import Compacted
 
-FORMAT = 9
+FORMAT = 10
 """Bumped whenever the encoding below changes (9: the id memory's bits are set by `key_hash`, no longer
-blake2b, so an older snapshot's filter would answer wrongly)."""
+blake2b, so an older snapshot's filter would answer wrongly; 10: sides written as `TransferState` arrays)."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
@@ -39,54 +41,69 @@ _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason"
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
 
 
-_MASK_FIELDS = frozenset(name for name in TransferState.__struct_fields__ if name.endswith("_mask"))
-"""Layer and rank bitmasks: ints past 64 bits (a 126-layer model), which msgpack cannot hold."""
-
-_SIDE_FIELDS = msgspec.structs.fields(TransferState)
-_StoredSide = msgspec.defstruct(
-    "_StoredSide",
-    [
-        *((f.name, bytes if f.name in _MASK_FIELDS else f.type, f.default) for f in _SIDE_FIELDS),
-        ("first_is_map", bool, False),
-    ],
-    array_like=True,
-)
-"""TransferState as written: its fields in order, bitmasks as little-endian bytes, and `first` left out when
-it is the side's map event (nearly always: one object in memory, written once; decoded, one object again)."""
-
-_FIRST = TransferState.__struct_fields__.index("first")
-_MAP_EVENT = TransferState.__struct_fields__.index("map_event")
-_MASKS = tuple(i for i, name in enumerate(TransferState.__struct_fields__) if name in _MASK_FIELDS)
-_MASK_NAMES = tuple(TransferState.__struct_fields__[i] for i in _MASKS)
+_MASK_NAMES = tuple(name for name in TransferState.__struct_fields__ if name.endswith("_mask"))
+"""Layer and rank bitmasks: ints, past 64 bits on a model of more layers (126), which msgpack cannot hold."""
+WIDE_MASK_BITS = 63
+"""A mask wider than this is written apart (`_Sides.wide`): msgpack's ints stop at 64 bits (63 signed)."""
 
 
-def _stored(t: TransferState) -> Any:
-    values: list[Any] = list(msgspec.structs.astuple(t))
-    for i in _MASKS:
-        values[i] = values[i].to_bytes((values[i].bit_length() + 7) // 8, "little")
-    first_is_map = values[_FIRST] is not None and values[_FIRST] is values[_MAP_EVENT]
-    if first_is_map:
-        values[_FIRST] = None
-    return _StoredSide(*values, first_is_map)
+SIDES_PER_CHUNK = 4096
+"""Sides encoded per call of the encoder (about 2 MB, a few ms): it holds the GIL for a call, and between
+calls the service's event loop serves requests and folds ingested batches."""
 
 
-def _restored(stored: Any) -> TransferState:
-    values = msgspec.structs.astuple(stored)
-    t = TransferState(*values[:-1])  # the masks bytes for a moment (a Struct checks no types when built)
-    if values[-1]:
-        t.first = t.map_event
-    for name in _MASK_NAMES:
-        setattr(t, name, int.from_bytes(getattr(t, name), "little"))
-    return t
+class _Sides(msgspec.Struct, array_like=True):
+    """Sides as written: each an array of its fields (`TransferState` is array-like, so they decode straight
+    into sides), in chunks of SIDES_PER_CHUNK, and apart the masks such an array cannot carry (0 in it)."""
+
+    chunks: list[list[TransferState]]
+    wide: list[tuple[int, str, bytes]] = []
+    """(index, mask field, little-endian bytes) of each mask wider than WIDE_MASK_BITS."""
+
+
+def _stored(sides: Iterable[TransferState]) -> _Sides:
+    """Copies of `sides` as they are now (`copies`): the fold may go on while they are encoded."""
+    out = copies(sides)
+    wide: list[tuple[int, str, bytes]] = []
+    for i in wide_masks(out, WIDE_MASK_BITS):  # a model of more layers: rare
+        t = out[i]
+        for name in _MASK_NAMES:
+            mask: int = getattr(t, name)
+            if mask.bit_length() > WIDE_MASK_BITS:
+                wide.append((i, name, mask.to_bytes((mask.bit_length() + 7) // 8, "little")))
+                setattr(t, name, 0)
+    return _Sides([out[i : i + SIDES_PER_CHUNK] for i in range(0, len(out), SIDES_PER_CHUNK)], wide)
+
+
+def _chunks_encoded(stored: _Sides) -> _Sides:
+    """`stored` with each chunk encoded by a call of its own (SIDES_PER_CHUNK), nested as it is."""
+    chunks = [msgspec.Raw(_encoder.encode(chunk)) for chunk in stored.chunks]
+    return _Sides(cast(list[list[TransferState]], chunks), stored.wide)  # Raw: written as the chunk it holds
+
+
+def sides_taken(document: Document) -> Iterator[TransferState]:
+    """The sides `take` copied, in `transfers` order."""
+    return chain.from_iterable(document.transfers.chunks)
+
+
+def _restored(stored: _Sides) -> list[TransferState]:
+    sides = list(chain.from_iterable(stored.chunks))
+    for i, name, value in stored.wide:
+        if name not in _MASK_NAMES or not 0 <= i < len(sides):
+            raise SnapshotFormatError(f"snapshot names mask {name!r} of side {i} of {len(sides)}")
+        setattr(sides[i], name, int.from_bytes(value, "little"))
+    return sides
 
 
 _IdMemoryPlain = tuple[int, int, int, int, int, list[bytes]]
 
 
-class _Document(msgspec.Struct, kw_only=True):
+class Document(msgspec.Struct, kw_only=True):
+    """A state as a snapshot writes it (`take`): plain data and copies, nothing the fold changes later."""
+
     format: int
     transfer_fields: list[str]
-    transfers: list[_StoredSide]  # type: ignore[valid-type]
+    transfers: _Sides
     live: list[Key]
     unmapped: list[Key]
     deadlines: list[tuple[float, int, str, TransferId]]
@@ -100,8 +117,8 @@ class _Document(msgspec.Struct, kw_only=True):
     sources: list[str]
     tombstones: list[tuple[Key, Compacted]]
     tombstones_old: list[tuple[Key, Compacted]]
-    orphan_tombstones: list[_StoredSide]  # type: ignore[valid-type]
-    orphan_tombstones_old: list[_StoredSide]  # type: ignore[valid-type]
+    orphan_tombstones: _Sides
+    orphan_tombstones_old: _Sides
     orphan_tombstones_max: int
     orphans_evicted: int
     tombstones_max: int
@@ -130,10 +147,28 @@ class _Format(msgspec.Struct):
 # "deterministic" sorts sets, so equal states encode to equal bytes; our dicts are lists already.
 _encoder = msgspec.msgpack.Encoder(order="deterministic")
 _format_decoder = msgspec.msgpack.Decoder(_Format)
-_decoder = msgspec.msgpack.Decoder(_Document)
+_decoder = msgspec.msgpack.Decoder(Document)
 
 
 def encode(state: LedgerState) -> bytes:
+    return encode_taken(take(state))
+
+
+def encode_taken(document: Document) -> bytes:
+    """What `take` took, encoded (anywhere: it shares nothing with the state it was taken from)."""
+    return _encoder.encode(
+        msgspec.structs.replace(
+            document,
+            transfers=_chunks_encoded(document.transfers),
+            orphan_tombstones=_chunks_encoded(document.orphan_tombstones),
+            orphan_tombstones_old=_chunks_encoded(document.orphan_tombstones_old),
+        )
+    )
+
+
+def take(state: LedgerState) -> Document:
+    """Everything a snapshot writes of `state`, copied as it is now (where the fold cannot move: about a
+    sixth of the whole encoding's time), so that the encoding can run while the fold goes on."""
     fields = frozenset(vars(state))
     counters = [name for name in _COUNTER_FIELDS if name in fields]
     changed = sorted((fields - frozenset(counters)) ^ _STATE_FIELDS)
@@ -141,16 +176,16 @@ def encode(state: LedgerState) -> bytes:
         raise SnapshotFormatError(f"LedgerState fields changed ({changed}): update ledger/store/snapshot.py")
     sides = list(state.transfers.values())
     index = {id(t): i for i, t in enumerate(sides)}  # every side in `decided` is in `transfers` (indexes.py)
-    document = _Document(
+    return Document(
         format=FORMAT,
         transfer_fields=list(TransferState.__struct_fields__),
-        transfers=[_stored(t) for t in sides],
+        transfers=_stored(sides),
         live=list(state.live),
         unmapped=list(state.unmapped),
-        deadlines=state.deadlines,
+        deadlines=list(state.deadlines),
         held=[(source, sorted(blocks)) for source, blocks in state.held.items()],
-        contested=[(source, block, keys) for (source, block), keys in state.contested.items()],
-        double_owned=list(state.double_owned.items()),
+        contested=[(source, block, list(keys)) for (source, block), keys in state.contested.items()],
+        double_owned=[(key, list(owners)) for key, owners in state.double_owned.items()],
         anomalous=list(state.anomalous),
         orphans_expired=list(state.orphans_expired),
         expired_producers=list(state.expired_producers),
@@ -158,8 +193,8 @@ def encode(state: LedgerState) -> bytes:
         sources=list(state.sources),
         tombstones=list(state.tombstones.items()),
         tombstones_old=list(state.tombstones_old.items()),
-        orphan_tombstones=[_stored(t) for t in state.orphan_tombstones.values()],
-        orphan_tombstones_old=[_stored(t) for t in state.orphan_tombstones_old.values()],
+        orphan_tombstones=_stored(state.orphan_tombstones.values()),
+        orphan_tombstones_old=_stored(state.orphan_tombstones_old.values()),
         orphan_tombstones_max=state.orphan_tombstones_max,
         orphans_evicted=state.orphans_evicted,
         tombstones_max=state.tombstones_max,
@@ -172,7 +207,6 @@ def encode(state: LedgerState) -> bytes:
         decided=[(ts, index[id(t)]) for ts, _, _, t in state.decided],
         counters={name: list(getattr(state, name).items()) for name in counters},
     )
-    return _encoder.encode(document)
 
 
 def document_format(body: bytes | memoryview) -> object:
@@ -183,7 +217,7 @@ def document_format(body: bytes | memoryview) -> object:
         raise SnapshotFormatError(f"not a snapshot: {error}") from None
 
 
-def decode(body: bytes) -> LedgerState:
+def decode(body: bytes | memoryview) -> LedgerState:
     found = document_format(body)
     if found != FORMAT:
         raise SnapshotFormatError(f"snapshot format {found}, this code reads {FORMAT}")
@@ -194,9 +228,9 @@ def decode(body: bytes) -> LedgerState:
     if doc.transfer_fields != list(TransferState.__struct_fields__):
         raise SnapshotFormatError("TransferState fields changed since the snapshot was written")
     state = LedgerState()
-    sides = [_restored(stored) for stored in doc.transfers]
-    transfers = state.transfers = {t.key: t for t in sides}
-    state.index_sides()
+    sides = _restored(doc.transfers)
+    state.put_sides(sides)
+    transfers = state.transfers
     state.live = {key: transfers[key] for key in doc.live}
     state.unmapped = {key: transfers[key] for key in doc.unmapped}
     state.deadlines = doc.deadlines
@@ -210,8 +244,8 @@ def decode(body: bytes) -> LedgerState:
     state.sources = dict.fromkeys(doc.sources)
     state.tombstones = {(source, tid): tomb for (source, tid), tomb in doc.tombstones}
     state.tombstones_old = {(source, tid): tomb for (source, tid), tomb in doc.tombstones_old}
-    state.orphan_tombstones = {t.key: t for t in map(_restored, doc.orphan_tombstones)}
-    state.orphan_tombstones_old = {t.key: t for t in map(_restored, doc.orphan_tombstones_old)}
+    state.orphan_tombstones = {t.key: t for t in _restored(doc.orphan_tombstones)}
+    state.orphan_tombstones_old = {t.key: t for t in _restored(doc.orphan_tombstones_old)}
     state.orphan_tombstones_max = doc.orphan_tombstones_max
     state.orphans_evicted = doc.orphans_evicted
     state.tombstones_max = doc.tombstones_max

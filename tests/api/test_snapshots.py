@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from ledger.store.rows import INSERT_COLUMNS, encode_rows
 from ledger.store.schema import events as events_table
 from ledger.store.sql import SqlStore
 from tests.api.conftest import settings_for, wait_for
+from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, audit_moments, history
 
 SEEDS = (1, 2, 3, 4)
@@ -88,6 +90,47 @@ def test_a_start_from_a_snapshot_equals_a_fold_from_zero(store_url: str, seed: i
     assert sum(map(len, started[1])) > 0  # the histories' faults leave findings to compare
 
 
+def test_the_request_index_a_snapshot_derives_from_the_sides_is_the_one_the_fold_built(sqlite_url: str) -> None:
+    """The snapshot writes only where `by_request` differs from what the sides' maps say: a refused map's
+    request, a request whose sides were mapped in another order than first seen; the rest is derived."""
+    p = Side("prefill-0/tp0")
+    events = [
+        p.ack("b", "read"),  # side b is seen first, unmapped
+        p.map("a", "r-1", blocks=(1,)),
+        p.map("b", "r-1", blocks=(2,)),  # mapped after a: r-1's sides are (a, b), the sides' order (b, a)
+        p.map("a", "r-2", blocks=(3,)),  # refused (the id is taken): r-2 names side a, its map says r-1
+        p.map("c", "r-3", blocks=(4,)),
+    ]
+    _append(sqlite_url, events)
+    _snapshot_now(sqlite_url)
+    with _service(sqlite_url) as live:
+        assert live.restored_from is not None
+        _, _, body = snapshots.encode(live)
+        doc = snapshots._decoder.decode(snapshots.unsealed(body))
+        assert doc.order is None and doc.requests_gone == []
+        a, b = (p.source, "a"), (p.source, "b")
+        assert doc.requests_apart == [("r-1", (a, b)), ("r-2", (a,))]
+        restored = (live.order, live.by_request)
+    with _service(sqlite_url, snapshots_read=False) as live:
+        assert restored == (live.order, live.by_request)
+        assert live.by_request == {"r-1": (a, b), "r-2": (a,), "r-3": ((p.source, "c"),)}
+
+
+def test_a_snapshot_is_the_fold_it_was_copied_from_however_far_the_fold_went_while_it_was_encoded(
+    sqlite_url: str,
+) -> None:
+    events = history(3, Shape(transfers=12))
+    half = len(events) // 2
+    _append(sqlite_url, events[:half])
+    with _service(sqlite_url) as live:
+        _, _, expected = snapshots.encode(live)
+        taken = snapshots._take(live)  # what `write` copies under the fold lock, then encodes without it
+        _append(sqlite_url, events[half:])
+        wait_for(lambda: live.rows_folded == len(events))  # the poller folded the rest meanwhile
+        assert snapshots.encode(live)[2] != expected
+        assert snapshots.seal(snapshots._encoded(taken)) == expected
+
+
 def _save(url: str, cursor: int, body: bytes, format_: int = snapshots.FORMAT) -> None:
     store = open_store(url)
     try:
@@ -100,6 +143,11 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == snapshots.__name__]
 
 
+def _checksummed(document: bytes) -> bytes:
+    """`document` sealed as format 2 sealed it: its CRC-32 after it, not compressed."""
+    return document + zlib.crc32(document).to_bytes(4, "little")
+
+
 def _flipped(body: bytes) -> bytes:
     """`body` with one byte in its middle changed, as a damaged page would change it."""
     middle = len(body) // 2
@@ -108,7 +156,11 @@ def _flipped(body: bytes) -> bytes:
 
 @pytest.mark.parametrize(
     ("damage", "why"),
-    [(_flipped, "checksum does not match"), (lambda _: snapshots.seal(b"\x93 not a snapshot"), "not a snapshot")],
+    [
+        (_flipped, "checksum does not match"),
+        (lambda _: snapshots.seal(b"\x93 not a snapshot"), "not a snapshot"),
+        (lambda _: _checksummed(b"\x81\xa6format\x02"), "does not decompress"),  # sealed uncompressed
+    ],
 )
 def test_a_corrupt_snapshot_is_passed_over_for_the_older_one(
     sqlite_url: str, caplog: pytest.LogCaptureFixture, damage: Callable[[bytes], bytes], why: str
@@ -138,7 +190,7 @@ def test_a_corrupt_snapshot_is_passed_over_for_the_older_one(
 def _with_ledger_format(body: bytes, ledger_format: int) -> bytes:
     """`body` with its ledger part replaced by a document of another ledger snapshot format."""
     doc = msgspec.msgpack.decode(snapshots.unsealed(body))
-    doc["ledger"] = msgspec.msgpack.encode({"format": ledger_format})
+    doc["ledger"] = {"format": ledger_format}  # nested in the service's document, as written
     return snapshots.seal(msgspec.msgpack.encode(doc))
 
 

@@ -191,3 +191,28 @@ def test_a_snapshot_taken_mid_history_continues_as_the_state_does(
     _same_findings(restored, state, events, seed)
     assert snapshot.encode(restored) == snapshot.encode(state)
     assert snapshot.encode(snapshot.decode(snapshot.encode(state))) == snapshot.encode(state)  # recalled sides too
+
+
+@PROPERTY
+@given(seed=SEEDS, shape=LONG_SHAPES, cut=st.floats(0.1, 0.9), forget=st.booleans())
+def test_a_snapshot_taken_is_the_state_as_it_was_however_the_fold_goes_on_before_it_is_encoded(
+    seed: int, shape: Shape, cut: float, forget: bool
+) -> None:
+    """The service copies the state where the fold cannot move (`snapshot.take`) and encodes the copy while
+    it goes on: the bytes are those of the state when it was taken, whatever the fold (and compaction)
+    changed since, in place or not: late seqs appended to decided sides, heaps pushed, claims moved."""
+    note(f"history({seed}, {shape!r})")
+    events = history(seed, shape)
+    head, tail = events[: int(len(events) * cut)], events[int(len(events) * cut) :]
+    state, _ = fold_all(head)
+    expected = snapshot.encode(state)
+    taken = snapshot.take(state)
+    late = {key: list(t.late_seqs or ()) for key, t in state.transfers.items()}
+    for event in tail:
+        state.apply(event)
+    if forget:
+        state.forget_decided(tail[-1].ts - REPLAY_RETAIN_S, keep_evidence=True)
+    assert snapshot.encode(state) != expected  # the fold did go on
+    assert snapshot.encode_taken(taken) == expected
+    grown = [k for k, t in state.transfers.items() if k in late and list(t.late_seqs or ()) != late[k]]
+    note(f"{len(grown)} sides taken had late seqs appended after")

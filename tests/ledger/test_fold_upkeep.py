@@ -3,14 +3,17 @@ forgetting decided sides in O(1), and a snapshot of all of it."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 import ledger.upkeep as upkeep_module
 from ledger.audit import audit, counts_by_code
+from ledger.events import Ack
 from ledger.fold import LedgerState, fold_all
 from ledger.limits import LAYERS_MAX, RANKS_MAX
-from ledger.side import bits, layers_mask
+from ledger.side import bits, copies, layers_mask
 from ledger.store import snapshot
+from ledger.transfer_state import TransferState
 from tests.ledger.builders import Side
 
 T = "tx-1"
@@ -155,6 +158,20 @@ def test_snapshot_round_trips_masks_and_both_tombstone_generations(monkeypatch: 
     assert [restored.apply(e) for e in more] == [state.apply(e) for e in more]
 
 
+def test_a_sides_first_event_is_its_map_or_the_event_seen_before_it_and_a_snapshot_keeps_both() -> None:
+    p = Side("prefill-0/tp0")
+    state, _ = fold_all([p.map("m", "p-1"), p.ack("o", "read"), p.map("o", "p-2")])
+    m, o = state.transfers[(p.source, "m")], state.transfers[(p.source, "o")]
+    assert m.first is None and (m.first_seq, m.first_ts) == (m.map_seq, m.map_event.ts)  # type: ignore[union-attr]
+    assert isinstance(o.first, Ack) and (o.first_seq, o.first_ts) == (o.first.seq, o.first.ts)
+    assert o.first_seq < o.map_seq
+    restored = snapshot.decode(snapshot.encode(state))
+    for key in ((p.source, "m"), (p.source, "o")):
+        assert restored.transfers[key].snapshot() == state.transfers[key].snapshot()
+        assert restored.transfers[key].first == state.transfers[key].first
+    assert snapshot.encode(restored) == snapshot.encode(state)
+
+
 def test_sides_with_transient_failures_are_indexed_until_decided() -> None:
     p = Side("decode-0/tp0")
     state = LedgerState()
@@ -179,3 +196,15 @@ def test_a_side_whose_numbers_do_not_fit_a_tombstone_stays_whole() -> None:
     assert (p.source, "wide") in state.transfers and state.tombstone_count == 0
     state.apply(p.ack("wide", "release", rank=1))
     assert state.transfers[(p.source, "wide")].late_seqs == [3]
+
+
+def test_a_sides_copy_shares_no_list_the_fold_grows_in_place() -> None:
+    """`copies` (what a snapshot encodes while the fold goes on) copies every list field a side has: one
+    added to TransferState without being copied there fails here."""
+    lists = [f.name for f in msgspec.structs.fields(TransferState) if "list[" in str(f.type)]
+    assert len(lists) >= 5
+    side = TransferState(source="prefill-0/tp0", **{name: [1, 2] for name in lists})  # type: ignore[arg-type]
+    (copy,) = copies([side])
+    for name in lists:
+        assert getattr(copy, name) == getattr(side, name) and getattr(copy, name) is not getattr(side, name), name
+    assert copy == side and copy is not side
