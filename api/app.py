@@ -18,7 +18,7 @@ from api import errors, snapshots
 from api.board import BoardKeeper
 from api.event_schema import add_event_components
 from api.guards import BodyDeadline
-from api.limits import GC_FREEZE_SIDES_MIN
+from api.limits import frozen_at_start
 from api.live import Live
 from api.metrics import build_registry
 from api.routes import audit, events, health, replay, transfers, web
@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await app.state.board.rebuild()  # the page's first answer never waits for an audit
         # What startup built lives as long as the service: keep it out of the garbage collector's full
         # passes, which otherwise walk the whole fold and stall every request for a large ledger.
-        frozen = len(live.state.transfers) >= GC_FREEZE_SIDES_MIN
+        frozen = frozen_at_start(len(live.state.transfers))
         if frozen:
             gc.collect()
             gc.freeze()

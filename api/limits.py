@@ -37,3 +37,13 @@ PLOT_LATENCY_BINS_PER_DECADE = 5
 GC_FREEZE_SIDES_MIN = 10_000
 """A ledger loaded with this many transfer sides or more is frozen out of the garbage collector's full
 passes at startup (`gc.freeze`): with 100k findings they paused every request for up to seconds."""
+
+SNAPSHOT_COST_FACTOR = 10
+"""A snapshot is written at most once per this many times the CPU seconds the last one took (the copy and
+its encoding), so that snapshots take at most a tenth of a core however large the fold and however fast
+events come (api/snapshots.py, `due`): the rule the page's audit rebuilds follow (BOARD_COST_FACTOR)."""
+
+
+def frozen_at_start(sides: int) -> bool:
+    """Whether a service that starts with `sides` transfer sides freezes them (GC_FREEZE_SIDES_MIN)."""
+    return sides >= GC_FREEZE_SIDES_MIN

@@ -96,7 +96,8 @@ class Live:
         self.audit_config = AuditConfig(settings.transfer_timeout_s, settings.clock_skew_s)
         self.fold_lock = asyncio.Lock()
         self.ingest_lock = asyncio.Lock()
-        """One ingest at a time, so the gaps it reports are against what was stored just before it."""
+        """One ingest's append at a time (the store's write lock would make the others wait on its threads).
+        Its fold is not under it: `fold_appended` folds in cursor order whichever batch gets there first."""
         self.advanced = asyncio.Event()
         """Set (and replaced) whenever the cursor moves: live streams wait on it."""
         self.replays_running = 0

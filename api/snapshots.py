@@ -27,16 +27,19 @@ latency percentiles of /audit/summary) are restored whole.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, TypeVar
 
 import anyio.to_thread
 import msgspec
 import zstandard
 
+from api.limits import SNAPSHOT_COST_FACTOR, frozen_at_start
 from api.live import Live, Written
 from ledger.advice import LatencyRecorder, RecorderPlain
 from ledger.collector import collector_paused
@@ -44,10 +47,10 @@ from ledger.decisions import Key
 from ledger.events import KINDS
 from ledger.fold import LedgerState
 from ledger.series import HoldingSeries, SeriesPlain
+from ledger.side import requests_of
 from ledger.store import snapshot
 from ledger.store.base import EventStore, StoredSnapshot
 from ledger.store.snapshot import SnapshotFormatError
-from ledger.transfer_state import TransferState
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +123,8 @@ class _Taken(NamedTuple):
     cursor: int
     rows: int
     ledger: snapshot.Document
+    keys: list[Key]
+    """The sides' keys, in the order of the sides `ledger` holds (what `requests_of` reads them by)."""
     events_by_kind: dict[str, int]
     order: list[Key] | None
     by_request: dict[str, tuple[Key, ...]]
@@ -144,6 +149,7 @@ def _take(live: Live) -> _Taken:
         cursor=live.cursor,
         rows=live.rows_folded,
         ledger=snapshot.take(live.state),
+        keys=list(live.state.transfers),
         events_by_kind=dict(live.events_by_kind),
         order=_order_written(live.order, live.state),
         by_request=dict(live.by_request),  # its values are tuples: a copy of the dict is a copy of it all
@@ -167,7 +173,7 @@ def _sealed(taken: _Taken) -> bytes:
 
 def _encoded(taken: _Taken) -> bytes:
     """The document of what `_take` took (it shares nothing with the fold: no lock needed)."""
-    derived = requests_of(snapshot.sides_taken(taken.ledger))
+    derived = requests_of(taken.keys, list(snapshot.sides_taken(taken.ledger)))
     by_request = taken.by_request
     doc = _Document(
         format=FORMAT,
@@ -194,20 +200,6 @@ def _order_written(order: list[Key], state: LedgerState) -> list[Key] | None:
     return None if order == list(state.transfers) else list(order)
 
 
-def requests_of(sides: Iterable[TransferState]) -> dict[str, tuple[Key, ...]]:
-    """Each request id's sides by the maps they hold, in the sides' order: `Live.by_request` but for what a
-    snapshot writes apart (a refused map's request, a side mapped after a later-seen one of its request)."""
-    out: dict[str, tuple[Key, ...]] = {}
-    get = out.get
-    for t in sides:
-        m = t.map_event
-        if m is not None:
-            keys = get(m.request_id)
-            key = (t.source, t.transfer_id)
-            out[m.request_id] = (key,) if keys is None else (*keys, key)
-    return out
-
-
 def seal(document: bytes) -> bytes:
     """`document` compressed (zstd), with the CRC-32 of that after it: a snapshot damaged in the store is
     refused, never half-believed. Compressed, a snapshot is a ninth of the bytes the store writes while
@@ -232,19 +224,15 @@ def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
     """The snapshot decoded and checked against the store; `SnapshotFormatError` says why it cannot be used."""
     if stored.format != FORMAT:
         raise SnapshotFormatError(f"format {stored.format}, this code reads {FORMAT}")
-    document = unsealed(stored.body)
-    found = snapshot.document_format(document)
-    if found != FORMAT:
-        raise SnapshotFormatError(f"body of format {found}, this code reads {FORMAT}")
-    try:
-        doc = _decoder.decode(document)
-    except (msgspec.DecodeError, msgspec.ValidationError) as error:
-        raise SnapshotFormatError(f"does not decode: {error}") from None
-    if doc.cursor != stored.seq:
-        raise SnapshotFormatError(f"its body is of cursor {doc.cursor}")
-    if set(doc.events_by_kind) != set(KINDS):
-        raise SnapshotFormatError("the event kinds changed since it was written")
-    stored_rows = store.count_through(doc.cursor)
+    with ThreadPoolExecutor(1, thread_name_prefix="kvledger-snapshot-count") as pool:
+        # The store counts (a scan of a million rows, its driver off the GIL) while the body decodes.
+        counted = pool.submit(store.count_through, stored.seq)
+        doc = snapshot.decoded(_decoder, unsealed(stored.body), FORMAT, "body")
+        if doc.cursor != stored.seq:
+            raise SnapshotFormatError(f"its body is of cursor {doc.cursor}")
+        if set(doc.events_by_kind) != set(KINDS):
+            raise SnapshotFormatError("the event kinds changed since it was written")
+        stored_rows = counted.result()
     if stored_rows != doc.rows:
         raise SnapshotFormatError(
             f"the store holds {stored_rows} events at cursors up to {doc.cursor}, the snapshot folded {doc.rows} "
@@ -252,10 +240,11 @@ def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
         )
     try:
         state = snapshot.decode(memoryview(doc.ledger))
-        order = list(state.transfers) if doc.order is None else doc.order
-        by_request = requests_of(state.transfers.values())
-        for request_id, keys in doc.requests_apart:
-            by_request[request_id] = keys
+        keys = list(state.transfers)
+        by_request = requests_of(keys, list(state.transfers.values()))
+        order = keys if doc.order is None else doc.order
+        for request_id, apart in doc.requests_apart:
+            by_request[request_id] = apart
         for request_id in doc.requests_gone:
             del by_request[request_id]
         latency, holding = LatencyRecorder.from_plain(doc.latency), HoldingSeries.from_plain(doc.holding)
@@ -272,13 +261,20 @@ def load_newest(store: EventStore) -> _Restored | None:
     with collector_paused():
         while (stored := store.latest_snapshot(SOURCE, below)) is not None:
             try:
-                return _restore(store, stored)
+                restored = _restore(store, stored)
             except SnapshotFormatError as why:
                 log.warning(
                     "kvledger service: snapshot at cursor %d (written at %.0f) ignored: %s; trying an older one, "
                     "else folding the store from its start", stored.seq, stored.created_ts, why,
                 )  # fmt: skip
-            below = stored.seq - 1
+                below = stored.seq - 1
+                continue
+            if frozen_at_start(len(restored.state.transfers)):
+                # Before the collector resumes: its first pass would otherwise walk the million tuples the
+                # decoding just built (keys, decided entries) to find them all alive, 0.4 s of a start. The
+                # service's startup freezes what it built anyway, and unfreezes it at shutdown (api.app).
+                gc.freeze()
+            return restored
     return None
 
 
@@ -336,16 +332,27 @@ async def write(live: Live) -> Written | None:
     return written
 
 
+def due(live: Live, waited_s: float) -> bool:
+    """Whether a snapshot is due `waited_s` after the last was written (or the service started): after
+    `snapshot_every_events` folded events or `snapshot_interval_s` with any, but never sooner than
+    SNAPSHOT_COST_FACTOR times the CPU seconds the last one cost. Without that bound, a million events'
+    fold (3 to 5 CPU seconds a snapshot) fed at 50k events a second was snapshotted every 2 s: more than a
+    core of copying and encoding, and ingest fell to a third."""
+    settings, written = live.settings, live.snapshot_written
+    new = live.rows_folded - live.snapshot_rows
+    if new <= 0 or (new < settings.snapshot_every_events and waited_s < settings.snapshot_interval_s):
+        return False
+    return written is None or waited_s >= SNAPSHOT_COST_FACTOR * written.encode_cpu_s
+
+
 async def write_forever(live: Live) -> None:
-    """The background task: a snapshot every `snapshot_every_events` folded events, or every
-    `snapshot_interval_s` when any were folded; a failure is logged and retried an interval later."""
+    """The background task: a snapshot whenever one is `due`; a failure is logged and retried an interval
+    later."""
     settings = live.settings
     last_at = time.monotonic()
     while True:
         await asyncio.sleep(settings.poll_interval_s)
-        new = live.rows_folded - live.snapshot_rows
-        waited_s = time.monotonic() - last_at
-        if new <= 0 or (new < settings.snapshot_every_events and waited_s < settings.snapshot_interval_s):
+        if not due(live, time.monotonic() - last_at):
             continue
         try:
             await write(live)

@@ -32,6 +32,8 @@ cdef class Indexes:
     cdef _drop_side(self, tuple key)
     @cython.locals(t=Side)
     cpdef put_sides(self, list sides)
+    @cython.locals(t=Side)
+    cpdef put_decided(self, list entries, list sides)
     cdef _claim_blocks(self, Side t, tuple key)
     cdef _free_blocks(self, Side t, tuple key)
     cdef _duplicate(self, Side t, object seq)

@@ -84,6 +84,16 @@ class Indexes:
         for t in sides:
             self._put_side((t.source, t.transfer_id), t)
 
+    def put_decided(self, entries: list[tuple[float, int]], sides: list[TransferState]) -> None:
+        """`decided` holds, in the order of `entries`, each (decision ts, index into `sides`) as the side it
+        names (a snapshot's decoding writes `decided` so: no key to build and hash per entry)."""
+        decided: deque[tuple[float, str, TransferId, TransferState]] = deque()
+        append = decided.append
+        for ts, i in entries:
+            t = sides[i]
+            append((ts, t.source, t.transfer_id, t))
+        self.decided = decided
+
     # -- block claims ----------------------------------------------------
 
     def _claim_blocks(self, t: TransferState, key: Key) -> None:

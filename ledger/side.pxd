@@ -19,3 +19,5 @@ cpdef bint local_exceeds_remote(Map m) except -1
 cpdef list copies(object sides)
 @cython.locals(t=Side, i=Py_ssize_t)
 cpdef list wide_masks(list sides, Py_ssize_t bits_max)
+@cython.locals(t=Side, m=Map, i=Py_ssize_t, keys_of=object)
+cpdef dict requests_of(list keys, list sides)

@@ -109,7 +109,9 @@ async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResu
         async with live.ingest_lock:
             # decode_batch checked every event against ledger.valid: the store need not check them again.
             appended = await live.store_call(store.append_returning, events, checked=True) if events else None
-            await live.fold_appended(appended)
+        # Folded outside the append's lock: the next batch's insert runs on a store thread (its driver off
+        # the GIL) while this one folds on the event loop. Cursor order is kept by `fold_appended`.
+        await live.fold_appended(appended)
     except Exception as error:
         # Whatever refused the batch (a bad body, a conflict, a store down), its events are not in the
         # ledger: the page says ingest is failing until a batch is stored again.

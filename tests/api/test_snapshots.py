@@ -4,6 +4,7 @@ findings and releases as a fold of the whole store, on SQLite and PostgreSQL; sn
 
 from __future__ import annotations
 
+import gc
 import logging
 import random
 import time
@@ -17,9 +18,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
-from api import snapshots
+from api import limits, snapshots
 from api.app import create_app
-from api.live import Live
+from api.live import Live, Written
 from ledger.audit import Finding, audit
 from ledger.events import Event
 from ledger.store import snapshot
@@ -160,6 +161,8 @@ def _flipped(body: bytes) -> bytes:
         (_flipped, "checksum does not match"),
         (lambda _: snapshots.seal(b"\x93 not a snapshot"), "not a snapshot"),
         (lambda _: _checksummed(b"\x81\xa6format\x02"), "does not decompress"),  # sealed uncompressed
+        (lambda _: snapshots.seal(msgspec.msgpack.encode({"format": snapshots.FORMAT})), "body does not decode"),
+        (lambda body: _with_ledger_format(body, snapshot.FORMAT), "snapshot does not decode"),
     ],
 )
 def test_a_corrupt_snapshot_is_passed_over_for_the_older_one(
@@ -280,3 +283,41 @@ def test_the_background_writer_keeps_the_newest_two(sqlite_url: str) -> None:
         assert store.latest_snapshot(snapshots.SOURCE, cursors[1] - 1) is None
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("sides_min", [1, 10_000_000])
+def test_a_restored_fold_is_frozen_out_of_the_collector_only_when_large_and_a_stop_leaves_nothing_frozen(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, sides_min: int
+) -> None:
+    """The decoding's objects go straight to the collector's permanent generation when the service would
+    freeze them at its start anyway (api.limits), and the service's stop lets go of them again."""
+    events = history(7, Shape(transfers=10))
+    _append(sqlite_url, events)
+    _snapshot_now(sqlite_url)
+    monkeypatch.setattr(limits, "GC_FREEZE_SIDES_MIN", sides_min)
+    frozen_before = gc.get_freeze_count()
+    store = open_store(sqlite_url)
+    try:
+        restored = snapshots.load_newest(store)
+        assert restored is not None and len(restored.state.transfers) >= 1
+        assert (gc.get_freeze_count() > frozen_before) is (sides_min == 1)
+    finally:
+        gc.unfreeze()  # what the service's stop does; the test's process then frees as before
+        store.close()
+    with _service(sqlite_url) as live:
+        assert live.restored_from is not None
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_snapshot_is_due_by_events_or_interval_but_never_sooner_than_ten_times_what_the_last_cost() -> None:
+    live = Live(settings_for("sqlite://", snapshot_every_events=100, snapshot_interval_s=600))
+    live.rows_folded = 150
+    assert snapshots.due(live, 0.0)  # none written yet: by events alone
+    live.snapshot_written, live.snapshot_rows = Written(50, 50, 1, 0.1, 2.0, 0.1), 50
+    assert not snapshots.due(live, 19.9)  # 100 new events, but the last cost 2 CPU seconds
+    assert snapshots.due(live, limits.SNAPSHOT_COST_FACTOR * 2.0)
+    live.rows_folded = 149
+    assert not snapshots.due(live, 599.0)  # 99 new: not by events, not yet by interval
+    assert snapshots.due(live, 600.0)
+    live.rows_folded = 50
+    assert not snapshots.due(live, 10_000.0)  # nothing new
