@@ -145,13 +145,14 @@ def _take(live: Live) -> _Taken:
     if unknown:
         raise SnapshotFormatError(f"Live's attributes {unknown} are in neither FOLDED nor NOT_FOLDED: "
                                   "update api/snapshots.py")  # fmt: skip
+    keys = list(live.state.transfers)
     return _Taken(
         cursor=live.cursor,
         rows=live.rows_folded,
         ledger=snapshot.take(live.state),
-        keys=list(live.state.transfers),
+        keys=keys,
         events_by_kind=dict(live.events_by_kind),
-        order=_order_written(live.order, live.state),
+        order=_order_written(live.order, keys),
         by_request=dict(live.by_request),  # its values are tuples: a copy of the dict is a copy of it all
         latency=live.latency.to_plain(),
         last_ts=dict(live.last_ts),
@@ -194,10 +195,10 @@ def _encoded(taken: _Taken) -> bytes:
     return _encoder.encode(doc)
 
 
-def _order_written(order: list[Key], state: LedgerState) -> list[Key] | None:
-    """`order` as written: None when it is the sides' own order (the service forgets no side, so always;
-    a million-event store's order was a twentieth of its start)."""
-    return None if order == list(state.transfers) else list(order)
+def _order_written(order: list[Key], keys: list[Key]) -> list[Key] | None:
+    """`order` as written: None when it is the sides' own order, `keys` (the service forgets no side, so
+    always; a million-event store's order was a twentieth of its start)."""
+    return None if order == keys else list(order)
 
 
 def seal(document: bytes) -> bytes:

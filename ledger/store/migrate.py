@@ -57,11 +57,13 @@ def upgrade_engine(engine: Engine, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
 
-def current_version(conn: Connection) -> str | None:
-    """The revision Alembic's version table records (None: none). Call it where the table exists."""
+def current_version(conn: Connection, display: str) -> str | None:
+    """The revision Alembic's version table records (None: none) in the store `display` names. Call it
+    where the table exists."""
     found = [row[0] for row in conn.execute(select(_versions.c.version_num))]
     if len(found) > 1:  # branches merged by hand, or another tool's rows: no one version this code can trust
-        raise SchemaMismatch(f"the schema version table {schema.VERSION_TABLE} holds {len(found)} versions: {found}")
+        raise SchemaMismatch(f"{display}: its schema version table {schema.VERSION_TABLE} holds {len(found)} "
+                             f"versions ({', '.join(found)}), where kvledger keeps one")  # fmt: skip
     return found[0] if found else None
 
 
@@ -74,7 +76,7 @@ def check_schema(conn: Connection, display: str) -> None:
             raise NotALedger(f"{display}: empty database, no kvledger schema; create it with `{upgrade}`")
         listed = ", ".join(sorted(tables)[:5])
         raise NotALedger(f"{display}: not a kvledger store (it holds other tables: {listed})")
-    found = current_version(conn)
+    found = current_version(conn, display)
     expected = schema.SCHEMA_VERSION
     if found == expected:
         return

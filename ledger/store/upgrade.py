@@ -20,7 +20,7 @@ def upgrade_store(url: str) -> str:
     try:
         with engine.connect() as conn:
             tables = set(inspect(conn).get_table_names())
-            found = migrate.current_version(conn) if schema.VERSION_TABLE in tables else None
+            found = migrate.current_version(conn, store_url.display) if schema.VERSION_TABLE in tables else None
         if schema.VERSION_TABLE not in tables and tables & {"events", "snapshots"}:
             raise NotALedger(f"{store_url.display}: holds an events table that kvledger did not create")
         if found is not None and found not in migrate.known_revisions():

@@ -119,3 +119,16 @@ def test_missing_version_row_is_refused(tmp_path: Path) -> None:
     engine.dispose()
     with pytest.raises(SchemaMismatch, match=r"no schema version recorded.*kvledger db upgrade"):
         open_store(url)
+
+
+def test_two_version_rows_are_refused_naming_the_store(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    url = f"sqlite:///{path}"
+    open_store(url, create=True).close()
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"INSERT INTO {schema.VERSION_TABLE} (version_num) VALUES ('0001_initial')"))
+    engine.dispose()
+    with pytest.raises(SchemaMismatch, match=r"holds 2 versions") as caught:
+        open_store(url)
+    assert path.name in str(caught.value)
