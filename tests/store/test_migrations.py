@@ -110,25 +110,27 @@ def test_create_upgrades_a_new_sqlite_file(tmp_path: Path) -> None:
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
-def test_missing_version_row_is_refused(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'x.db'}"
+def _store_with_versions_changed(path: Path, sql: str) -> str:
+    """A new SQLite store at `path` whose version table `sql` then changed; its URL."""
+    url = f"sqlite:///{path}"
     open_store(url, create=True).close()
     engine = create_engine(url)
     with engine.begin() as conn:
-        conn.execute(text(f"DELETE FROM {schema.VERSION_TABLE}"))
+        conn.execute(text(sql))
     engine.dispose()
+    return url
+
+
+def test_missing_version_row_is_refused(tmp_path: Path) -> None:
+    url = _store_with_versions_changed(tmp_path / "x.db", f"DELETE FROM {schema.VERSION_TABLE}")
     with pytest.raises(SchemaMismatch, match=r"no schema version recorded.*kvledger db upgrade"):
         open_store(url)
 
 
 def test_two_version_rows_are_refused_naming_the_store(tmp_path: Path) -> None:
     path = tmp_path / "x.db"
-    url = f"sqlite:///{path}"
-    open_store(url, create=True).close()
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text(f"INSERT INTO {schema.VERSION_TABLE} (version_num) VALUES ('0001_initial')"))
-    engine.dispose()
+    second_row = f"INSERT INTO {schema.VERSION_TABLE} (version_num) VALUES ('0001_initial')"
+    url = _store_with_versions_changed(path, second_row)
     with pytest.raises(SchemaMismatch, match=r"holds 2 versions") as caught:
         open_store(url)
     assert path.name in str(caught.value)
