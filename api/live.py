@@ -29,7 +29,7 @@ from anyio import CapacityLimiter
 from api.settings import Settings
 from ledger.advice import LatencyRecorder
 from ledger.audit import AuditConfig, Finding, audit
-from ledger.collector import collector_paused
+from ledger.collector import collector_paused, untrack
 from ledger.decisions import Key, Release
 from ledger.events import KIND_OF_TYPE, KINDS, Event, Map
 from ledger.fold import LedgerState
@@ -164,6 +164,8 @@ class Live:
         # the batch's new objects, that all live on in the state: nothing to free, a tenth of the fold's time.
         with collector_paused():
             self._fold_rows(rows)
+            # Before the collector resumes: what the batch grew is kept out of its passes (ledger.collector).
+            untrack([*self.state.grown_containers(), self.order, self.by_request])
 
     def _fold_rows(self, rows: list[tuple[int, Event]]) -> None:
         state, transfers, by_kind, kinds = self.state, self.state.transfers, self.events_by_kind, KIND_OF_TYPE

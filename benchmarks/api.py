@@ -13,10 +13,13 @@ once; the figure is the events stored over the wall time from the first request 
 the service's process, a client would share its GIL and time the client's work as the service's). Ingest
 starts once the snapshot a start writes over the store it folded is stored (`start_snapshot_wait_s`): while
 one is encoded (3-4 CPU seconds for a million events' fold) it shares the service's GIL with ingest. The
-200,000 events posted (--ingest-batches) are past the service's snapshot cadence (every 100,000 events, at most
-once per ten times the last one's cost: `api.snapshots.due`), so the figure is sustained ingest with the
-snapshots it brings, not a window short enough to miss them (50 batches did, and hid that a million events'
-fold was snapshotted every 2 s: a third of the rate over 200 batches).
+1,000,000 events posted (--ingest-batches) double the fold and are past the service's snapshot cadence (every
+100,000 events, at most once per ten times the last one's cost: `api.snapshots.due`) and the collector's
+full passes, so the figure is sustained ingest with the snapshots and collections it brings, not a window
+short enough to miss them. 50 batches hid that a million events' fold was snapshotted every 2 s (a third of
+the rate over 200 batches); 200 batches ended before the collector's first full pass and hid that it walked
+the fold's million-entry containers (a third of the CPU over 1,000 batches: `ingest_collector_s`, the
+collector's seconds in the service's process while the batches were posted).
 Then the service's start over a 1M-event store (benchmarks/ready.py): `ready_s_1m` from its snapshot, beside
 `ready_s_1m_refold`, the baseline, folding the whole store.
 """
@@ -24,6 +27,7 @@ Then the service's start over a 1M-event store (benchmarks/ready.py): `ready_s_1
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -134,6 +138,28 @@ def ingest_events_per_s(base: str, batches_by_source: list[list[list[Event]]]) -
     return expected / float(max(a["end"] for a in answers) - min(a["start"] for a in answers))
 
 
+class CollectorClock:
+    """Seconds the garbage collector ran in this process (the service's, which the server's thread is in)
+    between entering and leaving the block, by the collector's own start and stop callbacks."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def _callback(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def __enter__(self) -> CollectorClock:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 def post_client(base: str, bodies_path: str) -> None:
     """A client process: post each line of `bodies_path` to POST /events in order once told to go, then
     print when it started and ended (wall clock, comparable across processes) and how many were stored."""
@@ -190,7 +216,8 @@ def pg_ingest(pg_url: str, prefill: int, batches_by_source: list[list[list[Event
         server, thread, base, _ = start_server(app)
         try:
             snapshot_settled(app)
-            served = ingest_events_per_s(base, batches_by_source)
+            with CollectorClock() as collector:
+                served = ingest_events_per_s(base, batches_by_source)
         finally:
             server.should_exit = True
             thread.join()
@@ -199,7 +226,8 @@ def pg_ingest(pg_url: str, prefill: int, batches_by_source: list[list[list[Event
         with psycopg.connect(dsn, autocommit=True) as conn:
             for schema in schemas:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-    return {"ingest_events_per_s_postgres": round(served), "ingest_raw_events_per_s_postgres": round(raw)}
+    return {"ingest_events_per_s_postgres": round(served), "ingest_raw_events_per_s_postgres": round(raw),
+            "ingest_collector_s_postgres": round(collector.seconds, 2)}  # fmt: skip
 
 
 def snapshot_settled(app: FastAPI, timeout_s: float = 300.0) -> float:
@@ -236,7 +264,7 @@ def main() -> None:
     parser.add_argument("--live", type=int, default=100_000)
     parser.add_argument("--requests", type=int, default=2_000)
     parser.add_argument(
-        "--ingest-batches", type=int, default=200, help="1,000-event batches in all (past the snapshot cadence)"
+        "--ingest-batches", type=int, default=1000, help="1,000-event batches in all (past the snapshot cadence)"
     )
     parser.add_argument("--ingest-clients", type=int, default=2, help="client processes posting, a source each")
     parser.add_argument("--post-client", nargs=2, metavar=("BASE", "BODIES"), help=argparse.SUPPRESS)
@@ -279,7 +307,8 @@ def main() -> None:
     by_source = [ingest_batches(per_client, now, source) for source in ingest_sources(args.ingest_clients)]
     batches = [batch for batches in by_source for batch in batches]
     start_snapshot_wait_s = snapshot_settled(app)
-    ingest = ingest_events_per_s(base, by_source)
+    with CollectorClock() as collector:
+        ingest = ingest_events_per_s(base, by_source)
     server.should_exit = True
     thread.join()
     raw_dir = Path(folder) / "raw"
@@ -290,7 +319,7 @@ def main() -> None:
         print(json.dumps({"events": args.events, "ingest_clients": args.ingest_clients,
                           "start_snapshot_wait_s": round(start_snapshot_wait_s, 1),
                           "ingest_events_per_s": round(ingest), "ingest_raw_events_per_s": round(raw_ingest),
-                          **postgres}))  # fmt: skip
+                          "ingest_collector_s": round(collector.seconds, 2), **postgres}))  # fmt: skip
         return
     result = {
         "events": args.events,
@@ -307,6 +336,7 @@ def main() -> None:
         "start_snapshot_wait_s": round(start_snapshot_wait_s, 1),
         "ingest_events_per_s": round(ingest),
         "ingest_raw_events_per_s": round(raw_ingest),
+        "ingest_collector_s": round(collector.seconds, 2),
         **postgres,
         "ready_s_1m": ready["ready_s"],
         "ready_s_1m_refold": ready["ready_s_refold"],

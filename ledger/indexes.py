@@ -61,6 +61,13 @@ class Indexes:
         self.blocks_held = 0
         """Blocks held by live sides, each claim counted once."""
 
+    def grown_containers(self) -> list[object]:
+        """The containers that grow with the fold, each holding only atomic values (keys, numbers, sides
+        and deadline or decision tuples of them): what `ledger.collector.untrack` may keep out of the
+        collector's passes. The others hold lists, or stay small."""
+        return [self.transfers, *self.sides_of.values(), self.live, self.unmapped, self.deadlines,
+                self.decided, *self.held.values()]  # fmt: skip
+
     # -- the sides -------------------------------------------------------
 
     def _put_side(self, key: Key, t: TransferState) -> None:

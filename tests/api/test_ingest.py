@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -65,6 +66,20 @@ def test_ingest_folds_at_once_and_is_idempotent(empty: TestClient, sqlite_url: s
     assert (again["inserted"], again["duplicates"], again["cursor"]) == (0, 2, 2)
     assert stored(sqlite_url) == 2
     assert empty.get("/metrics").text.count('kvledger_events_total{kind="map"} 1.0') == 1
+
+
+def test_what_ingest_grows_is_kept_out_of_the_collector_batch_after_batch(empty: TestClient) -> None:
+    """The fold's grown containers, the request index and the cursor order are untracked after every
+    batch's fold (ledger.collector): sets, lists and deques are always tracked and a dict is tracked again
+    by a fresh key tuple, and a sustained ingest then spent a third of its CPU walking them."""
+    live = empty.app.state.live  # type: ignore[attr-defined]
+    side = Side("remote/tp0")
+    for batch in range(3):
+        events = [side.map(f"tx-{batch}-{i}", f"r-{batch}-{i}", blocks=(10 * batch + i,)) for i in range(10)]
+        assert empty.post("/events", json=body(events), headers=AUTH).json()["inserted"] == 10
+        grown = [*live.state.grown_containers(), live.order, live.by_request]
+        assert len(live.state.held["remote/tp0"]) == 10 * (batch + 1)
+        assert [type(c).__name__ for c in grown if gc.is_tracked(c)] == []
 
 
 def test_ingest_reports_gaps_per_source(empty: TestClient) -> None:
