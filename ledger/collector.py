@@ -8,8 +8,8 @@ import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-_gc_untrack = getattr(ctypes, "pythonapi", None) and ctypes.pythonapi.PyObject_GC_UnTrack
-if _gc_untrack:
+_gc_untrack = ctypes.pythonapi.PyObject_GC_UnTrack if hasattr(ctypes, "pythonapi") else None
+if _gc_untrack is not None:
     _gc_untrack.argtypes, _gc_untrack.restype = [ctypes.py_object], None
 
 
@@ -39,6 +39,6 @@ def untrack(containers: Iterable[object]) -> None:
     third of sustained ingest's CPU time (benchmarks/api.py, `ingest_collector_s`). A dict re-tracks itself
     on such an insert: call this again after each batch, while the collector is paused. Where the
     interpreter has no C API (not CPython) it does nothing: only the collector's cost changes."""
-    if _gc_untrack:
+    if _gc_untrack is not None:
         for container in containers:
             _gc_untrack(container)

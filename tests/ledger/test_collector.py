@@ -47,7 +47,6 @@ def test_what_a_fold_grows_holds_only_values_no_cycle_can_pass_through() -> None
     containers = state.grown_containers()
     assert len(containers) > 5 and any(len(c) for c in containers)  # type: ignore[arg-type]
     for container in containers:
-        items = container.items() if isinstance(container, dict) else container  # type: ignore[attr-defined]
-        tracked = [item for item in items for part in (item if isinstance(container, dict) else (item,))
-                   if gc.is_tracked(part)]  # fmt: skip
+        held = [*container, *container.values()] if isinstance(container, dict) else list(container)  # type: ignore[call-overload]
+        tracked = [part for part in held if gc.is_tracked(part)]
         assert tracked == [], (type(container).__name__, tracked[:3])
