@@ -28,6 +28,8 @@ FOLD_SOURCES = (
     "ledger/jsonl.py",
     "ledger/advice.py",
     "ledger/replay.py",
+    "ledger/series.py",
+    "ledger/projection.py",
 )
 """The modules ledger/compiled.py knows as FOLD_MODULES (this file runs before the package imports)."""
 

@@ -30,16 +30,16 @@ from api.settings import Settings
 from ledger.advice import LatencyRecorder
 from ledger.audit import AuditConfig, Finding, audit
 from ledger.collector import collector_paused, untrack
-from ledger.decisions import Key, Release
-from ledger.events import KIND_OF_TYPE, KINDS, Event, Map
+from ledger.decisions import Key
+from ledger.events import KINDS, Event
 from ledger.fold import LedgerState
+from ledger.projection import ReleaseHook, fold_rows
 from ledger.series import HoldingSeries
 from ledger.sources import SourceHealth, judge_sources
 from ledger.store.base import Appended, EventStore, StoreError
 from ledger.store.connect import open_store
 from ledger.store.limits import TAIL_EVENTS_MAX
 
-ReleaseHook = Callable[[Release, float], None]
 Restore = Callable[["Live", EventStore], Awaitable[int | None]]
 """Starts a fold from a snapshot of the store; the cursor it starts after, or None."""
 P = ParamSpec("P")
@@ -168,35 +168,14 @@ class Live:
             untrack([*self.state.grown_containers(), self.order, self.by_request])
 
     def _fold_rows(self, rows: list[tuple[int, Event]]) -> None:
-        state, transfers, by_kind, kinds = self.state, self.state.transfers, self.events_by_kind, KIND_OF_TYPE
-        apply, last_ts, held, observe = state.apply, self.last_ts, state.held, self.holding.observe
-        by_request, order_append = self.by_request, self.order.append
-        for cursor, event in rows:
-            try:
-                source, ts, cls = event.source, event.ts, type(event)
-                key: Key = (source, event.transfer_id)
-                seen = key in transfers
-                release = apply(event)
-                by_kind[kinds[cls]] += 1
-                if ts > last_ts.get(source, 0.0):
-                    last_ts[source] = ts
-                if not seen and key in transfers:
-                    order_append(key)
-                if cls is Map:
-                    request_id = event.request_id  # type: ignore[union-attr]
-                    keys = by_request.get(request_id, ())
-                    if key not in keys:
-                        by_request[request_id] = (*keys, key)
-                    observe(ts, source, len(held.get(source, ())))
-                if release is not None:
-                    observe(ts, source, len(held.get(source, ())))
-                    latency_s = self.latency.observe(release, transfers[key])
-                    if self._on_release is not None:
-                        self._on_release(release, latency_s)
-            except Exception:
-                self.fold_errors += 1
-                log.exception("kvledger service: event at cursor %d (%s seq %d) could not be folded; passed over",
-                              cursor, event.source, event.seq)  # fmt: skip
+        failed = fold_rows(
+            self.state, rows, self.events_by_kind, self.last_ts, self.order, self.by_request, self.holding,
+            self.latency, self._on_release,
+        )  # fmt: skip
+        for cursor, event, error in failed:
+            self.fold_errors += 1
+            log.error("kvledger service: event at cursor %d (%s seq %d) could not be folded; passed over",
+                      cursor, event.source, event.seq, exc_info=error)  # fmt: skip
         self.cursor = rows[-1][0]
         self.rows_folded += len(rows)
         self.version += 1

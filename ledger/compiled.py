@@ -39,10 +39,13 @@ FOLD_MODULES: Final = (
     "ledger.jsonl",
     "ledger.advice",
     "ledger.replay",
+    "ledger.series",
+    "ledger.projection",
 )
 """The modules setup.py compiles, in import order: the fold's, an append's numbering loop (log), and a
 replay's hot path (reading a JSONL log, its chunk check, the latency histograms, the loop that folds a
-chunk)."""
+chunk), and the service's loop that folds the store's rows with its bookkeeping (the holding series,
+the projection)."""
 
 LAYOUT_SOURCES: Final = ("events.py",)
 """Interpreted modules whose classes' memory layout the compiled fold is built for (ledger/structs.pxd,

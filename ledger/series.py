@@ -27,6 +27,8 @@ SeriesPlain = tuple[int, float, float | None, float | None, list[tuple[str, list
 
 
 class HoldingSeries:
+    """Compiled (ledger/series.pxd), an extension type: its fields are declared there."""
+
     def __init__(self, points_max: int = SERIES_POINTS_MAX, bucket_s: float = SERIES_BUCKET_MIN_S) -> None:
         if points_max < 2 or bucket_s <= 0:
             raise ValueError("a series needs at least two buckets of a positive width")
@@ -39,9 +41,9 @@ class HoldingSeries:
 
     def observe(self, ts: float, source: str, held: int) -> None:
         """`source` holds `held` blocks from `ts` on."""
+        if self.start_ts is None:
+            self.start_ts = ts
         start = self.start_ts
-        if start is None:
-            start = self.start_ts = ts
         if self.end_ts is None or ts > self.end_ts:
             self.end_ts = ts
         index = int((ts - start) / self.bucket_s) if ts > start else 0  # an earlier event lands in the first

@@ -16,7 +16,7 @@ from ledger.events import Event, to_msgpack
 from ledger.fold import LedgerState
 from ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, settings_for, wait_for
-from tests.ledger.builders import Side
+from tests.ledger.builders import Side, apply_raising_on
 
 
 def _store(url: str, events: list[Event]) -> None:
@@ -58,14 +58,7 @@ def test_a_fold_error_is_counted_and_passed_over(sqlite_url: str, monkeypatch: p
     p = Side("prefill-0/tp0")
     with TestClient(create_app(settings_for(sqlite_url))) as client:
         live = client.app.state.live  # type: ignore[attr-defined]
-        real_apply = LedgerState.apply
-
-        def apply(self: LedgerState, event: Event) -> object:
-            if event.transfer_id == "boom":
-                raise RuntimeError("a fold bug")
-            return real_apply(self, event)
-
-        monkeypatch.setattr(LedgerState, "apply", apply)
+        monkeypatch.setattr(LedgerState, "apply", apply_raising_on("boom"))
         _store(sqlite_url, [p.map("before", "r1"), p.map("boom", "r2"), p.map("after", "r3")])
         wait_for(lambda: live.cursor == 3)
         assert live.fold_errors == 1

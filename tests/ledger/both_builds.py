@@ -12,7 +12,9 @@ the property tests) and one synthetic run with faults (ledger/synth.py), each fo
 - replayed with compaction after every few events and a tombstone bound small enough to be hit
   (the upkeep: tombstones, recall, eviction, the id memory);
 - through a running `Ledger` that forgets decided sides as the connector does, then snapshotted and
-  restored (what the store keeps).
+  restored (what the store keeps);
+- as the service folds the store's rows (`ledger.projection.fold_rows`): its releases and latencies, the
+  sides' order, the request index, the counts by kind, each source's newest ts and the holding series.
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ from unittest import mock
 import msgspec
 
 import ledger.upkeep as upkeep_module
+from ledger.advice import LatencyRecorder
 from ledger.audit import audit
 from ledger.compiled import compiled
-from ledger.events import Event
+from ledger.events import KINDS, Event
 from ledger.fold import LedgerState, fold_all
 from ledger.ledger import Ledger
 from ledger.merge import batched
+from ledger.projection import fold_rows
 from ledger.replay import replay_chunks
+from ledger.series import HoldingSeries
 from ledger.store import snapshot
 from ledger.synth import SynthConfig, generate
 from tests.ledger.histories import Shape, audit_moments, history
@@ -127,6 +132,34 @@ def _folded(events: list[Event], seed: int) -> dict[str, Any]:
         "whole": _state(state, events, seed),
         "replayed": [replayed.releases, _state(replayed.state, events, seed)],
         "running": running,
+        "projected": _projected(events),
+    }
+
+
+def _projected(events: list[Event]) -> dict[str, Any]:
+    """The service's fold of the events as stored rows, in chunks of BATCH."""
+    state = LedgerState()
+    by_kind, last_ts = dict.fromkeys(KINDS, 0), {}
+    order: list[Any] = []
+    by_request: dict[str, Any] = {}
+    holding, latency = HoldingSeries(points_max=8, bucket_s=0.5), LatencyRecorder()  # few buckets: it widens
+    told: list[Any] = []
+    rows = list(enumerate(events, 1))
+    failed = []
+    for i in range(0, len(rows), BATCH):
+        failed += fold_rows(
+            state, rows[i : i + BATCH], by_kind, last_ts, order, by_request, holding, latency,
+            lambda release, held_s: told.append((release, held_s)),
+        )  # fmt: skip
+    return {
+        "failed": failed,
+        "told": told,
+        "order": order,
+        "by_request": by_request,
+        "by_kind": by_kind,
+        "last_ts": last_ts,
+        "holding": holding.to_plain(),
+        "latency": latency.to_plain(),
     }
 
 

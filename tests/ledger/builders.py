@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ledger.events import Ack, Drop, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
@@ -55,3 +56,18 @@ def releases_of(events: list[Event]) -> list[Any]:
     from ledger.fold import fold_all
 
     return fold_all(events)[1]
+
+
+def apply_raising_on(transfer_id: str) -> Callable[[Any, Event], object]:
+    """`LedgerState.apply` that raises for the events of `transfer_id` (a fold bug, should there ever be one):
+    monkeypatched in, it shows what a caller does with an event the fold raises on."""
+    from ledger.fold import LedgerState
+
+    real_apply = LedgerState.apply
+
+    def apply(self: Any, event: Event) -> object:
+        if event.transfer_id == transfer_id:
+            raise RuntimeError("a fold bug")
+        return real_apply(self, event)
+
+    return apply
