@@ -2,11 +2,11 @@
 first-seen order, the request index, the counts by kind, each source's newest ts, the blocks-held series and
 the release latencies.
 
-One loop with the fold's own `apply` in it, compiled with the fold (setup.py, ledger/projection.pxd) and the
-same file interpreted where nothing is compiled. Interpreted, this bookkeeping was four tenths of the time
-an ingested batch's fold took on the event loop (benchmarks/api.py), more than the Python loop around
-`apply` that a replay no longer has (ledger/replay.py). Sans-IO like the fold: an event that raises is handed
-back with its error for the caller to count and log, and the rest of the rows are folded.
+One loop with the fold's own `apply` in it, compiled with the fold (setup.py, ledger/projection.pxd), the
+same file interpreted where nothing is compiled. Interpreted (it was `api.live.Live._fold_rows`), this
+bookkeeping was four tenths of the time an ingested batch's fold took on the event loop (benchmarks/api.py).
+Sans-IO like the fold: an event that raises is handed back with its error for the caller to count and log,
+and the rest of the rows are folded.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def _projected(events: list[Event]) -> dict[str, Any]:
             lambda release, held_s: told.append((release, held_s)),
         )  # fmt: skip
     return {
-        "failed": failed,
+        "failed": [(cursor, repr(error)) for cursor, _, error in failed],
         "told": told,
         "order": order,
         "by_request": by_request,
