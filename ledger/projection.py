@@ -62,9 +62,9 @@ def fold_rows(
                 keys = by_request.get(request_id, ())
                 if key not in keys:
                     by_request[request_id] = (*keys, key)
+            if cls is Map or release is not None:  # what changes the blocks held
                 holding.observe(ts, source, len(held.get(source, ())))
             if release is not None:
-                holding.observe(ts, source, len(held.get(source, ())))
                 latency_s = latency.observe(release, transfers[key])
                 if on_release is not None:
                     on_release(release, latency_s)

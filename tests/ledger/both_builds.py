@@ -30,18 +30,17 @@ from unittest import mock
 import msgspec
 
 import ledger.upkeep as upkeep_module
-from ledger.advice import LatencyRecorder
 from ledger.audit import audit
 from ledger.compiled import compiled
-from ledger.events import KINDS, Event
+from ledger.events import Event
 from ledger.fold import LedgerState, fold_all
 from ledger.ledger import Ledger
 from ledger.merge import batched
-from ledger.projection import fold_rows
 from ledger.replay import replay_chunks
 from ledger.series import HoldingSeries
 from ledger.store import snapshot
 from ledger.synth import SynthConfig, generate
+from tests.ledger.builders import ServiceFold
 from tests.ledger.histories import Shape, audit_moments, history
 from tests.ledger.reference import canonical
 
@@ -138,28 +137,19 @@ def _folded(events: list[Event], seed: int) -> dict[str, Any]:
 
 def _projected(events: list[Event]) -> dict[str, Any]:
     """The service's fold of the events as stored rows, in chunks of BATCH."""
-    state = LedgerState()
-    by_kind, last_ts = dict.fromkeys(KINDS, 0), {}
-    order: list[Any] = []
-    by_request: dict[str, Any] = {}
-    holding, latency = HoldingSeries(points_max=8, bucket_s=0.5), LatencyRecorder()  # few buckets: it widens
-    told: list[Any] = []
-    rows = list(enumerate(events, 1))
+    kept = ServiceFold(HoldingSeries(points_max=8, bucket_s=0.5))  # few buckets: it widens
     failed = []
-    for i in range(0, len(rows), BATCH):
-        failed += fold_rows(
-            state, rows[i : i + BATCH], by_kind, last_ts, order, by_request, holding, latency,
-            lambda release, held_s: told.append((release, held_s)),
-        )  # fmt: skip
+    for i in range(0, len(events), BATCH):
+        failed += kept.fold(events[i : i + BATCH])
     return {
         "failed": [(cursor, repr(error)) for cursor, _, error in failed],
-        "told": told,
-        "order": order,
-        "by_request": by_request,
-        "by_kind": by_kind,
-        "last_ts": last_ts,
-        "holding": holding.to_plain(),
-        "latency": latency.to_plain(),
+        "told": kept.told,
+        "order": kept.order,
+        "by_request": kept.by_request,
+        "by_kind": kept.by_kind,
+        "last_ts": kept.last_ts,
+        "holding": kept.holding.to_plain(),
+        "latency": kept.latency.to_plain(),
     }
 
 

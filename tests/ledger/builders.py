@@ -71,3 +71,35 @@ def apply_raising_on(transfer_id: str) -> Callable[[Any, Event], object]:
         return real_apply(self, event)
 
     return apply
+
+
+class ServiceFold:
+    """The containers the service hands `ledger.projection.fold_rows`, folding events as stored rows with the
+    next cursors, and what it was told of each release (`told`: release, seconds held)."""
+
+    def __init__(self, holding: Any = None) -> None:
+        from ledger.advice import LatencyRecorder
+        from ledger.events import KINDS
+        from ledger.fold import LedgerState
+        from ledger.series import HoldingSeries
+
+        self.state = LedgerState()
+        self.by_kind = dict.fromkeys(KINDS, 0)
+        self.last_ts: dict[str, float] = {}
+        self.order: list[Any] = []
+        self.by_request: dict[str, Any] = {}
+        self.holding = holding if holding is not None else HoldingSeries()
+        self.latency = LatencyRecorder()
+        self.told: list[tuple[Any, float]] = []
+        self.cursor = 0
+
+    def fold(self, events: list[Event]) -> list[tuple[int, Event, Exception]]:
+        """Fold `events` as the next rows; the rows whose event raised, with the error."""
+        from ledger.projection import fold_rows
+
+        rows = [(self.cursor + i, e) for i, e in enumerate(events, 1)]
+        self.cursor += len(events)
+        return fold_rows(
+            self.state, rows, self.by_kind, self.last_ts, self.order, self.by_request, self.holding,
+            self.latency, lambda release, held_s: self.told.append((release, held_s)),
+        )  # fmt: skip

@@ -5,45 +5,16 @@ the two on generated histories."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from ledger.advice import LatencyRecorder
-from ledger.decisions import Release
-from ledger.events import KINDS, Event
+from ledger.events import KINDS
 from ledger.fold import LedgerState
-from ledger.projection import fold_rows
-from ledger.series import HoldingSeries
-from tests.ledger.builders import Side, apply_raising_on
-
-
-class Kept:
-    """The containers a service hands `fold_rows`, and what it was told of each release."""
-
-    def __init__(self) -> None:
-        self.state = LedgerState()
-        self.by_kind = dict.fromkeys(KINDS, 0)
-        self.last_ts: dict[str, float] = {}
-        self.order: list[Any] = []
-        self.by_request: dict[str, Any] = {}
-        self.holding = HoldingSeries()
-        self.latency = LatencyRecorder()
-        self.told: list[tuple[Release, float]] = []
-        self.cursor = 0
-
-    def fold(self, events: list[Event]) -> list[tuple[int, Event, Exception]]:
-        rows = [(self.cursor + i, e) for i, e in enumerate(events, 1)]
-        self.cursor += len(events)
-        return fold_rows(
-            self.state, rows, self.by_kind, self.last_ts, self.order, self.by_request, self.holding,
-            self.latency, lambda release, held_s: self.told.append((release, held_s)),
-        )  # fmt: skip
+from tests.ledger.builders import ServiceFold, Side, apply_raising_on
 
 
 def test_order_requests_counts_and_newest_ts_are_what_the_rows_say() -> None:
     p, d = Side("prefill-0/tp0"), Side("decode-0/tp0")
-    kept = Kept()
+    kept = ServiceFold()
     # A side first seen by an ack (its map comes later), a request mapped on two sources, a refused
     # second map of a used id, and a clock that steps back.
     early = d.ack("t2", "recv", ts=1000.5)
@@ -62,7 +33,7 @@ def test_order_requests_counts_and_newest_ts_are_what_the_rows_say() -> None:
 
 def test_each_release_is_told_with_how_long_its_side_held_and_the_series_follows_the_blocks() -> None:
     p = Side("prefill-0/tp0", start_ts=100.0, step_s=1.0)
-    kept = Kept()
+    kept = ServiceFold()
     kept.fold([p.map("a", "r1", blocks=(1, 2, 3)), p.map("b", "r2", blocks=(4,)), p.ack("a", "release")])
     [(release, held_s)] = kept.told
     assert (release.transfer_id, release.cause) == ("a", "completed")
@@ -75,7 +46,7 @@ def test_each_release_is_told_with_how_long_its_side_held_and_the_series_follows
 def test_an_event_the_fold_raises_on_is_handed_back_and_the_rest_are_folded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(LedgerState, "apply", apply_raising_on("boom"))
     p = Side("prefill-0/tp0")
-    kept = Kept()
+    kept = ServiceFold()
     bad = p.map("boom", "r2")
     failed = kept.fold([p.map("before", "r1"), bad, p.map("after", "r3")])
     assert [(cursor, event) for cursor, event, _ in failed] == [(2, bad)]
