@@ -1,5 +1,6 @@
-"""Builds the fold's modules with Cython (pure-Python mode: the same .py files, compiled) where a C
-compiler is; anywhere else, or when the build fails, the package installs with them interpreted.
+"""Builds the fold's modules and the connector's scheduler hooks with Cython (pure-Python mode: the same
+.py files, compiled) where a C compiler is; anywhere else, or when the build fails, the package installs
+with them interpreted.
 
 Everything else about the package is in pyproject.toml. `KVLEDGER_INTERPRETED=1` at build time skips
 the compiled modules altogether (and at run time loads the sources anyway: ledger/compiled.py).
@@ -15,6 +16,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 FOLD_SOURCES = (
+    "ledger/decisions.py",
     "ledger/lifecycle.py",
     "ledger/transfer_state.py",
     "ledger/side.py",
@@ -24,6 +26,7 @@ FOLD_SOURCES = (
     "ledger/upkeep.py",
     "ledger/fold.py",
     "ledger/log.py",
+    "ledger/ledger.py",
     "ledger/valid.py",
     "ledger/jsonl.py",
     "ledger/advice.py",
@@ -32,6 +35,14 @@ FOLD_SOURCES = (
     "ledger/projection.py",
 )
 """The modules ledger/compiled.py knows as FOLD_MODULES (this file runs before the package imports)."""
+
+HOOK_SOURCES = (
+    "connector/params.py",
+    "connector/index.py",
+    "connector/maps.py",
+    "connector/scheduler.py",
+)
+"""The scheduler hooks' modules, connector/compiled.py's HOOK_MODULES: what vLLM's step runs of ours."""
 
 DIRECTIVES = {
     "language_level": 3,
@@ -44,7 +55,7 @@ DIRECTIVES = {
 
 
 def _warn(message: str) -> None:
-    print(f"WARNING: kvledger: {message}; the fold runs interpreted", file=sys.stderr)
+    print(f"WARNING: kvledger: {message}; the fold and the hooks run interpreted", file=sys.stderr)
 
 
 class OptionalBuildExt(build_ext):
@@ -71,7 +82,7 @@ def _extensions() -> list[Any]:
     except ImportError:
         _warn("Cython is not installed")
         return []
-    modules = [Extension(path[:-3].replace("/", "."), [path]) for path in FOLD_SOURCES]
+    modules = [Extension(path[:-3].replace("/", "."), [path]) for path in FOLD_SOURCES + HOOK_SOURCES]
     return list(cythonize(modules, compiler_directives=DIRECTIVES, build_dir="build/cython", quiet=True))
 
 

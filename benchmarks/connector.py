@@ -5,6 +5,11 @@ of a WRITE producer whose consumer died with 512 transfers live (each waits for 
 never answers); forged control messages accepted (a `release` without the key from the loopback); and the
 tcp transport's throughput against raw pyzmq moving the same bytes in the same run. Prints one JSON line last.
 
+The hook figures are measured on both builds of the hooks and the fold (connector/compiled.py,
+ledger/compiled.py), HOOK_TRIALS fresh processes each, alternating: `compiled` says whether the first
+is the compiled build, and `*_interpreted` are the same figures with every module interpreted
+(`KVLEDGER_INTERPRETED=1`), the baseline of the same run. Each figure is the median trial's.
+
 Run: python benchmarks/connector.py (about 30 s).
 """
 
@@ -20,7 +25,9 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
 import gc  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -30,6 +37,7 @@ import torch  # noqa: E402
 import zmq  # noqa: E402
 
 from connector.assemble import build_scheduler, build_worker  # noqa: E402
+from connector.compiled import compiled  # noqa: E402
 from connector.config import ConnectorConfig, PeerEngine  # noqa: E402
 from connector.limits import HOOK_CALL_BOUND_S  # noqa: E402
 from connector.messages import ReleaseBlocks, encode  # noqa: E402
@@ -39,6 +47,8 @@ from connector.reasons import REASON_PEER_UNLINKED  # noqa: E402
 from connector.scheduler import SchedulerCore  # noqa: E402
 from connector.transports.tcp import TcpTransport  # noqa: E402
 from connector.worker import WorkerCore  # noqa: E402
+from ledger.compiled import INTERPRETED_ENV  # noqa: E402
+from ledger.compiled import compiled as fold_compiled  # noqa: E402
 from ledger.events import Drop, Fail, ReqId, TransferId  # noqa: E402
 from ledger.ledger import Ledger  # noqa: E402
 
@@ -130,6 +140,45 @@ def hook_cost() -> tuple[float, float, float, float]:
         statistics.median(steps),
         steps[int(len(steps) * 0.99)],
     )
+
+
+HOOK_TRIALS = 3
+HOOK_TRIAL_FLAG = "--hook-trial"
+HOOK_FIGURES = ("hook_us_median", "hook_us_p99", "step_hooks_us_median", "step_hooks_us_p99")
+
+
+def hook_trial(interpreted: bool) -> dict[str, float]:
+    """`hook_cost` in a fresh process of its own, on the interpreted build or on the one installed."""
+    root = Path(__file__).resolve().parent.parent  # the tree this run imports, wherever it is
+    env = {k: v for k, v in os.environ.items() if k != INTERPRETED_ENV}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    if interpreted:
+        env[INTERPRETED_ENV] = "1"
+    done = subprocess.run(
+        [sys.executable, __file__, HOOK_TRIAL_FLAG], env=env, capture_output=True, text=True, check=True
+    )
+    answer: dict[str, float] = json.loads(done.stdout.splitlines()[-1])
+    ran_compiled = answer.pop("compiled")
+    assert not (interpreted and ran_compiled), "the interpreted trial ran the sources"
+    return answer
+
+
+def _serve_hook_trial() -> None:
+    figures = dict(zip(HOOK_FIGURES, hook_cost(), strict=True))
+    print(json.dumps({"compiled": compiled() and fold_compiled(), **figures}))
+
+
+def hook_trials() -> tuple[dict[str, float], dict[str, float]]:
+    """(installed build, interpreted) hook figures: each the median of HOOK_TRIALS alternating trials."""
+    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    for _ in range(HOOK_TRIALS):
+        for interpreted in (False, True):
+            runs[interpreted].append(hook_trial(interpreted))
+    for interpreted, trials in runs.items():
+        steps = ", ".join(f"{t['step_hooks_us_median']:.1f}" for t in trials)
+        print(f"{'interpreted' if interpreted else 'installed build'}: a step's hooks, median per trial: {steps} us")
+    median = {i: {f: statistics.median(t[f] for t in runs[i]) for f in HOOK_FIGURES} for i in runs}
+    return median[False], median[True]
 
 
 DEAD_PEER_LAYERS = 8
@@ -387,9 +436,17 @@ def raw_zmq_throughput() -> float:
 def main() -> None:
     # Every dropped forgery and failed handshake logs a warning: thousands here, none of them news.
     logging.getLogger("connector").setLevel(logging.ERROR)
-    median_us, p99_us, step_median_us, step_p99_us = hook_cost()
-    print(f"one scheduler hook call at {LIVE_TRANSFERS} live: median {median_us:.1f} us, p99 {p99_us:.1f} us")
+    if sys.argv[1:] == [HOOK_TRIAL_FLAG]:
+        _serve_hook_trial()
+        return
+    is_compiled = compiled() and fold_compiled()
+    hooks, interpreted = hook_trials()
+    median_us, p99_us = hooks["hook_us_median"], hooks["hook_us_p99"]
+    step_median_us, step_p99_us = hooks["step_hooks_us_median"], hooks["step_hooks_us_p99"]
+    build = "compiled" if is_compiled else "interpreted (nothing compiled here)"
+    print(f"one scheduler hook call at {LIVE_TRANSFERS} live: median {median_us:.1f} us, p99 {p99_us:.1f} us ({build})")
     print(f"a step's scheduler hooks together: median {step_median_us:.1f} us, p99 {step_p99_us:.1f} us")
+    print(f"the same interpreted: median {interpreted['step_hooks_us_median']:.1f} us")
     # Best of DEAD_PEER_TRIALS, as for the transport: a max over thousands of calls on a shared 2-core machine
     # also measures whoever else ran then; each trial's figure is printed.
     trials = [dead_peer_hook_max() for _ in range(DEAD_PEER_TRIALS)]
@@ -411,10 +468,13 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "compiled": is_compiled,
                 "hook_us_median": round(median_us, 2),
                 "hook_us_p99": round(p99_us, 2),
                 "step_hooks_us_median": round(step_median_us, 2),
                 "step_hooks_us_p99": round(step_p99_us, 2),
+                "hook_us_median_interpreted": round(interpreted["hook_us_median"], 2),
+                "step_hooks_us_median_interpreted": round(interpreted["step_hooks_us_median"], 2),
                 "hook_us_max_dead_peer": round(dead_max_us, 1),
                 "forged_messages_accepted": forged,
                 "live_transfers": LIVE_TRANSFERS,

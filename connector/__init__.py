@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from connector import compiled as _compiled
+
+_compiled.install()  # before anything imports a hook module: which build of them loads (connector/compiled.py)
+
 __all__ = ["LedgerConnector"]
 
 

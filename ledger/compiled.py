@@ -3,7 +3,8 @@
 The fold's modules (`FOLD_MODULES`) are plain Python that Cython also compiles (its pure-Python mode;
 setup.py builds them where a C compiler is, and a failed build leaves them interpreted). Python finds
 an extension module before its source, so this finder, installed by `ledger/__init__.py` before
-anything imports the fold, decides which of the two loads:
+anything imports the fold, decides which of the two loads (for the fold, and for any other group of
+compiled modules a package installs it for: the connector's scheduler hooks, connector/compiled.py):
 
 - `KVLEDGER_INTERPRETED=1` in the environment: the source, always (the tests compare the two builds;
   a debugger or coverage sees the source lines);
@@ -21,11 +22,13 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from types import GetSetDescriptorType, ModuleType
 from typing import Final
 
 FOLD_MODULES: Final = (
+    "ledger.decisions",
     "ledger.lifecycle",
     "ledger.transfer_state",
     "ledger.side",
@@ -35,6 +38,7 @@ FOLD_MODULES: Final = (
     "ledger.upkeep",
     "ledger.fold",
     "ledger.log",
+    "ledger.ledger",
     "ledger.valid",
     "ledger.jsonl",
     "ledger.advice",
@@ -42,7 +46,8 @@ FOLD_MODULES: Final = (
     "ledger.series",
     "ledger.projection",
 )
-"""The modules setup.py compiles, in import order: the fold's, an append's numbering loop (log), and a
+"""The modules setup.py compiles, in import order: the fold's, an append's numbering loop (log) and the
+shell that appends and folds under one lock (ledger: every scheduler hook's event goes through it), a
 replay's hot path (reading a JSONL log, its chunk check, the latency histograms, the loop that folds a
 chunk), and the service's loop that folds the store's rows with its bookkeeping (the holding series,
 the projection)."""
@@ -59,6 +64,22 @@ STALE_SLACK_S: Final = 2.0
 both within moments, in either order)."""
 
 
+@dataclass(frozen=True)
+class CompiledGroup:
+    """Modules setup.py compiles that load together, from one folder: all compiled, or all from their
+    sources (forced, a source edited since the build, or one module that did not compile)."""
+
+    modules: tuple[str, ...]
+    layout_sources: tuple[str, ...] = ()
+    """Interpreted modules of the same folder whose classes' memory layout the group is built for."""
+    layout_bound: bool = False
+    """Whether the group reads msgspec Structs as C structs (ledger/structs.pxd): it then loads compiled only
+    where msgspec lays Structs out as declared."""
+
+
+FOLD: Final = CompiledGroup(FOLD_MODULES, LAYOUT_SOURCES, layout_bound=True)
+
+
 def interpreted_forced() -> bool:
     return os.environ.get(INTERPRETED_ENV, "") not in ("", "0")
 
@@ -72,17 +93,18 @@ def _compiled_twin(folder: str, stem: str) -> str | None:
 
 
 class SourceFirst(importlib.abc.MetaPathFinder):
-    """Loads the fold's modules from their sources when told to, or when one compiled module is stale:
+    """Loads a group's modules from their sources when told to, or when one compiled module is stale:
     all of them then, because the compiled ones are bound to each other's compiled types."""
 
-    def __init__(self) -> None:
+    def __init__(self, group: CompiledGroup) -> None:
+        self.group = group
         self._decided: dict[str, bool] = {}
-        """Per folder: whether the fold there runs from its sources."""
+        """Per folder: whether the group there runs from its sources."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if fullname not in FOLD_MODULES or not path:
+        if fullname not in self.group.modules or not path:
             return None
         stem = fullname.rpartition(".")[2]
         for folder in path:
@@ -97,22 +119,23 @@ class SourceFirst(importlib.abc.MetaPathFinder):
     def _from_sources(self, folder: str) -> bool:
         decided = self._decided.get(folder)
         if decided is None:
-            decided = self._decided[folder] = interpreted_forced() or _unusable(folder)
+            decided = self._decided[folder] = interpreted_forced() or _unusable(folder, self.group)
         return decided
 
 
-def _unusable(folder: str) -> bool:
-    """Whether the compiled fold in `folder` must not load (stale, incomplete, or built for another
+def _unusable(folder: str, group: CompiledGroup) -> bool:
+    """Whether the compiled group in `folder` must not load (stale, incomplete, or built for another
     layout of msgspec's Structs), with a warning saying why."""
-    stale = _stale(folder)
+    stale = _stale(folder, group)
     if stale:
+        what = "the fold was" if group.layout_bound else "its modules were"
         warnings.warn(
-            f"{', '.join(stale)} in {folder} changed after the fold was compiled, or did not compile: "
-            "running it interpreted (rebuild with `python setup.py build_ext --inplace`)",
+            f"{', '.join(stale)} in {folder} changed after {what} compiled, or did not compile: "
+            "running them interpreted (rebuild with `python setup.py build_ext --inplace`)",
             stacklevel=4,
         )
         return True
-    if not struct_layout_holds():
+    if group.layout_bound and not struct_layout_holds():
         warnings.warn(
             "this msgspec lays out its Structs otherwise than ledger/structs.pxd declares: the fold runs interpreted",
             stacklevel=4,
@@ -121,19 +144,19 @@ def _unusable(folder: str) -> bool:
     return False
 
 
-def _stale(folder: str) -> list[str]:
-    """The fold's sources in `folder` newer than their compiled modules, or without one where others have
+def _stale(folder: str, group: CompiledGroup) -> list[str]:
+    """The group's sources in `folder` newer than their compiled modules, or without one where others have
     one (a build that failed part way), and the layout sources newer than the oldest compiled module."""
     out = []
     built = []
-    for name in FOLD_MODULES:
+    for name in group.modules:
         stem = name.rpartition(".")[2]
         source, compiled = os.path.join(folder, stem + ".py"), _compiled_twin(folder, stem)
         if compiled is None or os.stat(source).st_mtime > os.stat(compiled).st_mtime + STALE_SLACK_S:
             out.append(stem + ".py")
         if compiled is not None:
             built.append(os.stat(compiled).st_mtime)
-    for name in LAYOUT_SOURCES:
+    for name in group.layout_sources:
         source = os.path.join(folder, name)
         if built and os.path.isfile(source) and os.stat(source).st_mtime > min(built) + STALE_SLACK_S:
             out.append(name)
@@ -169,16 +192,16 @@ def struct_layout_holds() -> bool:
     )
 
 
-def install() -> None:
-    """Put the finder first on `sys.meta_path` (once)."""
-    if not any(isinstance(finder, SourceFirst) for finder in sys.meta_path):
-        sys.meta_path.insert(0, SourceFirst())
+def install(group: CompiledGroup = FOLD) -> None:
+    """Put `group`'s finder first on `sys.meta_path` (once)."""
+    if not any(isinstance(finder, SourceFirst) and finder.group == group for finder in sys.meta_path):
+        sys.meta_path.insert(0, SourceFirst(group))
 
 
-def compiled() -> bool:
-    """Whether every fold module that runs here is the compiled one."""
+def compiled(group: CompiledGroup = FOLD) -> bool:
+    """Whether every module of `group` (the fold's by default) that runs here is the compiled one."""
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    for name in FOLD_MODULES:
+    for name in group.modules:
         module = importlib.import_module(name)
         if not (module.__file__ or "").endswith(suffixes):
             return False

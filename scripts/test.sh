@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: installs what the tests need, starts the services
-# they use, then runs the whole suite (ruff and mypy included, as tests) on vLLM 0.32, the fold's tests
-# again on the interpreted fold, and the scheduler contract tests again on vLLM 0.33.
+# they use, then runs the whole suite (ruff and mypy included, as tests) on vLLM 0.32, the fold's and the
+# connector's tests again interpreted, and the scheduler contract tests again on vLLM 0.33.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,11 +19,11 @@ bash scripts/install_vllm.sh
 bash scripts/install_vllm033.sh
 pip_install -e '.[test]'
 
-# vLLM 0.32 (site-packages, the CPU build): the whole suite, real engines included, on the compiled fold
-# (`pip install -e .` above built it; a machine without a C compiler runs it interpreted).
+# vLLM 0.32 (site-packages, the CPU build): the whole suite, real engines included, on the compiled fold and
+# scheduler hooks (`pip install -e .` above built them; a machine without a C compiler runs them interpreted).
 python -m pytest "$@"
-# The same fold sources interpreted: the ledger and store tests again (tests/ledger/test_both_builds.py
-# compares the two builds event by event in the run above).
-KVLEDGER_INTERPRETED=1 python -m pytest tests/ledger tests/store -q
+# The same sources interpreted: the ledger, store and connector tests again (tests/ledger/test_both_builds.py
+# and tests/connector/test_both_builds.py compare the two builds in the run above).
+KVLEDGER_INTERPRETED=1 python -m pytest tests/ledger tests/store tests/connector -q
 # vLLM 0.33 (the CUDA wheel's Python scheduler, on this CPU): the scheduler contract and adapter tests.
 bash scripts/test_vllm033.sh -q
