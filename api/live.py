@@ -21,6 +21,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import NamedTuple, ParamSpec, TypeVar
 
 import anyio.to_thread
@@ -95,9 +97,10 @@ class Live:
         """(wall time, why) of the last POST /events that stored nothing, unless one succeeded since."""
         self.audit_config = AuditConfig(settings.transfer_timeout_s, settings.clock_skew_s)
         self.fold_lock = asyncio.Lock()
-        self.ingest_lock = asyncio.Lock()
-        """One ingest's append at a time (the store's write lock would make the others wait on its threads).
-        Its fold is not under it: `fold_appended` folds in cursor order whichever batch gets there first."""
+        self.appender = ThreadPoolExecutor(1, thread_name_prefix="kvledger-ingest")
+        """Ingests' appends, one at a time in the order they came (the store's write lock would make others
+        wait on its threads): see `append_ingested`. Their folds are not on it: `fold_appended` folds in
+        cursor order whichever batch gets there first."""
         self.advanced = asyncio.Event()
         """Set (and replaced) whenever the cursor moves: live streams wait on it."""
         self.replays_running = 0
@@ -121,6 +124,15 @@ class Live:
     async def store_call(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`call(*args)` on one of the store's own threads (see the module's docstring)."""
         return await anyio.to_thread.run_sync(lambda: call(*args, **kwargs), limiter=self.store_limiter)
+
+    async def append_ingested(self, store: EventStore, events: list[Event]) -> Appended:
+        """An ingest's batch appended (`append_returning`; `decode_batch` checked every event against
+        ledger.valid, so the store need not check them again), on the ingest thread. Queued there at once, in
+        this coroutine's step: appends then run back to back while earlier batches fold on the event loop.
+        Taken in turn under an asyncio lock, the next batch's append started only once the loop came back to
+        its coroutine, after the fold of the one before (never beside it: each batch waited for the last)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.appender, partial(store.append_returning, events, checked=True))
 
     async def catch_up(self, batch: int | None = None) -> int:
         """Fold everything the store holds after our cursor; returns how many events were folded."""
@@ -205,6 +217,7 @@ class Live:
                 log.exception("kvledger service: poll failed; polling on")
 
     def close(self) -> None:
+        self.appender.shutdown(wait=True)  # an append under way finishes before its store closes
         if self.store is not None:
             self.store.close()
             self.store = None

@@ -76,7 +76,7 @@ FOLDED = frozenset({
 
 NOT_FOLDED = frozenset({
     "settings", "store", "store_error", "version", "caught_up_from", "ingest_failure", "audit_config",
-    "fold_lock", "ingest_lock", "advanced", "replays_running", "uploads_running", "streams_open", "quarantined",
+    "fold_lock", "appender", "advanced", "replays_running", "uploads_running", "streams_open", "quarantined",
     "store_limiter", "snapshot_rows", "snapshot_written", "restored_from", "_on_release", "_restore", "_audit",
     "_finding_keys",
 })  # fmt: skip

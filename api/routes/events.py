@@ -106,11 +106,9 @@ async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResu
     try:
         body = b"".join([chunk async for chunk in read_limited(request, live.settings.ingest_body_bytes_max)])
         events = decode_batch(body, live.settings.ingest_events_max)
-        async with live.ingest_lock:
-            # decode_batch checked every event against ledger.valid: the store need not check them again.
-            appended = await live.store_call(store.append_returning, events, checked=True) if events else None
-        # Folded outside the append's lock: the next batch's insert runs on a store thread (its driver off
-        # the GIL) while this one folds on the event loop. Cursor order is kept by `fold_appended`.
+        appended = await live.append_ingested(store, events) if events else None
+        # Folded on the event loop while the next batch's insert runs on the ingest thread (its driver off the
+        # GIL). Cursor order is kept by `fold_appended`.
         await live.fold_appended(appended)
     except Exception as error:
         # Whatever refused the batch (a bad body, a conflict, a store down), its events are not in the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -243,3 +244,40 @@ def test_concurrent_ingests_fold_every_stored_event_once_in_cursor_order(sqlite_
         folded = snapshots.encode(live)[2]
     with TestClient(create_app(settings_for(sqlite_url, snapshot_every_events=0, snapshots_read=False))) as again:
         assert snapshots.encode(again.app.state.live)[2] == folded  # type: ignore[attr-defined]
+
+
+def test_concurrent_ingests_append_one_at_a_time_on_the_ingest_thread(sqlite_url: str) -> None:
+    """The appends of batches posted at once run one after another (the store's write lock would make any
+    other wait on a store thread), on the ingest thread, each queued as its batch was decoded; the thread
+    ends with the service."""
+    running: list[str] = []
+    seen: list[tuple[str, int]] = []
+    app = create_app(settings_for(sqlite_url, snapshot_every_events=0))
+    with TestClient(app) as client, ThreadPoolExecutor(4) as pool:
+        live = app.state.live
+        store = live.store
+        append = store.append_returning
+
+        def watched(events: list[Event], *, checked: bool = False) -> object:
+            running.append(threading.current_thread().name)
+            seen.append((running[-1], len(running)))
+            try:
+                return append(events, checked=checked)
+            finally:
+                running.pop()
+
+        store.append_returning = watched
+        sides = [Side(f"remote-{s}/tp0") for s in range(4)]
+        batches = [
+            [side.map(f"tx-{s}-{b}-{i}", f"r-{s}-{b}-{i}") for i in range(20)]
+            for s, side in enumerate(sides)
+            for b in range(5)
+        ]
+        answers = list(pool.map(lambda batch: client.post("/events", json=body(batch), headers=AUTH), batches))
+        assert all(a.status_code == 200 and a.json()["inserted"] == 20 for a in answers)
+        wait_for(lambda: live.rows_folded == 20 * len(batches))
+        appender = live.appender
+    assert len(seen) == len(batches)
+    assert all(name.startswith("kvledger-ingest") and depth == 1 for name, depth in seen), seen
+    with pytest.raises(RuntimeError, match="shutdown"):
+        appender.submit(print)  # closed with the service: no thread left behind

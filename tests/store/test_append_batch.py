@@ -3,15 +3,20 @@ nothing on a conflict, and the cursors it reports are the ones the store's tail 
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import msgspec
 import pytest
+from sqlalchemy import event
 
 from ledger.events import Ack, Event, TransferId
 from ledger.store.base import ConflictError, EventStore, UnstorableEvent
 from ledger.store.batch import SOURCES_PER_QUERY
 from ledger.store.connect import open_store
 from ledger.store.limits import INSERT_ROWS_PER_STATEMENT
-from ledger.store.rows import encode_row, encode_rows
+from ledger.store.rows import INSERT_COLUMNS, encode_row, encode_rows
+from ledger.store.sql import SqlStore, rows_per_insert
 from ledger.synth import SynthConfig, generate
 
 
@@ -39,7 +44,7 @@ def test_the_cursors_reported_are_the_tails(store: EventStore) -> None:
 
 
 def test_a_batch_of_several_insert_statements_is_stored_whole_and_in_order(store: EventStore) -> None:
-    events = _events(300)
+    events = _events(1200)
     count = 2 * INSERT_ROWS_PER_STATEMENT + 7  # two full statements and a short one
     assert len(events) >= 2 * count + 20
     store.append(events[:20])
@@ -160,3 +165,23 @@ def test_cursors_after_a_gap_in_postgresqls_sequence_are_read_back(pg_url: str) 
         assert [e for _, e in appended.inserted] == events[2:]
     finally:
         store.close()
+
+
+def test_a_connection_allowing_fewer_parameters_gets_smaller_statements(tmp_path: Path) -> None:
+    """SQLite before 3.32 allowed 999 parameters a statement: a batch is then split to fit, stored whole."""
+    store = open_store(f"sqlite:///{tmp_path}/old.db", create=True)
+    assert isinstance(store, SqlStore)
+
+    @event.listens_for(store.engine, "connect")
+    def _old_limit(driver: sqlite3.Connection, _record: object) -> None:
+        driver.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+
+    store.engine.dispose()  # connections made from now on have the old limit
+    with store.engine.connect() as conn:
+        assert rows_per_insert(conn.connection.driver_connection) == 999 // len(INSERT_COLUMNS)
+    events = _events(200)
+    assert len(events) > INSERT_ROWS_PER_STATEMENT
+    appended = store.append_returning(events[:INSERT_ROWS_PER_STATEMENT])
+    assert [e for _, e in appended.inserted] == events[:INSERT_ROWS_PER_STATEMENT]
+    assert list(store.read()) == events[:INSERT_ROWS_PER_STATEMENT]
+    store.close()
