@@ -208,7 +208,7 @@ class Fold(Upkeep):
                     break
             else:
                 self.blocks_held += len(blocks)
-        heappush(self.deadlines, (deadline, e.seq, e.source, e.transfer_id))
+        heappush(self.deadlines, (deadline, e.seq, e.source, e.transfer_id, t))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
         if local_exceeds_remote(e):
@@ -352,7 +352,7 @@ class Fold(Upkeep):
         if current is not None and until <= current:
             return
         t.lease_until = until
-        self._push_deadline(until, t.map_seq, t.source, t.transfer_id)
+        self._push_deadline(until, t.map_seq, t)
 
     def _on_fail(self, t: TransferState, e: Fail) -> Release | None:
         if e.code == "read_refused":

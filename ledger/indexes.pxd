@@ -4,6 +4,7 @@
 
 cimport cython
 
+from ledger.side cimport due_at
 from ledger.structs cimport TransferState as Side
 
 
@@ -40,8 +41,8 @@ cdef class Indexes:
     cdef _late(self, Side t, object seq)
     cdef _refused_map(self, Side t, object seq, object request_id)
     cdef _over_ack(self, Side t, object seq)
-    cdef _push_deadline(self, object deadline, object map_seq, object source, object transfer_id)
-    @cython.locals(by_id=dict, t=Side)
-    cdef Side _live_side(self, object source, object transfer_id)
+    cdef _push_deadline(self, object deadline, object map_seq, Side t)
     @cython.locals(kept=list, d=tuple, t=Side)
     cdef _sweep_deadlines(self)
+    @cython.locals(heap=list, sides_of=dict, by_id=dict, t=Side)
+    cpdef put_deadlines(self, list entries)

@@ -11,7 +11,14 @@ from collections import deque
 from ledger.decisions import Key
 from ledger.events import ReqId, TransferId
 from ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX
-from ledger.side import TransferState
+from ledger.side import TransferState, due_at
+
+DeadlineEntry = tuple[float, int, str, TransferId, TransferState]
+"""(deadline, map seq, source, transfer id, side): ordered by the first four, which no two entries share (a
+side pushes a deadline only later than its current one), so the side itself is never compared."""
+
+GONE = TransferState()
+"""The side of a restored deadline entry whose side was forgotten (never mapped: never due, swept)."""
 
 
 def _note(seqs: list[int] | None, seq: int) -> list[int]:
@@ -35,9 +42,11 @@ class Indexes:
         """Mapped, undecided: the sides holding blocks."""
         self.unmapped: dict[Key, TransferState] = {}
         """Events seen, no map yet; ordered by first sight for the orphan audit."""
-        self.deadlines: list[tuple[float, int, str, TransferId]] = []
-        """Heap of (deadline, map seq, source, transfer id) of live transfers; stale
-        entries (already decided) are skipped and swept when they dominate."""
+        self.deadlines: list[DeadlineEntry] = []
+        """Heap of the deadlines of live sides, each entry holding its side: an entry is current while
+        `due_at(side)` is its deadline; stale ones (decided, or moved by a lease) are skipped and swept
+        when they dominate. The side, not a lookup by key: a sweep reads each entry's side directly (a
+        lookup in `sides_of` per entry was most of a sweep's cost)."""
         self.held: dict[str, set[int]] = {}
         """Per source: the block ids live transfer sides hold (a set: claims and frees run at C speed)."""
         self.contested: dict[tuple[str, int], list[Key]] = {}
@@ -195,29 +204,35 @@ class Indexes:
 
     # -- deadlines ---------------------------------------------------------
 
-    def _push_deadline(self, deadline: float, map_seq: int, source: str, transfer_id: TransferId) -> None:
+    def _push_deadline(self, deadline: float, map_seq: int, t: TransferState) -> None:
         """A live side's (new) deadline; stale entries are swept once they dominate the heap."""
-        heapq.heappush(self.deadlines, (deadline, map_seq, source, transfer_id))
+        heapq.heappush(self.deadlines, (deadline, map_seq, t.source, t.transfer_id, t))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
 
-    def _live_side(self, source: str, transfer_id: TransferId) -> TransferState | None:
-        """The side of `(source, transfer_id)` if it is live (`TransferState.live`: what `live` holds), found
-        in `sides_of` with no key tuple built: the deadline heap asks this of every entry it sweeps."""
-        by_id = self.sides_of.get(source)
-        if by_id is None:
-            return None
-        t = by_id.get(transfer_id)
-        return t if t is not None and t.live else None
-
     def _sweep_deadlines(self) -> None:
-        kept: list[tuple[float, int, str, TransferId]] = []
+        kept: list[DeadlineEntry] = []
         for d in self.deadlines:
-            t = self._live_side(d[2], d[3])
-            if t is not None and t.deadline == d[0]:
+            t = d[4]
+            if due_at(t) == d[0]:
                 kept.append(d)
         heapq.heapify(kept)
         self.deadlines = kept
+
+    def put_deadlines(self, entries: list[tuple[float, int, str, TransferId]]) -> None:
+        """`deadlines` holds `entries` (deadline, map seq, source, transfer id), in their order (a heap
+        stays one), each with its side from `sides_of` (a snapshot writes entries without their sides).
+        An entry whose side is gone, or is a later mapping of its id, gets `GONE`: stale, as it was."""
+        heap: list[DeadlineEntry] = []
+        append = heap.append
+        sides_of = self.sides_of
+        for deadline, map_seq, source, transfer_id in entries:
+            by_id = sides_of.get(source)
+            t = None if by_id is None else by_id.get(transfer_id)
+            if t is None or t.map_seq != map_seq:
+                t = GONE
+            append((deadline, map_seq, source, transfer_id, t))
+        self.deadlines = heap
 
     # -- queries used by the audits and the shells ----------------------------
 
@@ -234,11 +249,10 @@ class Indexes:
         stack = [0] if heap else []
         while stack:
             i = stack.pop()
-            deadline, seq, source, tid = heap[i]
+            deadline, seq, _, _, t = heap[i]
             if deadline > now:
                 continue
-            t = self._live_side(source, tid)
-            if t is not None and t.map_seq == seq and (t.lease_until is None or t.lease_until == deadline):
+            if due_at(t) == deadline:
                 found.append((deadline, seq, t))
             for child in (2 * i + 1, 2 * i + 2):
                 if child < len(heap):
@@ -260,7 +274,13 @@ class Indexes:
         double-owned block, an expired orphan, a producer released by expire, or a consumer of a
         transfer whose producer was (the pair a premature_release is made of). Kept whole, such a
         side can never be lost to the tombstone bound."""
-        if key in self.anomalous or key in self.double_owned or key in self.orphans_expired:
+        # Usually all empty: a key tuple is hashed into each only when it holds something (a replay's
+        # compaction asks this of every side it forgets).
+        if (
+            (self.anomalous and key in self.anomalous)
+            or (self.double_owned and key in self.double_owned)
+            or (self.orphans_expired and key in self.orphans_expired)
+        ):
             return True
         expired = self.expired_producers
         if not expired:

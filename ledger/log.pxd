@@ -7,8 +7,8 @@ cimport cython
 from ledger.structs cimport _Envelope
 
 
-@cython.locals(envelope=_Envelope, i=Py_ssize_t)
-cpdef object number(list batch, object seq, object source)
+@cython.locals(envelope=_Envelope, i=Py_ssize_t, found=cython.longlong)
+cpdef object number(list batch, long long seq, str source)
 
 
 cdef class EventLog:

@@ -20,12 +20,17 @@ def number(batch: list[Event], seq: int, source: str) -> int:
     """Number `batch` in place from `seq` on (an unassigned seq gets a copy of its event with the next one);
     returns the seq after the last. Raises, the list half numbered and nothing else changed, at the first
     event of another source or with a seq that is neither unassigned nor the next one. Compiled with the
-    fold (log.pxd): the per-event reads are C struct reads."""
+    fold (log.pxd): the per-event reads are C struct reads, and the seqs 64-bit C integers (every seq fits
+    one: ledger/limits.py), where a Python int was compared and another made for each event."""
     for i in range(len(batch)):
         envelope = batch[i]
-        if envelope.seq != seq:
-            if envelope.seq != UNASSIGNED_SEQ:
-                raise SeqError(f"event seq {envelope.seq} but the log expects {seq}")
+        try:
+            found = envelope.seq
+        except (OverflowError, TypeError):  # compiled only: no 64-bit integer (ledger.valid refuses such seqs)
+            raise SeqError(f"event seq {envelope.seq!r} but the log expects {seq}") from None
+        if found != seq:
+            if found != UNASSIGNED_SEQ:
+                raise SeqError(f"event seq {found} but the log expects {seq}")
             batch[i] = envelope = msgspec.structs.replace(envelope, seq=seq)
         if envelope.source != source:
             raise ValueError(f"event source {envelope.source!r} in the log of {source!r}")

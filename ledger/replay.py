@@ -8,8 +8,8 @@ from operator import attrgetter
 
 from ledger.advice import LatencyRecorder
 from ledger.collector import collector_paused
-from ledger.decisions import Key, Release
-from ledger.events import Event
+from ledger.decisions import Release
+from ledger.events import Event, TransferId
 from ledger.fold import LedgerState
 from ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
 from ledger.side import TransferState
@@ -59,7 +59,6 @@ def replay_chunks(
     result = ReplayResult(LedgerState())
     state = result.state
     forget = state.forget_decided
-    transfers = state.transfers
     latencies = result.latencies
     releases = result.releases
     decided: list[Release] = []
@@ -82,7 +81,7 @@ def replay_chunks(
                 continue
             newest = _fold_chunk(state, chunk, decided)
             if decided:
-                _observe(latencies, decided, transfers)
+                _observe(latencies, decided, state.sides_of)
                 release_count += len(decided)
                 if keep_releases:
                     releases.extend(decided)
@@ -124,7 +123,10 @@ def _fold_chunk(state: LedgerState, chunk: list[Event], decided: list[Release]) 
     return newest
 
 
-def _observe(latencies: LatencyRecorder, decided: list[Release], transfers: dict[Key, TransferState]) -> None:
-    """Record each release with its side (compiled, `observe` is called as a C method)."""
+def _observe(
+    latencies: LatencyRecorder, decided: list[Release], sides_of: dict[str, dict[TransferId, TransferState]]
+) -> None:
+    """Record each release with its side (compiled, `observe` is called as a C method), found by source and
+    id in `sides_of`: no key tuple built and hashed per release."""
     for release in decided:
-        latencies.observe(release, transfers[(release.source, release.transfer_id)])
+        latencies.observe(release, sides_of[release.source][release.transfer_id])

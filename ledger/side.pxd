@@ -8,6 +8,8 @@ from ledger.structs cimport Map
 from ledger.structs cimport TransferState as Side
 
 cpdef object completed_by(Side t)
+@cython.locals(m=Map)
+cpdef object due_at(Side t)
 cpdef object layers_mask(tuple layers)
 cdef unsigned long long _ONE
 

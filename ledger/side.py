@@ -14,8 +14,8 @@ from ledger.limits import LAYERS_MAX
 from ledger.transfer_state import TransferState, bits
 
 __all__ = [
-    "Evidence", "TransferState", "awaits_data", "bits", "completed_by", "copies", "is_complete", "layers_mask",
-    "local_exceeds_remote", "low_layers_mask", "requests_of", "wide_masks",
+    "Evidence", "TransferState", "awaits_data", "bits", "completed_by", "copies", "due_at", "is_complete",
+    "layers_mask", "local_exceeds_remote", "low_layers_mask", "requests_of", "wide_masks",
 ]  # fmt: skip
 
 
@@ -86,6 +86,19 @@ def completed_by(t: TransferState) -> Evidence | None:
     if t.expected is not None and t.acked_mask.bit_count() >= t.expected:
         return "all_read"
     return None
+
+
+def due_at(t: TransferState) -> float | None:
+    """When a live side is due: its `deadline` while it is `live`, None once it holds nothing (never mapped,
+    or decided). The properties' rule, read as C fields where compiled (the properties are Python calls):
+    the deadline heap asks it of every entry it sweeps or finds due."""
+    if t.role is None or t.decision is not None:
+        return None
+    if t.lease_until is not None:
+        return t.lease_until
+    m = t.map_event
+    assert m is not None  # mapped: `role` comes with the map
+    return m.deadline
 
 
 def is_complete(t: TransferState) -> bool:

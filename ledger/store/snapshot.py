@@ -181,7 +181,7 @@ def take(state: LedgerState) -> Document:
         transfers=_stored(sides),
         live=list(state.live),
         unmapped=list(state.unmapped),
-        deadlines=list(state.deadlines),
+        deadlines=[d[:4] for d in state.deadlines],  # without their sides: decoding finds them
         held=[(source, sorted(blocks)) for source, blocks in state.held.items()],
         contested=[(source, block, list(keys)) for (source, block), keys in state.contested.items()],
         double_owned=[(key, list(owners)) for key, owners in state.double_owned.items()],
@@ -251,7 +251,7 @@ def decode(body: bytes | memoryview) -> LedgerState:
     transfers = state.transfers
     state.live = {key: transfers[key] for key in doc.live}
     state.unmapped = {key: transfers[key] for key in doc.unmapped}
-    state.deadlines = doc.deadlines
+    state.put_deadlines(doc.deadlines)
     state.held = {source: set(blocks) for source, blocks in doc.held}
     state.contested = {(source, block): keys for source, block, keys in doc.contested}
     state.double_owned = dict(doc.double_owned)

@@ -91,7 +91,7 @@ def _state(state: LedgerState, events: list[Event], seed: int) -> dict[str, Any]
         "double_owned": list(state.double_owned.items()),
         "anomalous": list(state.anomalous),
         "retrying": list(state.retrying),
-        "deadlines": sorted(state.deadlines),
+        "deadlines": sorted(d[:4] for d in state.deadlines),  # the sides are in "sides"
         "decided": [(ts, (source, tid)) for ts, source, tid, _ in state.decided],
         "counts": [
             state.releases_by_cause,

@@ -28,6 +28,7 @@ from ledger.ledger import Ledger
 from ledger.limits import MAINTENANCE_INTERVAL_S, REPLAY_RETAIN_S
 from ledger.merge import batched
 from ledger.replay import ReplayResult, replay_chunks
+from ledger.side import due_at
 from ledger.store import snapshot
 from ledger.summary import compaction_report, compaction_warning, summarize
 from tests.ledger.histories import Shape, audit_moments, history
@@ -174,6 +175,10 @@ def test_a_running_ledger_that_forgets_decides_what_one_that_never_forgets_does(
         assert events[-1].ts - events[0].ts > 4 * MAINTENANCE_INTERVAL_S
 
 
+def _current_deadlines(state: LedgerState) -> list[tuple[tuple[object, ...], bool]]:
+    return [(d[:4], due_at(d[4]) == d[0]) for d in state.deadlines]
+
+
 @PROPERTY
 @given(seed=SEEDS, shape=LONG_SHAPES, cut=st.floats(0.1, 0.9), keep_evidence=st.booleans())
 def test_a_snapshot_taken_mid_history_continues_as_the_state_does(
@@ -187,6 +192,8 @@ def test_a_snapshot_taken_mid_history_continues_as_the_state_does(
     assert state.tombstone_count > 0
     restored = snapshot.decode(snapshot.encode(state))
     assert snapshot.encode(restored) == snapshot.encode(state)
+    # Each deadline entry comes back with its side (written without it): current where it was, stale where it was.
+    assert _current_deadlines(restored) == _current_deadlines(state)
     assert [restored.apply(e) for e in tail] == [state.apply(e) for e in tail]
     _same_findings(restored, state, events, seed)
     assert snapshot.encode(restored) == snapshot.encode(state)

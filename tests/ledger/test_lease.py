@@ -8,6 +8,8 @@ import pytest
 
 from ledger.events import Ack, Expire, Fail, Map, ReqId, TransferId
 from ledger.fold import LedgerState
+from ledger.side import due_at
+from tests.ledger.histories import Shape, history
 
 P = "prefill-0/tp0"
 T = TransferId("tx-1")
@@ -106,3 +108,14 @@ def test_the_heap_sweep_keeps_only_current_deadlines() -> None:
     assert len(state.deadlines) < 200  # swept as renewals pile up
     assert [d[0] for d in state.deadlines if d[3] == T][-1] <= 210.0
     assert state.due(209.0) == [] and len(state.due(210.0)) == 1
+
+
+def test_due_at_is_the_deadline_of_a_live_side_and_none_otherwise() -> None:
+    """`due_at`, the deadline heap's C-field reading of a side, agrees with the properties (`live`,
+    `deadline`) on every side of generated histories, at every step of their folds."""
+    for seed in range(4):
+        state = LedgerState()
+        for event in history(seed, Shape(transfers=40, faults_per_side=0.5)):
+            state.apply(event)
+            for t in state.transfers.values():
+                assert due_at(t) == (t.deadline if t.live else None)
