@@ -4,7 +4,7 @@
 
 cimport cython
 
-from ledger.side cimport completed_by, layers_mask, local_exceeds_remote, low_layers_mask
+from ledger.side cimport completed_by, count64, layers_mask, local_exceeds_remote, low_layers_mask
 from ledger.structs cimport _Envelope, Ack, Expire, Fail, Map, Schedule, Seal
 from ledger.structs cimport TransferState as Side
 from ledger.upkeep cimport Upkeep
@@ -21,7 +21,8 @@ cdef class Fold(Upkeep):
     cdef public dict layer_masks
 
     @cython.locals(
-        t=Side, key=tuple, by_id=dict, mask=object, acked=object, envelope=_Envelope, ack=Ack, schedule=Schedule, first_try=bint
+        t=Side, key=tuple, by_id=dict, mask=cython.ulonglong, acked=cython.ulonglong, scheduled=cython.ulonglong,
+        envelope=_Envelope, ack=Ack, schedule=Schedule, first_try=bint
     )
     cpdef apply(self, object event)
     cdef _after_close(self, Side t, object event)

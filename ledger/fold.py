@@ -27,7 +27,7 @@ from ledger.decisions import Cause, Key, Release, Why
 from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal
 from ledger.lifecycle import ACKS_A_SIDE_RECEIVES, DECIDED, NEXT_PHASE, Phase
 from ledger.limits import DEADLINE_HEAP_SLACK, FORGED_KEPT_MAX, LAYER_MASKS_CACHED_MAX, RANKS_MAX
-from ledger.side import TransferState, completed_by, layers_mask, local_exceeds_remote, low_layers_mask
+from ledger.side import TransferState, completed_by, count64, layers_mask, local_exceeds_remote, low_layers_mask
 from ledger.upkeep import Upkeep
 
 try:
@@ -107,16 +107,23 @@ class Fold(Upkeep):
         # inlined, and every other case goes to the handler. The layer mask: compiled, a C loop over
         # the layers (no tuple hashed); interpreted, the cache's (a lookup in C, where the loop would
         # be Python). Either way 0 (none yet, or none that fits) takes the handler's general path.
+        # Compiled, the masks here are 64-bit C integers (ledger/fold.pxd): a side's mask past 64 bits (a
+        # model of more layers) does not convert, and takes the handler's path too. Interpreted, they are
+        # Python ints of any width (the cache's masks name layers past 63 too).
         if kind is Ack:
             ack: Ack = event  # type: ignore[assignment]
             layers = ack.layers
             if layers is not None and ack.what == "write" and t.role == "producer" and t.mode == "write":
                 mask = low_layers_mask(layers) if COMPILED else self.layer_masks.get(layers, 0)
                 if mask > 0:
-                    acked = t.acked_mask
-                    if not acked & mask and t.scheduled_mask & mask == mask:
+                    try:
+                        acked = t.acked_mask
+                        scheduled = t.scheduled_mask
+                    except OverflowError:
+                        return self._on_ack(t, ack)
+                    if not acked & mask and scheduled & mask == mask:
                         acked |= mask
-                        if t.expected is None or acked.bit_count() < t.expected:
+                        if t.expected is None or (count64(acked) if COMPILED else acked.bit_count()) < t.expected:
                             t.acked_mask = acked
                             return None
             return self._on_ack(t, ack)
@@ -126,10 +133,15 @@ class Fold(Upkeep):
             first_try = not (schedule.deferred or schedule.attempt)
             if layers is not None and t.role is not None and first_try and not t.early_mask:
                 mask = low_layers_mask(layers) if COMPILED else self.layer_masks.get(layers, 0)
-                if mask > 0 and not t.scheduled_mask & mask:
-                    t.scheduled_mask |= mask
-                    t.phase = _AFTER_SCHEDULE[t.phase]
-                    return None
+                if mask > 0:
+                    try:
+                        scheduled = t.scheduled_mask
+                    except OverflowError:
+                        return self._on_schedule(t, schedule)
+                    if not scheduled & mask:
+                        t.scheduled_mask = scheduled | mask
+                        t.phase = _AFTER_SCHEDULE[t.phase]
+                        return None
             return self._on_schedule(t, schedule)
         # The rest, a quarter of all events: a chain of identity tests costs less than a dict lookup.
         if kind is Map:

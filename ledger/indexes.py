@@ -46,7 +46,9 @@ class Indexes:
         """Heap of the deadlines of live sides, each entry holding its side: an entry is current while
         `due_at(side)` is its deadline; stale ones (decided, or moved by a lease) are skipped and swept
         when they dominate. The side, not a lookup by key: a sweep reads each entry's side directly (a
-        lookup in `sides_of` per entry was most of a sweep's cost)."""
+        lookup in `sides_of` per entry was most of a sweep's cost). So a stale entry keeps its side alive
+        until the next sweep, forgotten or not: at most DEADLINE_HEAP_SLACK times the live sides (plus 16)
+        entries in all, a bound that follows live transfers as the rest of the fold's memory does."""
         self.held: dict[str, set[int]] = {}
         """Per source: the block ids live transfer sides hold (a set: claims and frees run at C speed)."""
         self.contested: dict[tuple[str, int], list[Key]] = {}

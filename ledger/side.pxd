@@ -12,6 +12,10 @@ cpdef object completed_by(Side t)
 cpdef object due_at(Side t)
 cpdef object layers_mask(tuple layers)
 cdef unsigned long long _ONE
+cdef unsigned long long _M1, _M2, _M4, _H01, _MASK64
+
+@cython.locals(x=cython.ulonglong)
+cpdef int count64(unsigned long long mask) except? -1
 
 @cython.locals(mask=cython.ulonglong, item=object, layer=cython.long)
 cpdef unsigned long long low_layers_mask(tuple layers) except? 0

@@ -14,7 +14,7 @@ from ledger.limits import LAYERS_MAX
 from ledger.transfer_state import TransferState, bits
 
 __all__ = [
-    "Evidence", "TransferState", "awaits_data", "bits", "completed_by", "copies", "due_at", "is_complete",
+    "Evidence", "TransferState", "awaits_data", "bits", "completed_by", "copies", "count64", "due_at", "is_complete",
     "layers_mask", "local_exceeds_remote", "low_layers_mask", "requests_of", "wide_masks",
 ]  # fmt: skip
 
@@ -63,6 +63,24 @@ def low_layers_mask(layers: tuple[int, ...]) -> int:
     except OverflowError:
         return 0
     return mask
+
+
+_M1 = 0x5555555555555555
+_M2 = 0x3333333333333333
+_M4 = 0x0F0F0F0F0F0F0F0F
+_H01 = 0x0101010101010101
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+"""`count64`'s constants: names, not literals, so that compiled they are 64-bit C constants (ledger/side.pxd)."""
+
+
+def count64(mask: int) -> int:
+    """The set bits of `mask`, a mask below 2**64 (as `int.bit_count`): compiled, C arithmetic on a 64-bit
+    integer, where `bit_count` is a method call on an int object (the fold's fast path counts acked layers
+    so). Interpreted, the same arithmetic, masked to 64 bits."""
+    x = mask - ((mask >> 1) & _M1)
+    x = (x & _M2) + ((x >> 2) & _M2)
+    x = (x + (x >> 4)) & _M4
+    return ((x * _H01) & _MASK64) >> 56
 
 
 Evidence: TypeAlias = Literal["release_acks", "all_written", "recv", "whole_read", "all_read"]

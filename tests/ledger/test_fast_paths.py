@@ -15,7 +15,11 @@ from ledger.fold import LedgerState, fold_all
 from ledger.limits import LAYERS_MAX
 from ledger.side import layers_mask, low_layers_mask
 from ledger.synth import SynthConfig, generate
+from tests.ledger.builders import Side
 from tests.ledger.histories import history
+
+P = "prefill-0/tp0"
+T = "tx-1"
 
 SHIFT = 64
 """Every valid layer moved by this: past the fast paths' 64-bit masks, inside LAYERS_MAX (the invalid ones,
@@ -75,3 +79,28 @@ def test_shifted_layers_take_the_general_path_and_decide_the_same() -> None:
 def test_shifted_layers_decide_the_same_on_random_histories(seed: int) -> None:
     events = history(seed)
     assert _outcome(events) == _outcome([_shifted(e) for e in events])
+
+
+def test_a_side_with_layers_past_63_already_takes_the_general_path_for_low_layers_too() -> None:
+    """A side of a model of more than 64 layers: once a layer past 63 is scheduled, its mask no longer fits
+    the fast paths' 64-bit integers, and a later schedule or ack of a low layer takes the handler's path (the
+    compiled fast path must not raise or drop a bit). The same history with that layer moved below 64
+    decides the same."""
+
+    def events(high: int) -> list[Event]:
+        side = Side(P)
+        return [
+            side.map(T, "r", role="producer", mode="write"),
+            side.schedule(T, layers=(high,), op="write"),
+            side.schedule(T, layers=(1,), op="write"),
+            side.ack(T, what="write", layers=(1,)),
+            side.seal(T, expected=2),
+            side.ack(T, what="write", layers=(high,)),
+        ]
+
+    wide, narrow = events(high=100), events(high=6)
+    state, releases = fold_all(wide, LedgerState())
+    assert [(r.cause, r.why) for r in releases] == [("completed", "completed")]
+    side = state.transfers[(P, T)]
+    assert side.scheduled_mask == side.acked_mask == (1 << 100) | (1 << 1)
+    assert _outcome(wide) == _outcome(narrow)
