@@ -159,6 +159,7 @@ def encode_taken(document: Document) -> bytes:
         msgspec.structs.replace(
             document,
             transfers=_chunks_encoded(document.transfers),
+            deadlines=[d[:4] for d in document.deadlines],
             orphan_tombstones=_chunks_encoded(document.orphan_tombstones),
             orphan_tombstones_old=_chunks_encoded(document.orphan_tombstones_old),
         )
@@ -181,7 +182,9 @@ def take(state: LedgerState) -> Document:
         transfers=_stored(sides),
         live=list(state.live),
         unmapped=list(state.unmapped),
-        deadlines=[d[:4] for d in state.deadlines],  # without their sides: decoding finds them
+        # The heap's entries as they are, each still holding its side (a copy of the list: what the lock
+        # must cover); `encode_taken` writes the first four of each, and decoding finds the sides again.
+        deadlines=cast(list[tuple[float, int, str, TransferId]], list(state.deadlines)),
         held=[(source, sorted(blocks)) for source, blocks in state.held.items()],
         contested=[(source, block, list(keys)) for (source, block), keys in state.contested.items()],
         double_owned=[(key, list(owners)) for key, owners in state.double_owned.items()],

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ledger.events import Ack, Event, Schedule
 from ledger.fold import LedgerState, fold_all
 from ledger.limits import LAYERS_MAX
-from ledger.side import layers_mask, low_layers_mask
+from ledger.side import count64, layers_mask, low_layers_mask
 from ledger.synth import SynthConfig, generate
 from tests.ledger.builders import Side
 from tests.ledger.histories import history
@@ -33,6 +33,12 @@ def test_low_layers_mask_is_layers_mask_below_64_and_zero_otherwise(layers: list
         assert found == layers_mask(tuple(layers))
     else:
         assert found == 0
+
+
+@given(st.integers(0, 2**64 - 1))
+def test_count64_counts_the_set_bits_of_a_64_bit_mask(mask: int) -> None:
+    """The fast path's count of acked layers, compiled C arithmetic, is `int.bit_count` up to 64 bits."""
+    assert count64(mask) == mask.bit_count()
 
 
 def _shifted(event: Event) -> Event:
