@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from heapq import heappush
 from typing import Final
 
 from ledger.compiled import declared_fields
 from ledger.decisions import Cause, Key, Release, Why
 from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal
 from ledger.lifecycle import ACKS_A_SIDE_RECEIVES, DECIDED, NEXT_PHASE, Phase
-from ledger.limits import DEADLINE_HEAP_SLACK, FORGED_KEPT_MAX, LAYER_MASKS_CACHED_MAX, RANKS_MAX
+from ledger.limits import FORGED_KEPT_MAX, LAYER_MASKS_CACHED_MAX, RANKS_MAX
 from ledger.side import TransferState, completed_by, count64, layers_mask, local_exceeds_remote, low_layers_mask
 from ledger.upkeep import Upkeep
 
@@ -198,8 +197,9 @@ class Fold(Upkeep):
     def _hold(self, t: TransferState, key: Key, e: Map, deadline: float) -> Release | None:
         """A mapped side holds its blocks until its decision: live, its block claims, its deadline."""
         self.live[key] = t
-        # A third of all events are maps: the common claim (no block held by another side) and the
-        # deadline push are `_claim_blocks`'s and `_push_deadline`'s first lines, inlined.
+        # A third of all events are maps: the common claim (no block held by another side) is
+        # `_claim_blocks`'s first lines, inlined; the deadline is pushed by `_push_deadline` (a C call
+        # compiled, and the one place a heap entry is made).
         # Loops, not `isdisjoint` and `update`: compiled, they are C calls on the set (a method call
         # allocates an iterator, and the collector counts it).
         blocks = e.block_ids
@@ -220,9 +220,7 @@ class Fold(Upkeep):
                     break
             else:
                 self.blocks_held += len(blocks)
-        heappush(self.deadlines, (deadline, e.seq, e.source, e.transfer_id, t))
-        if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
-            self._sweep_deadlines()
+        self._push_deadline(deadline, e.seq, t)
         if local_exceeds_remote(e):
             return self._decide(t, "failed", e.seq, e.ts, REASON_LOCAL_EXCEEDS_REMOTE, "local_exceeds_remote")
         return None
