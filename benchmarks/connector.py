@@ -39,6 +39,7 @@ import zmq  # noqa: E402
 from connector.assemble import build_scheduler, build_worker  # noqa: E402
 from connector.compiled import compiled  # noqa: E402
 from connector.config import ConnectorConfig, PeerEngine  # noqa: E402
+from connector.groups import flatten_groups  # noqa: E402
 from connector.limits import HOOK_CALL_BOUND_S  # noqa: E402
 from connector.messages import ReleaseBlocks, encode  # noqa: E402
 from connector.params import TransferParams, parse_params  # noqa: E402
@@ -81,17 +82,20 @@ def hook_cost() -> tuple[float, float, float, float]:
         calls.append((time.perf_counter_ns() - start) / 1000)
         return out
 
-    def request() -> tuple[ReqId, dict[str, object], range]:
+    def request() -> tuple[ReqId, dict[str, object], tuple[list[int]]]:
         """What vLLM holds of a finished prefill before the hook is called: its id, its raw
-        kv_transfer_params and its blocks (made outside the timed window: the engine makes them, not us)."""
+        kv_transfer_params and its block ids as vLLM hands them to request_finished_all_groups, a list per
+        KV cache group (made outside the timed window: the engine makes them, not us)."""
         nonlocal serial
         serial += 1
-        blocks = range(serial * BLOCKS_PER_TRANSFER, (serial + 1) * BLOCKS_PER_TRANSFER)
-        return ReqId(f"p-{serial}"), {"transfer_id": f"tx-{serial}", "do_remote_decode": True}, blocks
+        blocks = list(range(serial * BLOCKS_PER_TRANSFER, (serial + 1) * BLOCKS_PER_TRANSFER))
+        return ReqId(f"p-{serial}"), {"transfer_id": f"tx-{serial}", "do_remote_decode": True}, (blocks,)
 
-    def finish(request_id: ReqId, raw: dict[str, object], blocks: range) -> None:
-        # The adapter parses the params inside request_finished (connector/vllm_connector.py): timed with it.
-        core.on_request_finished(request_id, parse_params(raw), blocks, now)
+    def finish(request_id: ReqId, raw: dict[str, object], per_group: tuple[list[int]]) -> None:
+        # The adapter parses the params and flattens the groups' block ids inside request_finished
+        # (connector/vllm_connector.py): timed with it.
+        flat, groups = flatten_groups(per_group)
+        core.on_request_finished(request_id, parse_params(raw), flat, now, block_groups=groups)
 
     live: list[ReqId] = []
     for _ in range(LIVE_TRANSFERS):

@@ -44,3 +44,6 @@ cdef class Fold(Upkeep):
     cdef _check_complete(self, Side t, object seq, object ts)
     @cython.locals(blocks=tuple, held=set, m=Map)
     cdef _decide(self, Side t, object cause, object seq, object ts, object reason, object why)
+
+
+cpdef apply_all(Fold state, list events, list out)

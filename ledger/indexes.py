@@ -5,8 +5,8 @@ O(1) or O(blocks of the side), so an event's cost does not grow with the number 
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
+from heapq import heapify, heappush
 
 from ledger.decisions import Key
 from ledger.events import ReqId, TransferId
@@ -208,7 +208,8 @@ class Indexes:
 
     def _push_deadline(self, deadline: float, map_seq: int, t: TransferState) -> None:
         """A live side's (new) deadline; stale entries are swept once they dominate the heap."""
-        heapq.heappush(self.deadlines, (deadline, map_seq, t.source, t.transfer_id, t))
+        # The name imported, not `heapq.heappush`: compiled, a module attribute lookup was a tenth of a map's push.
+        heappush(self.deadlines, (deadline, map_seq, t.source, t.transfer_id, t))
         if len(self.deadlines) > DEADLINE_HEAP_SLACK * (len(self.live) + 16):
             self._sweep_deadlines()
 
@@ -218,7 +219,7 @@ class Indexes:
             t = d[4]
             if due_at(t) == d[0]:
                 kept.append(d)
-        heapq.heapify(kept)
+        heapify(kept)
         self.deadlines = kept
 
     def put_deadlines(self, entries: list[tuple[float, int, str, TransferId]]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ledger.decisions import Release
 from ledger.events import Event, Expire
-from ledger.fold import LedgerState
+from ledger.fold import LedgerState, apply_all
 from ledger.limits import LOG_EVENTS_RETAINED_MAX, MAINTENANCE_INTERVAL_S
 from ledger.log import EventLog
 
@@ -66,8 +66,8 @@ class Ledger:
         """Append and fold a batch under one lock; returns the releases it caused."""
         batch = list(events)  # numbered in place: the caller's own list stays as given
         with self._lock:
-            # filter(None, ...) keeps the releases: a Release is always truthy, None is not.
-            out: list[Release] = list(filter(None, map(self.state.apply, self.log.extend_held(batch))))
+            out: list[Release] = []
+            apply_all(self.state, self.log.extend_held(batch), out)
             self._outbox.extend(out)
         return out
 
