@@ -1,9 +1,11 @@
 """Offline replay throughput and peak memory on generated incident logs (1M and 10M events).
 
 Run: python benchmarks/replay.py [--events N] [--dir DIR]. The log is generated here (never
-committed). Baseline in the same run: decoding the same file with msgspec alone, to show
-what fraction of replay time goes to folding. Peak memory is measured in a fresh child
-process per log size (ru_maxrss), so 1M and 10M are comparable. Ends with one JSON line.
+committed). Baselines in the same run: decoding the same file with msgspec alone, to show
+what fraction of replay time goes to folding, and decoding the 1M log's events as msgpack
+(`decode_only_msgpack_events_per_s`, the store's encoding): what a replay's decoding costs at
+its cheapest. Peak memory is measured in a fresh child process per log size (ru_maxrss), so
+1M and 10M are comparable. Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -56,6 +58,17 @@ def decode_only(path: Path) -> tuple[int, float]:
     return n, time.perf_counter() - start
 
 
+def decode_only_msgpack(path: Path) -> tuple[int, float]:
+    """The same events as msgpack (the store's encoding of a body), decoded in lists of CHUNK by msgspec: the
+    other decoding a replay has, timed alone (only the decoding; the encoding is made before)."""
+    encode = msgspec.msgpack.Encoder().encode
+    chunks = [encode(chunk) for chunk in read_chunks(path)]
+    decode = msgspec.msgpack.Decoder(list[Event]).decode
+    start = time.perf_counter()
+    n = sum(len(decode(chunk)) for chunk in chunks)
+    return n, time.perf_counter() - start
+
+
 def fold(path: Path) -> dict[str, float]:
     """Replay in this process; report throughput, live sides at the end and peak RSS."""
     start = time.perf_counter()
@@ -71,10 +84,10 @@ def fold(path: Path) -> dict[str, float]:
     }
 
 
-def fold_in_child(path: Path) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child-fold", str(path)], capture_output=True, text=True, check=True
-    )
+def in_child(flag: str, path: Path) -> dict[str, float]:
+    """`fold` (--child-fold) or `decode_only_msgpack` (--child-msgpack) of `path` in a fresh process: a child
+    starts with the peak memory of the process it was forked from (ru_maxrss survives exec)."""
+    out = subprocess.run([sys.executable, __file__, flag, str(path)], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -85,9 +98,14 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where to write the logs (default: a temp dir)")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--child-fold", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-msgpack", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_fold is not None:
         print(json.dumps(fold(args.child_fold)))
+        return
+    if args.child_msgpack is not None:
+        events, seconds = decode_only_msgpack(args.child_msgpack)
+        print(json.dumps({"events": events, "seconds": seconds}))
         return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         figures: dict[str, object] = {}
@@ -97,7 +115,7 @@ def main() -> None:
             n = make_log(path, size, args.seed)
             made_s = time.perf_counter() - start
             decoded, decode_s = decode_only(path)
-            child = fold_in_child(path)
+            child = in_child("--child-fold", path)
             assert child["events"] == decoded == n
             print(
                 f"{label}: {n:,} events ({path.stat().st_size / 1e6:,.0f} MB, made in {made_s:.1f}s); "
@@ -107,6 +125,10 @@ def main() -> None:
             figures[f"events_{label}"] = n
             figures[f"peak_mb_{label}"] = round(child["peak_mb"], 1)
             figures[f"sides_in_memory_{label}"] = child["sides_in_memory"]
+            if label == "1m":
+                msgpack = in_child("--child-msgpack", path)  # its copies would raise the next child's peak
+                assert msgpack["events"] == n
+                figures["decode_only_msgpack_events_per_s"] = round(n / msgpack["seconds"])
             if label == "10m":
                 figures["events_per_s"] = round(n / child["seconds"])
                 figures["decode_only_events_per_s"] = round(n / decode_s)
