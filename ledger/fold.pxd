@@ -46,4 +46,4 @@ cdef class Fold(Upkeep):
     cdef _decide(self, Side t, object cause, object seq, object ts, object reason, object why)
 
 
-cpdef apply_all(Fold state, list events, list out)
+cpdef apply_all(Fold state, object events, list out)

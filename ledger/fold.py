@@ -501,10 +501,11 @@ def fold(state: LedgerState, event: Event) -> LedgerState:
     return state
 
 
-def apply_all(state: Fold, events: list[Event], out: list[Release]) -> None:
-    """Fold `events` in order into `state`, appending each release they cause to `out`. Compiled (fold.pxd),
-    one C loop that calls `apply` as a C method: a batch's events each cost a Python call otherwise (the
-    bound method looked up, its arguments parsed), a twentieth of an append's work."""
+def apply_all(state: Fold, events: Iterable[Event], out: list[Release]) -> None:
+    """Fold `events` in order into `state` (a list, or a stream folded as it comes), appending each release
+    they cause to `out`. Compiled (fold.pxd), one C loop that calls `apply` as a C method (a list walked by
+    index): a batch's events each cost a Python call otherwise (the bound method looked up, its arguments
+    parsed), a twentieth of an append's work."""
     for event in events:
         release = state.apply(event)
         if release is not None:
@@ -515,9 +516,5 @@ def fold_all(events: Iterable[Event], state: LedgerState | None = None) -> tuple
     """Fold a whole stream; return the state and every release in decision order."""
     state = LedgerState() if state is None else state
     releases: list[Release] = []
-    apply = state.apply
-    for event in events:  # a stream, folded as it comes: `apply_all` takes a list
-        release = apply(event)
-        if release is not None:
-            releases.append(release)
+    apply_all(state, events, releases)
     return state, releases
