@@ -1,0 +1,21 @@
+"""Which partition a transfer's events belong to: the one function every splitter uses.
+
+The unit of scale is a partition of the log by transfer (both sides of a transfer carry the same
+`transfer_id`, so every per-transfer rule stays inside one partition). Replay's `--jobs`, the service's
+parallel startup and the NATS subjects all split by this function, so a transfer lands in the same
+partition everywhere. It is crc32 of the id's UTF-8 bytes, not Python's `hash`, which is salted per
+process and would send one transfer to different partitions in different processes.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from ledger.events import TransferId
+
+
+def partition_of(transfer_id: TransferId | str, partitions: int) -> int:
+    """The partition, in `range(partitions)`, that holds every event of `transfer_id`."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got {partitions}")
+    return zlib.crc32(transfer_id.encode("utf-8")) % partitions
