@@ -28,6 +28,7 @@ def build_worker(config: ConnectorConfig, *, context: zmq.Context[Any] | None = 
         context=context,
         key=config.control_key,
         may_receive_from=config.may_receive_from,
+        next_key=config.control_key_next,
     )
     try:
         transport = make_transport(config.backend, config.host, config.my_port(config.transport_port))

@@ -12,6 +12,7 @@ are called from one thread (the worker's), which owns the outgoing sockets.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import queue
 import threading
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import zmq
 
 from connector import messages
@@ -49,7 +51,15 @@ class Dropped:
     transfer_id: str | None
     sender: str
     reason: str
-    """`bad_mac` or `sender_not_allowed`."""
+    """`bad_mac`, `sender_not_allowed` or `wrong_receiver` (signed for another rank: a replay)."""
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _type_of(message: Message) -> str:
@@ -68,8 +78,13 @@ class Channel:
         context: zmq.Context[Any] | None = None,
         key: bytes | None = None,
         may_receive_from: Callable[[str], bool] | None = None,
+        next_key: bytes | None = None,
     ) -> None:
         self._key = key
+        self._next_key = next_key if key is not None else None
+        """Also accepted, never signed with: the second key of a rotation (docs/security.md)."""
+        self._host = host
+        self._any_interface = ipaddress.ip_address(host).is_unspecified if _is_ip(host) else False
         self._may_receive_from = may_receive_from
         self.dropped: deque[Dropped] = deque(maxlen=FORGED_RECORDS_MAX)
         """Refused control messages not yet recorded by the worker (oldest forgotten past the bound)."""
@@ -126,8 +141,9 @@ class Channel:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(f"tcp://{host}:{port}")
             self._dealers[(host, port)] = sock
+        addressed = msgspec.structs.replace(message, receiver=f"{host}:{port}")
         try:
-            sock.send(messages.encode(messages.sign(message, self._key)), zmq.NOBLOCK)
+            sock.send(messages.encode(messages.sign(addressed, self._key)), zmq.NOBLOCK)
         except zmq.Again:
             self.counters["send_dropped_queue_full"] += 1
             log.warning("notification to %s:%s dropped: send queue full", host, port)
@@ -146,7 +162,8 @@ class Channel:
         sock.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES_HARD_MAX)
         try:
             sock.connect(f"tcp://{host}:{port}")
-            sock.send(messages.encode(messages.sign(HandshakeRequest(sender=sender), self._key)))
+            request = HandshakeRequest(sender=sender, receiver=f"{host}:{port}")
+            sock.send(messages.encode(messages.sign(request, self._key)))
             if not sock.poll(int(timeout_s * 1000)):
                 self.counters["handshake_timeout"] += 1
                 return None
@@ -157,7 +174,7 @@ class Channel:
             self.counters["handshake_bad_reply"] += 1
             log.warning("handshake with %s:%s: unusable reply %r", host, port, reply)
             return None
-        if not messages.authentic(reply, self._key):
+        if not messages.authentic(reply, self._key, self._next_key):
             self._refuse(reply, f"{host}:{port}", "bad_mac")
             return None
         return reply
@@ -217,7 +234,7 @@ class Channel:
             self._handshake_socket.close(linger=0)
             self._notify_socket.close(linger=0)
 
-    def _decode(self, frames: list[zmq.Frame]) -> Message | None:
+    def _decode(self, frames: list[zmq.Frame], port: int) -> Message | None:
         """The message in `frames`, if it is well formed, from an allow-listed host, and proven by its MAC."""
         if len(frames) != 2:
             self.counters["dropped_malformed"] += 1
@@ -235,13 +252,25 @@ class Channel:
         if self._may_receive_from is not None and not self._may_receive_from(sender):
             self._refuse(message, sender, "sender_not_allowed")
             return None
-        if not messages.authentic(message, self._key):
+        if not messages.authentic(message, self._key, self._next_key):
             self._refuse(message, sender, "bad_mac")
+            return None
+        if self._key is not None and not self._addressed_here(message.receiver, port):
+            # Proven, but signed for another rank (or port): a recorded message replayed here.
+            self._refuse(message, sender, "wrong_receiver")
             return None
         return message
 
+    def _addressed_here(self, receiver: str, port: int) -> bool:
+        """Whether a message signed for `receiver` (`host:port`) was meant for this socket at `port`. Bound to
+        every interface (0.0.0.0, ::), the channel cannot tell which address a peer dialed: the port decides."""
+        host, _, port_text = receiver.rpartition(":")
+        if port_text != str(port):
+            return False
+        return host == self._host or self._any_interface
+
     def _on_handshake(self, frames: list[zmq.Frame]) -> None:
-        message = self._decode(frames)
+        message = self._decode(frames, self.handshake_port)
         if message is None:
             return
         if not isinstance(message, HandshakeRequest) or self._metadata is None:
@@ -254,7 +283,7 @@ class Channel:
         self._handshake_socket.send_multipart([frames[0].bytes, self._metadata])
 
     def _on_notify(self, frames: list[zmq.Frame]) -> None:
-        message = self._decode(frames)
+        message = self._decode(frames, self.notify_port)
         if message is None:
             return
         if isinstance(message, HandshakeRequest | HandshakeMetadata):

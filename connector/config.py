@@ -6,7 +6,7 @@ Key names follow MoRIIO where the meaning is the same (`read_mode`,
 `transport_port`, `peers`, `peer_tp_size`, `incident_log_dir` (each process appends
 its events to a JSONL incident log there), `control_key_env` / `control_key_file`
 (where the HMAC key of control messages is: an environment variable's name, or a
-file) and one test hook,
+file; `control_key_next_env` / `control_key_next_file` a second key accepted during a rotation) and one test hook,
 `test_hook_received_kv` (`module:function`, called with the blocks each completed receive loaded: the e2e
 tests' negative control overwrites them with noise; never in production; see `hooks.py`).
 A bad value raises `ConfigError` naming the key, so a typo stops the engine at start instead of in the first transfer.
@@ -98,6 +98,9 @@ class ConnectorConfig:
     control_key: bytes | None = field(default=None, repr=False, compare=False)
     """The shared HMAC key for control messages (from `control_key_env` or `control_key_file`); None: the
     control messages travel unauthenticated, and the connector says so at start."""
+    control_key_next: bytes | None = field(default=None, repr=False, compare=False)
+    """A second key accepted (never signed with) while a fleet rotates (`control_key_next_env` / `_file`):
+    docs/security.md gives the three steps."""
     allowed: frozenset[tuple[str, int]] = field(default=frozenset(), compare=False)
 
     def __post_init__(self) -> None:
@@ -336,41 +339,71 @@ KNOWN_KEYS = frozenset(
         "test_hook_received_kv",
         "control_key_env",
         "control_key_file",
+        "control_key_next_env",
+        "control_key_next_file",
         "kv_lease_duration",
         "kv_lease_max",
     }
 )
 
 
-def _control_key(extra: Mapping[str, Any]) -> bytes | None:
-    """The HMAC key named by `control_key_env` (an environment variable) or `control_key_file` (a file)."""
+def key_bytes(raw: bytes) -> bytes:
+    """The one rule for a control key's bytes, from either source: exactly as given, less one trailing line
+    ending (`\\n` or `\\r\\n`: what `echo` and editors add). Nothing else is stripped, so a binary key keeps
+    its whitespace bytes, and an environment variable and a file holding the same line give the same key."""
+    if raw.endswith(b"\r\n"):
+        return raw[:-2]
+    if raw.endswith(b"\n"):
+        return raw[:-1]
+    return raw
+
+
+def _control_key(extra: Mapping[str, Any], prefix: str = "control_key") -> bytes | None:
+    """The HMAC key named by `<prefix>_env` (an environment variable, read as bytes) or `<prefix>_file` (a
+    file), under `key_bytes`'s rule; None if neither is named."""
     import os
 
-    env, path = extra.get("control_key_env"), extra.get("control_key_file")
+    env_name, file_name = f"{prefix}_env", f"{prefix}_file"
+    env, path = extra.get(env_name), extra.get(file_name)
     if env is not None and path is not None:
-        raise ConfigError(f"{_key('control_key_env')} and {_key('control_key_file')}: name one, not both")
+        raise ConfigError(f"{_key(env_name)} and {_key(file_name)}: name one, not both")
     if env is not None:
-        if not isinstance(env, str) or not env:
-            raise ConfigError(f"{_key('control_key_env')}: expected an environment variable name, got {env!r}")
-        value = os.environ.get(env)
-        if not value:
-            raise ConfigError(f"{_key('control_key_env')}: the environment variable {env!r} is unset or empty")
-        key = value.encode()
-        name = "control_key_env"
+        if not isinstance(env, str) or not env or "=" in env or "\0" in env:
+            raise ConfigError(f"{_key(env_name)}: expected an environment variable name, got {env!r}")
+        # Bytes as the environment holds them: a value that is not UTF-8 is a key like any other (os.environ
+        # would hand it back as surrogates, which str.encode refuses).
+        raw = os.environb.get(os.fsencode(env))
+        if not raw:
+            raise ConfigError(f"{_key(env_name)}: the environment variable {env!r} is unset or empty")
+        name = env_name
     elif path is not None:
         if not isinstance(path, str) or not path:
-            raise ConfigError(f"{_key('control_key_file')}: expected a file path, got {path!r}")
+            raise ConfigError(f"{_key(file_name)}: expected a file path, got {path!r}")
         try:
             with open(path, "rb") as f:
-                key = f.read().strip()
+                raw = f.read(limits.HMAC_KEY_BYTES_MAX + 1)
         except OSError as error:
-            raise ConfigError(f"{_key('control_key_file')}: cannot read {path!r}: {error.strerror}") from None
-        name = "control_key_file"
+            raise ConfigError(f"{_key(file_name)}: cannot read {path!r}: {error.strerror}") from None
+        name = file_name
     else:
         return None
+    key = key_bytes(raw)
     if len(key) < limits.HMAC_KEY_BYTES_MIN:
         raise ConfigError(f"{_key(name)}: the key has {len(key)} bytes, at least {limits.HMAC_KEY_BYTES_MIN} needed")
+    if len(key) > limits.HMAC_KEY_BYTES_MAX:
+        raise ConfigError(f"{_key(name)}: the key has more than {limits.HMAC_KEY_BYTES_MAX} bytes")
     return key
+
+
+def _control_keys(extra: Mapping[str, Any]) -> tuple[bytes | None, bytes | None]:
+    """(the key this engine signs with, the next key it also accepts) for a rotation without dropped traffic."""
+    key, next_key = _control_key(extra), _control_key(extra, "control_key_next")
+    if next_key is not None and key is None:
+        raise ConfigError(
+            f"{_key('control_key_next_env')} / {_key('control_key_next_file')}: a next key needs a current key "
+            f"({_key('control_key_env')} or {_key('control_key_file')})"
+        )
+    return key, next_key
 
 
 def from_extra_config(
@@ -385,6 +418,7 @@ def from_extra_config(
 ) -> ConnectorConfig:
     """Validate `kv_connector_extra_config` and the engine's place; raise ConfigError naming the key."""
     extra = dict(extra or {})
+    control_key, control_key_next = _control_keys(extra)
     unknown = set(extra) - KNOWN_KEYS - IGNORED_MORIIO_KEYS
     if unknown:
         raise ConfigError(f"kv_connector_extra_config: unknown keys {sorted(unknown)}; known: {sorted(KNOWN_KEYS)}")
@@ -420,7 +454,8 @@ def from_extra_config(
         peer_tp_size=_positive_int(extra.get("peer_tp_size", 1), "peer_tp_size"),
         incident_log_dir=_directory(extra.get("incident_log_dir"), "incident_log_dir"),
         test_hook_received_kv=_hook_path(extra.get("test_hook_received_kv"), "test_hook_received_kv"),
-        control_key=_control_key(extra),
+        control_key=control_key,
+        control_key_next=control_key_next,
         dp_rank=dp_rank,
         dp_size=dp_size,
         tp_rank=tp_rank,

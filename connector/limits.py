@@ -47,8 +47,9 @@ well-known services such as PostgreSQL on 5432)."""
 EPHEMERAL_PORT_LOW_DEFAULT = 32_768
 """Linux's default start of the ephemeral range, where `ip_local_port_range` cannot be read."""
 
-MESSAGE_VERSION = 3
-"""Wire version of every notification message; a message with another version is dropped (3: the `mac`)."""
+MESSAGE_VERSION = 4
+"""Wire version of every notification message; a message with another version is dropped (3: the `mac`; 4: the
+`receiver` every message is signed for, a lease renewal's `sender`)."""
 
 FORGED_RECORDS_MAX = 1024
 """Dropped (forged or unlisted) control messages a channel keeps for the worker's next poll to record."""
@@ -142,3 +143,7 @@ LINK_WAIT_MAX = 65536
 
 HMAC_KEY_BYTES_MIN = 16
 """The shortest control-message key accepted (a shorter one is a configuration error)."""
+
+HMAC_KEY_BYTES_MAX = 4096
+"""The longest control-message key accepted: a key file is read this far and no further (a path naming a
+large file by mistake is a configuration error, not a read of the whole file)."""

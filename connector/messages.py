@@ -59,6 +59,9 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forb
     mac: bytes = b""
     """HMAC-SHA256 over the message's encoding with an empty `mac`, under the shared control key (empty
     without one)."""
+    receiver: str = ""
+    """The `host:port` the sender addressed (`Channel.send` fills it in before signing): covered by the MAC,
+    so a message recorded on its way to one rank is refused by every other (`Channel` checks it)."""
 
 
 class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):
@@ -103,6 +106,9 @@ class LeaseRenew(_Message, frozen=True, tag="lease"):
 
     transfer_ids: tuple[TransferIdText, ...]
     rank: Int64
+    sender: RankAddress | None = None
+    """The renewing consumer rank: a producer counts a renewal only from the consumer the transfer is bound
+    to (`PeerMessages._on_lease`); a renewal without it is refused."""
 
 
 class ReadIntent(_Message, frozen=True, tag="read_intent"):
@@ -181,11 +187,14 @@ def sign(message: Message, key: bytes | None) -> Message:
     return msgspec.structs.replace(message, mac=_mac(message, key))
 
 
-def authentic(message: Message, key: bytes | None) -> bool:
-    """Whether `message` carries a valid MAC under `key` (every message is, without a key)."""
+def authentic(message: Message, key: bytes | None, next_key: bytes | None = None) -> bool:
+    """Whether `message` carries a valid MAC under `key` or, during a rotation, `next_key` (every message
+    is, without a key)."""
     if key is None:
         return True
-    return bool(message.mac) and hmac.compare_digest(message.mac, _mac(message, key))
+    if not message.mac:
+        return False
+    return any(hmac.compare_digest(message.mac, _mac(message, k)) for k in (key, next_key) if k is not None)
 
 
 def transfer_of(message: Message) -> str | None:

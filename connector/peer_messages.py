@@ -13,6 +13,7 @@ from connector.limits import (
 from connector.messages import (
     LeaseRenew,
     Message,
+    RankAddress,
     ReadConfirm,
     ReadIntent,
     ReleaseBlocks,
@@ -20,6 +21,7 @@ from connector.messages import (
     WriteDone,
     WriteFailed,
 )
+from connector.metadata import PeerRef
 from connector.moves import DataMoves
 from connector.reasons import REASON_READ_REFUSED
 from connector.transports.base import Code
@@ -27,6 +29,12 @@ from connector.worker_base import RemoteTarget
 from ledger.events import Ack, Event, Fail, TransferId
 
 log = logging.getLogger(__name__)
+
+
+def consumer_of(address: RankAddress | PeerRef) -> str:
+    """A consumer engine's identity as a binding names it: its host, base notify port and dp rank (its TP
+    ranks are one consumer: each renews with its own rank, the fold's fan-in)."""
+    return f"{address.host}:{address.notify_port}/dp{address.dp_rank}"
 
 
 class PeerMessages(DataMoves):
@@ -65,10 +73,15 @@ class PeerMessages(DataMoves):
         """Producer: a consumer rank still waits for these transfers; each side this rank holds is held one
         lease from now (an `ack` what=lease the fold moves the deadline with), never past kv_lease_max from
         its map. Renewals for sides not held (decided, or never mapped here) are counted and not recorded: a
-        renewal cannot create a side."""
+        renewal cannot create a side. A renewal counts only from the consumer the side is bound to
+        (`_bound_consumer`): another peer, even one holding the key, cannot hold a transfer's blocks."""
         c = self.config
         if c.role != "producer" or not c.leases:
             self.counters["lease_renewals_ignored"] += len(message.transfer_ids)
+            return
+        sender = message.sender
+        if sender is None or sender.tp_rank != message.rank:
+            self.counters["lease_renewals_unbound"] += len(message.transfer_ids)
             return
         hold_max = max(c.defer_timeout_s, c.kv_lease_max_s) - c.defer_timeout_s
         for tid in message.transfer_ids:
@@ -76,6 +89,9 @@ class PeerMessages(DataMoves):
             m = t.map_event if t is not None else None
             if t is None or m is None or t.role != "producer":
                 self.counters["lease_renewals_for_unheld"] += 1
+                continue
+            if not self._bound_consumer(TransferId(tid), consumer_of(sender)):
+                self.counters["lease_renewals_wrong_consumer"] += 1
                 continue
             # The map's deadline is the scheduler's map time + defer_timeout: the cap is the scheduler
             # half's backstop, so the worker never holds longer than the scheduler keeps the blocks.
@@ -92,6 +108,13 @@ class PeerMessages(DataMoves):
                 )
             )
 
+    def _bound_consumer(self, tid: TransferId, consumer: str) -> bool:
+        """Whether `consumer` is the one `tid` (a live side of this rank) was handed to: the first consumer
+        that asked for it (WRITE: the metadata's peer, bound at map; READ: its first read intent or lease
+        renewal) binds it, for as long as the side lives (dropped at release)."""
+        bound = self.consumers.setdefault(tid, consumer)
+        return bound == consumer
+
     def _on_read_intent(self, message: ReadIntent, now: float, events: list[Event]) -> None:
         """Producer: answer whether this rank holds the transfer. Before a read, hold it at least a transfer
         timeout more (an `ack` what=lease: the read's own lease), so it cannot expire while the NIC reads."""
@@ -103,6 +126,9 @@ class PeerMessages(DataMoves):
         tid = TransferId(message.transfer_id)
         held = self._holds(tid)
         t = self._live(tid)
+        if held and not self._bound_consumer(tid, consumer_of(sender)):
+            self.counters["read_intents_wrong_consumer"] += 1
+            held = False  # not this peer's transfer: it may not read (nor hold) it
         if held and not message.after and t is not None and t.map_event is not None:
             cap = t.map_event.deadline - c.defer_timeout_s + max(c.defer_timeout_s, c.kv_lease_max_s)
             until = min(now + c.transfer_timeout_s, cap)

@@ -34,7 +34,7 @@ from connector.messages import (
     WriteFailed,
 )
 from connector.metadata import FailItem, LeaseItem, PeerRef, StepMetadata
-from connector.peer_messages import PeerMessages
+from connector.peer_messages import PeerMessages, consumer_of
 from connector.ports import releases_expected
 from connector.reasons import REASON_NOT_SENT
 from ledger.decisions import Release
@@ -93,6 +93,7 @@ class WorkerCore(PeerMessages):
         for save in meta.save:
             if save.peer is not None:
                 self.peers[save.transfer_id] = save.peer
+                self.consumers.setdefault(save.transfer_id, consumer_of(save.peer))
             if save.prompt_digest is not None:
                 self.digests[save.transfer_id] = save.prompt_digest
             events.append(
@@ -159,7 +160,8 @@ class WorkerCore(PeerMessages):
         for peer, tids in by_peer.items():
             for start in range(0, len(tids), LEASE_IDS_PER_MESSAGE_MAX):
                 chunk = tuple(tids[start : start + LEASE_IDS_PER_MESSAGE_MAX])
-                if self._tell_holders(peer, LeaseRenew(transfer_ids=chunk, rank=rank)):
+                renewal = LeaseRenew(transfer_ids=chunk, rank=rank, sender=self.config.rank_address)
+                if self._tell_holders(peer, renewal):
                     self.counters["lease_renewals_sent"] += len(chunk)
                 else:
                     self.counters["lease_renewals_not_sent"] += len(chunk)
@@ -312,6 +314,7 @@ class WorkerCore(PeerMessages):
             self._step_saves.pop(tid, None)
             peer = self.peers.pop(tid, None)
             self.digests.pop(tid, None)
+            self.consumers.pop(tid, None)
             self._unreported.add(release)
             if release.role == "producer":
                 if release.mode == "write":

@@ -97,6 +97,9 @@ class WorkerBase:
         self.inflight: dict[TransferId, Inflight] = {}
         self.peers: dict[TransferId, PeerRef] = {}
         """The peer of each live transfer, from the metadata (I/O addressing, dropped at release)."""
+        self.consumers: dict[TransferId, str] = {}
+        """Producer: the consumer each live side is bound to (`PeerMessages._bound_consumer`; dropped at
+        release): the only one whose lease renewals and read intents count."""
         self.digests: dict[TransferId, str] = {}
         """WRITE: each live transfer's prompt digest, from the metadata (dropped at release): what a
         consumer's remote_blocks must match before anything is written there."""

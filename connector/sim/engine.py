@@ -123,6 +123,7 @@ class SimEngine:
                 network=network,
                 key=config.control_key,
                 may_receive_from=config.may_receive_from,
+                next_key=config.control_key_next,
             )
         except BaseException:
             for ledger in ledgers:

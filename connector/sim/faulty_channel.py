@@ -47,9 +47,17 @@ class FaultyChannel(Channel):
         context: zmq.Context[Any] | None = None,
         key: bytes | None = None,
         may_receive_from: Callable[[str], bool] | None = None,
+        next_key: bytes | None = None,
     ) -> None:
         super().__init__(
-            host, handshake_port, notify_port, may_dial, context=context, key=key, may_receive_from=may_receive_from
+            host,
+            handshake_port,
+            notify_port,
+            may_dial,
+            context=context,
+            key=key,
+            may_receive_from=may_receive_from,
+            next_key=next_key,
         )
         self.address = (host, self.notify_port)
         self.network = network

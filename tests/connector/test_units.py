@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 import torch
 import zmq
@@ -215,7 +216,8 @@ def test_channel_drops_bad_messages_and_keeps_listening() -> None:
         good = ReleaseBlocks(transfer_id=TransferId("tx-9"), rank=0, consumer_tp_size=1)
         assert sender.send("127.0.0.1", notify, good)
         assert _wait_for(lambda: listener.counters["received"] == 1)
-        assert listener.drain() == [good]
+        # Delivered as sent, addressed to the listener (the receiver the MAC covers when a key is set).
+        assert listener.drain() == [msgspec.structs.replace(good, receiver=f"127.0.0.1:{notify}")]
         assert listener.counters["dropped_malformed"] == 2 and listener.counters["dropped_oversized"] == 1
         with pytest.raises(PeerNotAllowed):
             sender.send("127.0.0.1", hs, good)
