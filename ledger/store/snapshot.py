@@ -9,6 +9,7 @@ then refolds from the start) rather than silently dropping a field.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from typing import Protocol, TypeVar, cast
@@ -16,15 +17,17 @@ from typing import Protocol, TypeVar, cast
 import msgspec
 
 from ledger.decisions import Cause, Key
-from ledger.events import TransferId
+from ledger.events import Drop, TransferId
 from ledger.fold import LedgerState
 from ledger.idmemory import IdMemory
+from ledger.limits import FORGED_KEPT_MAX
 from ledger.side import TransferState, copies, wide_masks
 from ledger.tombstone import Compacted
 
-FORMAT = 10
+FORMAT = 11
 """Bumped whenever the encoding below changes (9: the id memory's bits are set by `key_hash`, no longer
-blake2b, so an older snapshot's filter would answer wrongly; 10: sides written as `TransferState` arrays)."""
+blake2b, so an older snapshot's filter would answer wrongly; 10: sides written as `TransferState` arrays;
+11: `forged_recent` written, so that the audit's forged_message findings survive a restart)."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
@@ -34,8 +37,8 @@ _STATE_FIELDS = frozenset({
     "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent", "sides_of",
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `layer_masks` and `sides_of` (`transfers` by source) are
-rebuilt, not written, and
-`forged_recent` (audit evidence of dropped forged messages) starts empty again: their counts are kept."""
+rebuilt, not written. `forged_recent` (the drops the audit's forged_message findings name) is written whole:
+a finding that lives in the fold's state must read the same after a snapshot round trip."""
 _COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason", "lease_counts")
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
 
@@ -127,6 +130,8 @@ class Document(msgspec.Struct, kw_only=True):
     reused_after_eviction: int
     releases_by_cause: list[tuple[Cause, int]]
     blocks_held: int
+    forged_recent: list[Drop] = []
+    """The fold's recent `drop` events, oldest first (its bound, `FORGED_KEPT_MAX`, is restored with it)."""
     decided: list[tuple[float, int]] = []
     """(decision ts, the side's index in `transfers`): no key to build and hash again per entry on decoding."""
     counters: dict[str, list[tuple[str, int]]] = {}
@@ -206,6 +211,7 @@ def take(state: LedgerState) -> Document:
         reused_after_eviction=state.reused_after_eviction,
         releases_by_cause=list(state.releases_by_cause.items()),
         blocks_held=state.blocks_held,
+        forged_recent=list(state.forged_recent),
         decided=[(ts, index[id(t)]) for ts, _, _, t in state.decided],
         counters={name: list(getattr(state, name).items()) for name in counters},
     )
@@ -280,6 +286,7 @@ def decode(body: bytes | memoryview) -> LedgerState:
     state.releases_by_cause = dict(doc.releases_by_cause)
     state.blocks_held = doc.blocks_held
     state.put_decided(doc.decided, sides)
+    state.forged_recent = deque(doc.forged_recent, maxlen=FORGED_KEPT_MAX)
     for name in _COUNTER_FIELDS:
         if hasattr(state, name) != (name in doc.counters):
             raise SnapshotFormatError(f"LedgerState field {name} appeared or went since the snapshot")
