@@ -72,6 +72,24 @@ HANDSHAKE_TIMEOUT_S = 5.0
 TRANSPORT_POLL_MS = 1
 """How long the tcp transport's I/O threads sleep in poll when idle (latency of a new request)."""
 
+TRANSPORT_STAGING_BYTES = 16 << 20
+"""Bytes of one staging buffer of the tcp transport (device regions' bytes go through host memory): a chunk
+of a request larger than this is staged on its own. 16 MiB takes ~8 ms on a 2 GB/s wire, so a chunk's fixed
+costs (a kernel launch, one stream sync: tens of us) stay under 1% of it; a layer's blocks of one request
+(the issue's 32-256 MiB over 8-32 layers: at most 8 MiB) fit one chunk. Per transport: one device buffer
+and TRANSPORT_STAGING_BUFFERS + 1 pinned host buffers per I/O thread (two threads), allocated on first use:
+32 MiB of device memory and 96 MiB pinned at this size."""
+
+TRANSPORT_STAGING_BUFFERS = 2
+"""Pinned send buffers per I/O thread: zmq sends one request's slices from one while the next request (a
+WRITE's next layer) is gathered into the other. With both still on the wire, a chunk is staged into a one-off
+host buffer (counted, never waited for): its memory is bounded by zmq's queue as any queued message is."""
+
+TRANSPORT_STAGING_INDEX_MAX = 1 << 18
+"""Most index entries of one device-side gather (an int64 each: 2 MiB). A chunk's ops are gathered in units
+of the largest size dividing every offset and size (a KV block's bytes, typically); ops so ragged that a chunk
+needs more units than this are copied op by op on the device instead (still one host copy and one sync)."""
+
 TRANSPORT_FRAME_BYTES_MAX = 64 << 20
 """Largest single op the tcp transport accepts (a KV block of one layer is far below this)."""
 

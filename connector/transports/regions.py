@@ -1,4 +1,5 @@
-"""A registered KV tensor as flat bytes: zero-copy views on CPU, host staging for device tensors."""
+"""A registered KV tensor as flat bytes: zero-copy views on CPU; a device tensor's bytes are staged through
+host memory (staging.py batches a request's ops into one copy; view/store here copy op by op)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ class TensorRegion:
     ops name bytes the tensor really covers.
     """
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    def __init__(self, tensor: torch.Tensor, *, staged: bool | None = None) -> None:
         if tensor.dim() == 0:
             raise RegionError("a KV region must have at least one dim")
         extent = 0
@@ -36,6 +37,11 @@ class TensorRegion:
         flat.set_(tensor.untyped_storage(), tensor.storage_offset() * tensor.element_size(), (extent,), (1,))
         self.flat = flat
         self.on_host = tensor.device.type == "cpu"
+        self.staged = not self.on_host if staged is None else staged
+        """Whether a transport moves this region's bytes through its staging buffers (staging.py): every device
+        region; a CPU region only where asked (tests run the device path's gather and scatter on CPU)."""
+        if not self.on_host and not self.staged:
+            raise RegionError(f"a {tensor.device.type} region has no host bytes to address: it must be staged")
         self._array: Any = flat.numpy() if self.on_host else None
 
     def check(self, offset: int, size: int) -> None:

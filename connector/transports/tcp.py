@@ -5,7 +5,8 @@ of the registered tensors, zero-copy on CPU) and applies their writes, and a
 client I/O thread that owns every outgoing socket, sends queued batches and
 completes handles from the replies. The caller's thread only queues work and
 wakes the client through a pipe, so `read`/`write` never block on the network.
-Device tensors go through host staging (regions.py).
+A device region's bytes go through host staging (staging.py): one gather, one copy and one sync per
+request, done on the I/O threads (never the caller's), with the next request staged while zmq sends the last.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from connector.limits import (
     TRANSPORT_FRAME_BYTES_MAX,
     TRANSPORT_INFLIGHT_MAX,
     TRANSPORT_OPS_PER_REQUEST_MAX,
+    TRANSPORT_STAGING_BYTES,
 )
 from connector.transports.base import (
     SUCCEEDED,
@@ -44,6 +46,7 @@ from connector.transports.base import (
     failed,
 )
 from connector.transports.regions import RegionError, TensorRegion
+from connector.transports.staging import Staging, StagingCounts, ready_marker
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,10 @@ class _Job:
     frames: list[Any]
     handle: TransferHandle
     read_into: tuple[TensorRegion, list[Op]] | None
+    stage_from: tuple[TensorRegion, list[Op]] | None = None
+    """A staged region's write: its payload is gathered on the client thread, just before it is sent."""
+    ready: Any = None
+    """staging.ready_marker at submission: the transport's stream waits for the caller's work on the region."""
 
 
 class TcpTransport:
@@ -98,8 +105,23 @@ class TcpTransport:
     one_sided = False
     """The producer serves each read, so it refuses one for a transfer it no longer holds."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, context: zmq.Context[Any] | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        context: zmq.Context[Any] | None = None,
+        staging_bytes: int = TRANSPORT_STAGING_BYTES,
+        stage_host_regions: bool = False,
+    ) -> None:
+        """`staging_bytes`: the size of each staging buffer (limits.TRANSPORT_STAGING_BYTES says why).
+        `stage_host_regions`: move CPU regions through the staging path too, as device regions are (tests and
+        the benchmark run the device path's gather and scatter on CPU tensors with it)."""
         self._own_context = context is None
+        self._stage_host_regions = stage_host_regions
+        self._client_staging = Staging(staging_bytes)
+        self._server_staging = Staging(staging_bytes)
+        """One per I/O thread (client, server): each is used by its thread only."""
         self._context: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._regions: dict[str, TensorRegion] = {}
         self._hold_check: HoldCheck | None = None
@@ -129,12 +151,16 @@ class TcpTransport:
     # -- the contract ---------------------------------------------------------
 
     def register(self, name: str, tensor: torch.Tensor) -> RegionDescriptor:
-        region = TensorRegion(tensor)
+        region = TensorRegion(tensor, staged=True if self._stage_host_regions else None)
         self._regions[name] = region
         return RegionDescriptor(name=name, size=region.size)
 
     def endpoint(self) -> TransportEndpoint:
         return self._endpoint
+
+    def staging_counts(self) -> StagingCounts:
+        """What both I/O threads' staging did (copies, gathers, scatters, syncs); read after the work settled."""
+        return self._client_staging.counts.add(self._server_staging.counts)
 
     def connect(self, endpoint: TransportEndpoint, regions: Sequence[RegionDescriptor]) -> TcpSession:
         if endpoint.backend != BACKEND:
@@ -193,14 +219,17 @@ class TcpTransport:
         op_list = list(ops)
         request = _Request(next(self._ids), op, remote, [(ro, size) for _, ro, size in op_list], transfer_id)
         frames: list[Any] = [_req_encoder.encode(request)]
-        if op == "write":
+        ready = ready_marker(region) if region.staged else None
+        if op == "write" and not region.staged:
             try:
                 frames.extend(region.view(lo, size) for lo, _, size in op_list)
             except RegionError as error:
                 self._done_one()
                 return TransferHandle(failed(Code.BAD_REQUEST, str(error)))
         handle = TransferHandle()
-        self._jobs.put(_Job(session.url, request.id, frames, handle, (region, op_list) if op == "read" else None))
+        read_into = (region, op_list) if op == "read" else None
+        stage_from = (region, op_list) if op == "write" and region.staged else None
+        self._jobs.put(_Job(session.url, request.id, frames, handle, read_into, stage_from, ready))
         os.write(self._wake_write, b"x")
         return handle
 
@@ -245,6 +274,8 @@ class TcpTransport:
                         sock.setsockopt(zmq.LINGER, 0)
                         sock.connect(job.url)
                         poller.register(sock, zmq.POLLIN)
+                    if job.stage_from is not None and not self._stage_write(job):
+                        continue
                     pending[job.request_id] = job
                     sock.send_multipart(job.frames, copy=False)
         except zmq.ZMQError as error:  # the context was torn down under us
@@ -254,6 +285,19 @@ class TcpTransport:
                 job.handle.finish(failed(Code.CLOSED, "transport closed"))
             for sock in sockets.values():
                 sock.close(linger=0)
+
+    def _stage_write(self, job: _Job) -> bool:
+        """Gather a staged write's payload into its frames (on this thread, so the caller never waits for the
+        device); False, with the job failed, where the device refused."""
+        assert job.stage_from is not None
+        region, ops = job.stage_from
+        try:
+            job.frames.extend(self._client_staging.gather(region, [(lo, size) for lo, _, size in ops], job.ready))
+        except (RuntimeError, RegionError) as error:  # a device error (out of memory, a lost device)
+            self._done_one()
+            job.handle.finish(failed(Code.BAD_REQUEST, f"staging the write failed: {error}"))
+            return False
+        return True
 
     def _on_reply(self, sock: zmq.Socket[Any], pending: dict[int, _Job]) -> None:
         """Take one reply; a read's payload is received straight into the local region (one copy)."""
@@ -279,23 +323,27 @@ class TcpTransport:
             job.handle.finish(SUCCEEDED)
             return
         region, ops = job.read_into
+        inbound = self._client_staging.inbound(region, job.ready) if region.staged else None
         try:
             for lo, _, size in ops:
                 if not sock.getsockopt(zmq.RCVMORE):
                     raise RegionError(f"reply ended before {len(ops)} ops")
-                target = region.writable(lo, size)
-                if target is not None:
+                if inbound is None:
+                    target = region.writable(lo, size)
+                    assert target is not None, "an unstaged region is on the host"
                     received = sock.recv_into(target)
                 else:
                     frame = sock.recv(copy=False)
                     received = len(frame)
                     if received == size:
-                        region.store(lo, frame.buffer)
+                        inbound.put(lo, frame.buffer)
                 if received != size:
                     raise RegionError(f"frame of {received} bytes for an op of {size}")
             if sock.getsockopt(zmq.RCVMORE):
                 raise RegionError(f"more frames than {len(ops)} ops")
-        except RegionError as error:
+            if inbound is not None:
+                inbound.finish()
+        except (RuntimeError, RegionError) as error:  # RuntimeError: the device refused the staged copy
             self._drain(sock)
             job.handle.finish(failed(Code.REMOTE_ERROR, str(error)))
             return
@@ -340,7 +388,7 @@ class TcpTransport:
             if request.op == "read":
                 held = self._hold_check
                 if held is None:
-                    views: list[Any] = [region.view(offset, size) for offset, size in request.spans]
+                    views = self._read_frames(region, request.spans, copy=False)
                     return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK)), *views]
                 # Checked before a byte is copied and again after: holds are never taken back, so a side held
                 # after the copy was held throughout it, and the copy (not the tensor, which vLLM may reuse
@@ -349,7 +397,7 @@ class TcpTransport:
                 if answer is not True:
                     code = Code.NOT_HELD_YET if answer is None else Code.REFUSED
                     return [identity, msgspec.msgpack.encode(_Reply(request.id, code, _NOT_HELD))]
-                copies = [bytes(region.view(offset, size)) for offset, size in request.spans]
+                copies = self._read_frames(region, request.spans, copy=True)
                 if held(request.transfer) is not True:
                     return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.REFUSED, _NOT_HELD))]
                 return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK)), *copies]
@@ -358,10 +406,29 @@ class TcpTransport:
                 if len(payload) != len(request.spans):
                     raise RegionError(f"{len(payload)} frames for {len(request.spans)} ops")
                 for (offset, size), frame in zip(request.spans, payload, strict=True):
-                    if len(frame) != size:
+                    if len(frame) != size:  # checked for every frame first: nothing is half-applied for it
                         raise RegionError(f"frame of {len(frame)} bytes for an op of {size}")
-                    region.store(offset, frame.buffer)
+                    region.check(offset, size)
+                inbound = self._server_staging.inbound(region) if region.staged else None
+                for (offset, _), frame in zip(request.spans, payload, strict=True):
+                    if inbound is None:
+                        region.store(offset, frame.buffer)
+                    else:
+                        inbound.put(offset, frame.buffer)
+                if inbound is not None:
+                    inbound.finish()
                 return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.OK))]
-        except RegionError as error:
+        except (RuntimeError, RegionError) as error:  # RuntimeError: the device refused a staged copy
             return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.BAD_REQUEST, str(error)))]
         return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.BAD_REQUEST, f"unknown op {request.op!r}"))]
+
+    def _read_frames(self, region: TensorRegion, spans: list[tuple[int, int]], *, copy: bool) -> list[Any]:
+        """A read's reply frames: a staged region's gathered copy (one gather, one copy), else views of the
+        host region (copies where `copy`: the bytes as they were when checked, whatever the tensor does next)."""
+        if region.staged:
+            for offset, size in spans:
+                region.check(offset, size)
+            return self._server_staging.gather(region, spans)
+        if copy:
+            return [bytes(region.view(offset, size)) for offset, size in spans]
+        return [region.view(offset, size) for offset, size in spans]

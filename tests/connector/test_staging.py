@@ -1,0 +1,137 @@
+"""The staging path's design guards, on CPU tensors flagged `staged` (the same code a CUDA region runs): one
+gather and one copy per request (not per op), chunks for a request larger than a buffer, the next request
+staged while the last is still on the wire, and the op-by-op fallback for ragged ops."""
+
+from __future__ import annotations
+
+import gc
+import math
+
+import pytest
+import torch
+import zmq
+
+from connector.layout import block_ops, geometry_of
+from connector.transports import staging as staging_module
+from connector.transports.regions import TensorRegion
+from connector.transports.staging import Staging, split, unit_index
+from connector.transports.tcp import TcpTransport
+
+WAIT_S = 10.0
+NUM_BLOCKS = 16
+BLOCKS = [3, 9, 0, 14, 6, 11]  # no two adjacent: one op per block and K/V half, twelve in all
+
+
+def _cache(seed: int) -> torch.Tensor:
+    """A K/V-split cache (2, blocks, tokens, heads, head size) of fp16: 2 KiB per block and half."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 250, (2, NUM_BLOCKS, 8, 4, 32), generator=generator, dtype=torch.uint8).half()
+
+
+def _pair(**options: int) -> tuple[TcpTransport, TcpTransport]:
+    return (
+        TcpTransport("127.0.0.1", 0, stage_host_regions=True, **options),
+        TcpTransport("127.0.0.1", 0, stage_host_regions=True, **options),
+    )
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+def test_one_gather_one_copy_one_scatter_per_request(op: str) -> None:
+    a, b = _pair()
+    try:
+        source, target = _cache(1), _cache(2)
+        remote = a.register("kv", source if op == "read" else target)
+        b.register("kv", target if op == "read" else source)
+        geometry = geometry_of(source, NUM_BLOCKS)
+        ops = block_ops(geometry, geometry, BLOCKS, BLOCKS)
+        assert len(ops) == 2 * len(BLOCKS)  # a per-op design would copy twelve times
+        session = b.connect(a.endpoint(), [remote])
+        handle = (b.read if op == "read" else b.write)(session, "kv", "kv", ops)
+        assert b.wait_all([handle], WAIT_S) and handle.status().succeeded(), handle.status()
+        assert torch.equal(target[:, BLOCKS], source[:, BLOCKS])
+        sender, receiver = (a, b) if op == "read" else (b, a)
+        sent, received = sender.staging_counts(), receiver.staging_counts()
+        assert (sent.gathers, sent.to_host, sent.syncs, sent.to_device, sent.scatters) == (1, 1, 1, 0, 0)
+        assert (received.gathers, received.to_host, received.to_device, received.scatters) == (0, 0, 1, 1)
+        assert received.syncs == 1 and sent.op_loops == received.op_loops == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_request_larger_than_the_buffer_goes_in_chunks() -> None:
+    capacity = 5000  # smaller than one op and than the request, and no multiple of either: chunks cut ops
+    a, b = _pair(staging_bytes=capacity)
+    try:
+        source, target = _cache(3), _cache(4)
+        remote = a.register("kv", source)
+        b.register("kv", target)
+        geometry = geometry_of(source, NUM_BLOCKS)
+        ops = block_ops(geometry, geometry, list(range(8)), list(range(8, 16)))  # runs merge: two 16 KiB ops
+        total = sum(size for _, _, size in ops)
+        assert max(size for _, _, size in ops) > capacity
+        handle = b.read(b.connect(a.endpoint(), [remote]), "kv", "kv", ops)
+        assert b.wait_all([handle], WAIT_S) and handle.status().succeeded(), handle.status()
+        assert torch.equal(target[:, :8], source[:, 8:]) and torch.equal(target[:, 8:], _cache(4)[:, 8:])
+        chunks = math.ceil(total / capacity)
+        assert a.staging_counts().to_host == a.staging_counts().gathers == chunks
+        assert b.staging_counts().to_device == b.staging_counts().scatters == chunks
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_next_request_is_staged_while_the_last_is_on_the_wire() -> None:
+    """Frames zmq still holds keep their pinned buffer busy: the next request takes the other one (the
+    overlap of a WRITE's layer n+1 copy with layer n's send), a third overflows into a one-off buffer rather
+    than wait, and a buffer is reused once zmq let go of every frame of it."""
+    staging = Staging(capacity=4096, buffers=2)
+    region = TensorRegion(torch.arange(4096, dtype=torch.int32), staged=True)
+    first = staging.gather(region, [(0, 1024), (4096, 1024)])
+    second = staging.gather(region, [(8192, 2048)])
+    assert all(isinstance(frame, zmq.Frame) for frame in first + second)
+    assert _buffer_of(first[0]) != _buffer_of(second[0]) and staging.counts.overflows == 0
+    third = staging.gather(region, [(0, 512)])
+    assert staging.counts.overflows == 1 and not isinstance(third[0], zmq.Frame)
+    assert bytes(third[0]) == region.flat[:512].numpy().tobytes()
+    assert bytes(first[1]) == region.flat[4096:5120].numpy().tobytes()
+    first_buffer = _buffer_of(first[0])
+    del first
+    gc.collect()
+    fourth = staging.gather(region, [(1024, 256)])
+    assert staging.counts.overflows == 1 and _buffer_of(fourth[0]) == first_buffer
+    assert bytes(fourth[0]) == region.flat[1024:1280].numpy().tobytes()
+
+
+def _buffer_of(frame: zmq.Frame) -> int:
+    """The address of the pinned buffer a frame is a slice of (the first frame starts it)."""
+    view = memoryview(frame.buffer)
+    return int(torch.frombuffer(view, dtype=torch.uint8).data_ptr()) if len(view) else 0
+
+
+def test_ragged_ops_fall_back_to_a_copy_per_op_on_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ops sharing no unit the index can afford are copied op by op on the device: the same bytes, still one
+    host copy per chunk."""
+    monkeypatch.setattr(staging_module, "TRANSPORT_STAGING_INDEX_MAX", 4)
+    staging = Staging(capacity=64)
+    source = TensorRegion(torch.randint(0, 250, (300,), dtype=torch.uint8), staged=True)
+    spans = [(7, 3), (101, 50), (13, 1), (200, 41)]  # 95 bytes: two chunks, each of unit 1
+    frames = staging.gather(source, spans)
+    assert [bytes(f) for f in frames] == [source.flat[o : o + s].numpy().tobytes() for o, s in spans]
+    assert staging.counts.op_loops == 2 and staging.counts.gathers == 0 and staging.counts.to_host == 2
+    target = TensorRegion(torch.zeros(300, dtype=torch.uint8), staged=True)
+    inbound = staging.inbound(target)
+    for (offset, _), frame in zip(spans, frames, strict=True):
+        inbound.put(offset, frame)
+    inbound.finish()
+    expected = torch.zeros(300, dtype=torch.uint8)
+    for offset, size in spans:
+        expected[offset : offset + size] = source.flat[offset : offset + size]
+    assert torch.equal(target.flat, expected) and staging.counts.to_device == 2
+
+
+def test_split_and_unit_index() -> None:
+    assert split([(0, 10), (100, 3), (50, 0), (200, 9)], 8) == [[(0, 8)], [(8, 2), (100, 3), (200, 3)], [(203, 6)]]
+    assert split([], 8) == []
+    spans = torch.tensor([[32, 16], [0, 8], [96, 24]]).numpy()
+    assert unit_index(spans, 8).tolist() == [4, 5, 0, 12, 13, 14]
