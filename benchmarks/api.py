@@ -49,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.app import create_app
 from api.settings import Settings
+from benchmarks.quick import parse_args
 from benchmarks.ready import measure_ready_in_child
 from benchmarks.store import events_ddl, raw_rows_per_s
 from ledger.audit import audit
@@ -63,6 +64,31 @@ LOAD_BATCH_EVENTS = 10_000
 INGEST_BATCH_EVENTS = 1_000
 INGEST_SOURCE = "ingest/tp0"
 PG_URL = os.environ.get("KVLEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+FIELDS: tuple[str, ...] = (
+    "events",
+    "live_transfers",
+    "findings",
+    "store_load_s",
+    "startup_fold_s",
+    "audit_uncached_ms",
+    "audit_requests",
+    "audit_p50_ms",
+    "audit_p99_ms",
+    "audit_max_ms",
+    "ingest_clients",
+    "start_snapshot_wait_s",
+    "ingest_events_per_s",
+    "ingest_raw_events_per_s",
+    "ingest_collector_s",
+    "ingest_events_per_s_postgres",
+    "ingest_raw_events_per_s_postgres",
+    "ingest_collector_s_postgres",
+    "ready_s_1m",
+    "ready_s_1m_refold",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 def live_maps(count: int, now: float) -> list[Event]:
@@ -274,7 +300,7 @@ def main() -> None:
     parser.add_argument(
         "--only", choices=("all", "ingest"), default="all", help="ingest: only the ingest figures (no audit, no ready)"
     )
-    args = parser.parse_args()
+    args = parse_args(parser, events=3_000, live=300, requests=20, ingest_batches=4, pg_events=1_000)
     if args.post_client:
         post_client(*args.post_client)
         return

@@ -20,8 +20,9 @@ from pathlib import Path
 
 # Run as a file, this file's folder comes first on sys.path and its name would shadow the `connector` package.
 _here = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+sys.path[:] = [str(_here.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _here]
 
+import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
@@ -36,6 +37,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
+from benchmarks.quick import parse_args, quick  # noqa: E402
 from connector.assemble import build_scheduler, build_worker  # noqa: E402
 from connector.compiled import compiled  # noqa: E402
 from connector.config import ConnectorConfig, PeerEngine  # noqa: E402
@@ -63,6 +65,24 @@ OP_BYTES = 1 << 20
 ROUNDS = 8
 TRIALS = 4
 """Transport and raw runs alternate TRIALS times; each reports its best trial (loopback is noisy)."""
+
+
+FIELDS: tuple[str, ...] = (
+    "compiled",
+    "hook_us_median",
+    "hook_us_p99",
+    "step_hooks_us_median",
+    "step_hooks_us_p99",
+    "hook_us_median_interpreted",
+    "step_hooks_us_median_interpreted",
+    "hook_us_max_dead_peer",
+    "forged_messages_accepted",
+    "live_transfers",
+    "transport_bytes_per_s",
+    "raw_zmq_bytes_per_s",
+    "transport_ratio",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 def hook_cost() -> tuple[float, float, float, float]:
@@ -167,7 +187,15 @@ def hook_trial(interpreted: bool) -> dict[str, float]:
     return answer
 
 
+def _shrink_when_quick() -> None:
+    """--quick (here or in the parent of a hook trial): a few steps, trials and rounds of everything."""
+    global STEPS, ROUNDS, TRIALS, HOOK_TRIALS, DEAD_PEER_TRIALS, REGION_BYTES
+    if quick():
+        STEPS, ROUNDS, TRIALS, HOOK_TRIALS, DEAD_PEER_TRIALS, REGION_BYTES = 60, 1, 1, 1, 1, 8 << 20
+
+
 def _serve_hook_trial() -> None:
+    _shrink_when_quick()
     figures = dict(zip(HOOK_FIGURES, hook_cost(), strict=True))
     print(json.dumps({"compiled": compiled() and fold_compiled(), **figures}))
 
@@ -443,6 +471,8 @@ def main() -> None:
     if sys.argv[1:] == [HOOK_TRIAL_FLAG]:
         _serve_hook_trial()
         return
+    parse_args(argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter))
+    _shrink_when_quick()
     is_compiled = compiled() and fold_compiled()
     hooks, interpreted = hook_trials()
     median_us, p99_us = hooks["hook_us_median"], hooks["hook_us_p99"]

@@ -13,11 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
+
+from benchmarks.quick import parse_args
 from tests.e2e.harness import (
     EngineProcess,
     allocate_ports,
@@ -77,7 +81,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=16)
-    args = parser.parse_args()
+    args = parse_args(parser, requests=1, rounds=1, max_tokens=2)
     tmp = Path(tempfile.mkdtemp(prefix="kvledger-e2e-bench-"))
     model = str(write_tiny_model(tmp / "model"))
     pp, cp = allocate_ports()

@@ -24,6 +24,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import ledger
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
+
+from benchmarks.quick import parse_args
 from ledger.compiled import INTERPRETED_ENV, compiled
 from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
 from ledger.fold import LedgerState
@@ -36,6 +40,23 @@ REPEATS = 5
 """Interleaved runs of each; the best of each is kept (these machines are noisy)."""
 RETAIN_S = 60.0
 """Decided sides kept this long (log time) before the ledger forgets them, as in the connector."""
+
+
+FIELDS: tuple[str, ...] = (
+    "events",
+    "transfers",
+    "compiled",
+    "events_per_s",
+    "events_per_s_interpreted",
+    "baseline_events_per_s",
+    "ratio",
+    "events_per_s_with_upkeep",
+    "ratio_with_upkeep",
+    "same_decisions",
+    "releases",
+    "bytes_per_live_transfer",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 class DictBookkeeping:
@@ -213,7 +234,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000, help="at least this many events")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--serve-interpreted", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, events=3_000)
     if args.serve_interpreted:
         serve_runs(args.events, args.seed)
         return

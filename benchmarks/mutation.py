@@ -1,9 +1,11 @@
-"""Mutation testing of the fold and the audit: how many small wrong versions of the fold (`ledger/fold.py`,
-`side.py`, `indexes.py`, `upkeep.py`) and `ledger/audit.py` (a flipped comparison, a dropped guard, a constant off
-by one, a string changed) the ledger tests catch. Prints the figures and every survivor, then one JSON line.
+"""Mutation testing of the fold, the audit and the partition merge: how many small wrong versions of the fold
+(`ledger/fold.py`, `side.py`, `indexes.py`, `upkeep.py`), `ledger/audit.py`, `ledger/partition.py` and
+`ledger/merge.py` (a flipped comparison, a dropped guard, a constant off by one, a string changed) the ledger
+tests catch. Prints the figures and every survivor, then one JSON line.
 
 Run:
-    python benchmarks/mutation.py                # every 4th mutant of both files (deterministic), 2 workers
+    python benchmarks/mutation.py                # every 4th mutant of those files (deterministic), 2 workers
+    python benchmarks/mutation.py --quick        # the partition function's mutants only (CI's smoke run)
     python benchmarks/mutation.py --offset 1     # another quarter (--offset 0 to 3 cover them all)
     python benchmarks/mutation.py --every 1      # all of them (about 1,400: over an hour on 2 cores)
     python benchmarks/mutation.py --jobs 8 --keep /tmp/mutation   # keep the work folder (`mutmut show NAME` there)
@@ -14,9 +16,9 @@ switches mutants by trampoline (no file rewrite per mutant) and runs only the te
 mutated function, stopping at the first failure; cosmic-ray starts a fresh interpreter and the whole
 test command per mutant, several times slower here.
 
-What runs: a scratch copy of `ledger/` and `tests/ledger/` (the fast tests that kill fold and audit
-mutants: rules, properties against the reference oracle, compaction, boundaries), so the working tree
-is never touched. Hypothesis runs without shrinking there (the `mutation` profile in
+What runs: a scratch copy of `ledger/`, `tests/ledger/` and the helpers of `tests/fuzz/` (the fast tests that
+kill fold and audit mutants: rules, properties against the reference oracle, compaction, boundaries), so the
+working tree is never touched. Hypothesis runs without shrinking there (the `mutation` profile in
 tests/ledger/conftest.py): a property that fails kills the mutant at its first failing example.
 
 The sample: mutants sorted by file, function and mutmut's number, then every `--every`-th (the 1st,
@@ -37,24 +39,50 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
+
+from benchmarks.quick import parse_args
+
 ROOT = Path(__file__).resolve().parent.parent
 MUTMUT_VERSION = "3.8.1"
-MUTATED = ("ledger/fold.py", "ledger/side.py", "ledger/indexes.py", "ledger/upkeep.py", "ledger/audit.py")
+MUTATED = (
+    "ledger/fold.py",
+    "ledger/side.py",
+    "ledger/indexes.py",
+    "ledger/upkeep.py",
+    "ledger/audit.py",
+    "ledger/partition.py",
+    "ledger/merge.py",
+)
 TESTS = "tests/ledger"
+SUPPORT = ("tests/fuzz",)
+"""Test helpers the ledger tests import (tests/ledger/test_valid.py uses tests.fuzz's strategies): copied too."""
 DEFAULT_EVERY = 4
 FIRST_BATCH = "ledger.audit.x_counts_by_code__mutmut_*"
 """A few quick mutants run first: mutmut generates every mutant and measures the tests on its way to them."""
+
+QUICK_MUTATED = ("ledger/partition.py",)
+QUICK_TESTS = "tests/ledger/test_partition.py"
+QUICK_FIRST_BATCH = "ledger.partition.*"
+"""--quick: every mutant of the partition function against its own tests (seconds): the pipeline, not a score."""
+
+FIELDS: tuple[str, ...] = (
+    "mutants", "mutants_generated", "killed", "timeouts", "survived", "score", "sampled", "files", "tests", "mutmut",
+)  # fmt: skip
 
 KILLED = {1, 3}
 TIMEOUT = {24, -24, 36, 152, 255}
 CRASHED = {-11, -9}
 """mutmut's exit codes (mutmut/stats.py); 0 is survived, 33 and 5 no tests, None not run."""
 
-SETUP_CFG = f"""[mutmut]
+
+def setup_cfg(mutated: tuple[str, ...], tests: str) -> str:
+    """mutmut's configuration: which files it mutates, which tests it runs."""
+    files = "\n    ".join(mutated)
+    return f"""[mutmut]
 source_paths = ledger/
-only_mutate = {MUTATED[0]}
-    {MUTATED[1]}
-pytest_add_cli_args_test_selection = {TESTS}
+only_mutate = {files}
+pytest_add_cli_args_test_selection = {tests}
 pytest_add_cli_args = -p
     no:cacheprovider
     -W
@@ -79,14 +107,17 @@ def _ensure_mutmut() -> str:
     return found
 
 
-def _scratch(work: Path) -> None:
+def _scratch(work: Path, mutated: tuple[str, ...], tests: str) -> None:
     """The code and the tests, copied: mutmut writes its `mutants/` folder next to them."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", "*.so")
     shutil.copytree(ROOT / "ledger", work / "ledger", ignore=ignore)
     (work / "tests").mkdir()
     shutil.copy2(ROOT / "tests" / "__init__.py", work / "tests" / "__init__.py")
-    shutil.copytree(ROOT / TESTS, work / TESTS, ignore=ignore)
-    (work / "setup.cfg").write_text(SETUP_CFG)
+    folder = tests if (ROOT / tests).is_dir() else str(Path(tests).parent)
+    shutil.copytree(ROOT / folder, work / folder, ignore=ignore)
+    for support in SUPPORT:  # helpers only: their own test files import the service's fixtures
+        shutil.copytree(ROOT / support, work / support, ignore=shutil.ignore_patterns("test_*.py", "__pycache__"))
+    (work / "setup.cfg").write_text(setup_cfg(mutated, tests))
 
 
 def _mutmut(command: str, work: Path, args: list[str], log: Path) -> None:
@@ -98,10 +129,10 @@ def _mutmut(command: str, work: Path, args: list[str], log: Path) -> None:
         raise SystemExit(f"mutmut {' '.join(args[:3])} ... failed ({done.returncode}); its log ends:\n{tail}")
 
 
-def _results(work: Path) -> dict[str, int | None]:
+def _results(work: Path, mutated: tuple[str, ...]) -> dict[str, int | None]:
     """Every mutant's name and exit code, from mutmut's per-file records."""
     out: dict[str, int | None] = {}
-    for path in MUTATED:
+    for path in mutated:
         meta = json.loads((work / "mutants" / f"{path}.meta").read_text())
         out.update(meta["exit_code_by_key"])
     return out
@@ -132,7 +163,9 @@ def main() -> int:
     parser.add_argument("--offset", type=int, default=0, help="start the sample at this mutant (0 to k-1)")
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once")
     parser.add_argument("--keep", type=Path, default=None, help="work in (and keep) this folder")
-    args = parser.parse_args()
+    args = parse_args(parser, every=1, offset=0)
+    quick = (QUICK_MUTATED, QUICK_TESTS, QUICK_FIRST_BATCH)
+    mutated, tests, first = quick if args.quick else (MUTATED, TESTS, FIRST_BATCH)
     if args.every < 1 or args.jobs < 1 or not 0 <= args.offset < args.every:
         parser.error("--every and --jobs must be >= 1, --offset in [0, --every)")
     command = _ensure_mutmut()
@@ -140,24 +173,24 @@ def main() -> int:
     if work.exists() and any(work.iterdir()):
         shutil.rmtree(work)
     work.mkdir(parents=True, exist_ok=True)
-    _scratch(work)
+    _scratch(work, mutated, tests)
     log = work / "mutmut.log"
     started = time.perf_counter()
     jobs = ["--max-children", str(args.jobs)]
-    print(f"mutmut {MUTMUT_VERSION} over {', '.join(MUTATED)} against {TESTS} in {work} ...", flush=True)
-    _mutmut(command, work, ["run", *jobs, FIRST_BATCH], log)
-    every = sorted(_results(work), key=_order)
+    print(f"mutmut {MUTMUT_VERSION} over {', '.join(mutated)} against {tests} in {work} ...", flush=True)
+    _mutmut(command, work, ["run", *jobs, first], log)
+    every = sorted(_results(work, mutated), key=_order)
     sample = every[args.offset :: args.every]
     print(f"{len(every)} mutants; testing every {args.every}: {len(sample)}", flush=True)
     _mutmut(command, work, ["run", *jobs, *sample], log)
-    results = _results(work)
+    results = _results(work, mutated)
     codes = [results[name] for name in sample]
     killed = sum(code in KILLED for code in codes)
     timeouts = sum(code in TIMEOUT for code in codes)
     crashed = sum(code in CRASHED for code in codes)
     survivors = [name for name, code in zip(sample, codes, strict=True) if code not in KILLED | TIMEOUT | CRASHED]
     caught = killed + timeouts + crashed
-    by_file = {path: sum(name.startswith(path[:-3].replace("/", ".")) for name in sample) for path in MUTATED}
+    by_file = {path: sum(name.startswith(path[:-3].replace("/", ".")) for name in sample) for path in mutated}
     per_file = ", ".join(f"{path}: {n}" for path, n in by_file.items())
     print(f"tested {len(sample)} ({per_file}) in {time.perf_counter() - started:.0f} s")
     print(f"killed {killed}, timed out {timeouts}, crashed {crashed}, survived {len(survivors)}")
@@ -175,8 +208,8 @@ def main() -> int:
         "survived": len(survivors),
         "score": round(caught / len(sample), 4) if sample else 0.0,
         "sampled": f"every {args.every}th from {args.offset} by file, function, number" if args.every > 1 else False,
-        "files": list(MUTATED),
-        "tests": TESTS,
+        "files": list(mutated),
+        "tests": tests,
         "mutmut": MUTMUT_VERSION,
     }
     print(json.dumps(figures))

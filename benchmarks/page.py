@@ -28,6 +28,7 @@ from api.app import create_app
 from api.board import build
 from api.settings import Settings
 from benchmarks.api import LOAD_BATCH_EVENTS, percentile, start_server
+from benchmarks.quick import parse_args
 from ledger.events import Ack, Event, Map, ReqId, TransferId
 from ledger.store.connect import open_store
 from ledger.synth import SynthConfig, generate
@@ -38,6 +39,27 @@ LEAKED_AGO_S = 600.0
 TRANSFER_TIMEOUT_S = 3600.0
 """Long enough that no source falls silent during the run: every finding stays a leak on a live source."""
 HEALTHZ_REQUESTS = 200
+
+
+FIELDS: tuple[str, ...] = (
+    "findings",
+    "groups",
+    "events",
+    "store_load_s",
+    "startup_s",
+    "board_build_ms",
+    "boards_built_during_run",
+    "page_requests",
+    "page_first_byte_p50_ms",
+    "page_first_byte_p99_ms",
+    "page_first_byte_max_ms",
+    "healthz_first_byte_p50_ms",
+    "page_p50_over_healthz",
+    "build_over_page_p50",
+    "target_first_byte_ms",
+    "p99_under_target",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 def leaked_sides(count: int, sources: int, now: float) -> list[Event]:
@@ -95,7 +117,7 @@ def main() -> None:
     parser.add_argument("--sources", type=int, default=8)
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--seconds", type=float, default=60.0)
-    args = parser.parse_args()
+    args = parse_args(parser, findings=300, sources=2, events=2_000, seconds=1.0)
     folder = tempfile.mkdtemp(prefix="kvledger-page-bench-")
     url = f"sqlite:///{folder}/ledger.db"
     load_s = build_store(url, args.events, args.findings, args.sources)

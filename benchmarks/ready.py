@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from api.app import create_app
 from api.live import Live
 from api.settings import Settings
+from benchmarks.quick import parse_args
 from ledger.events import Event
 from ledger.store import snapshot
 from ledger.store.connect import open_store
@@ -49,6 +50,22 @@ from ledger.synth import SynthConfig, generate
 WRITE_BATCH_ROWS = 100_000
 SNAPSHOT_POLLS_MAX = 6_000
 """Waits of 0.1 s for the first service's background snapshot (it encodes a million events' fold)."""
+
+
+FIELDS: tuple[str, ...] = (
+    "events",
+    "tail_events",
+    "store_build_s",
+    "ready_s",
+    "ready_s_refold",
+    "ready_cpu_s",
+    "ready_cpu_s_refold",
+    "snapshot_bytes",
+    "snapshot_lock_s",
+    "snapshot_encode_cpu_s",
+    "snapshot_save_s",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 def append_raw(path: Path, events: list[Event]) -> None:
@@ -176,7 +193,7 @@ def main() -> None:
     parser.add_argument("--tail", type=int, default=50_000)
     parser.add_argument("--start", metavar="URL", help="only one service start over this store (a child's part)")
     parser.add_argument("--refold", action="store_true", help="with --start: snapshots not read")
-    args = parser.parse_args()
+    args = parse_args(parser, events=3_000, tail=500)
     if args.start:
         print(json.dumps(measure_start(args.start, snapshots_read=not args.refold)))
         return

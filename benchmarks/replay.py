@@ -22,6 +22,9 @@ from pathlib import Path
 
 import msgspec
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
+
+from benchmarks.quick import parse_args
 from ledger.events import Event
 from ledger.jsonl import header_line, read_chunks, read_events
 from ledger.replay import replay_chunks
@@ -30,6 +33,21 @@ from ledger.synth import SynthConfig, generate
 EVENTS_PER_TRANSFER = 13
 """About how many events (both sides) the generator makes per transfer with these settings."""
 CHUNK = 100_000
+
+
+FIELDS: tuple[str, ...] = (
+    "events_1m",
+    "peak_mb_1m",
+    "sides_in_memory_1m",
+    "decode_only_msgpack_events_per_s",
+    "events_10m",
+    "peak_mb_10m",
+    "sides_in_memory_10m",
+    "events_per_s",
+    "decode_only_events_per_s",
+    "fold_fraction",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 def make_log(path: Path, events: int, seed: int) -> int:
@@ -99,7 +117,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--child-fold", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-msgpack", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse_args(parser, events=4_000, small=2_000)
     if args.child_fold is not None:
         print(json.dumps(fold(args.child_fold)))
         return

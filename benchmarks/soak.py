@@ -15,13 +15,14 @@ from pathlib import Path
 
 # Run as a file, this file's folder comes first on sys.path and `connector.py` there would shadow the package.
 _here = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+sys.path[:] = [str(_here.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
+from benchmarks.quick import parse_args  # noqa: E402
 from connector.sim.config import FaultKind  # noqa: E402
 from connector.sim.report import soak_account, soak_figures  # noqa: E402
 from connector.sim.soak_config import (  # noqa: E402
@@ -33,6 +34,38 @@ from connector.sim.soak_config import (  # noqa: E402
 )
 from connector.sim.storm import run_soak  # noqa: E402
 from ledger.events import Mode  # noqa: E402
+
+FIELDS: tuple[str, ...] = (
+    "sim_hours",
+    "soaks",
+    "modes",
+    "seeds",
+    "requests",
+    "events",
+    "reasks",
+    "recomputes",
+    "loaded_twice",
+    "id_reuses",
+    "id_reuses_refused",
+    "reuses_across_restart",
+    "restarts",
+    "leaked_blocks",
+    "double_releases",
+    "premature_releases",
+    "hung_requests",
+    "corrupt_receives",
+    "replay_matches",
+    "compaction_invariant",
+    "peak_tracked_sides",
+    "tracked_sides_bound",
+    "peak_tracked_sides_per_ledger",
+    "tracked_sides_bound_per_ledger",
+    "tombstone_generations",
+    "failed_soaks",
+    "wall_seconds",
+    "bench_wall_seconds",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 def _kinds(text: str, known: tuple[str, ...], everything: tuple[str, ...]) -> frozenset[str]:
@@ -59,7 +92,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--tombstones-max", type=int, default=SoakConfig.tombstones_max)
     parser.add_argument("--log", type=Path, help="write each soak's merged JSONL incident log (suffixed by mode)")
     parser.add_argument("--ledger-url", help="persist to this (fresh) store instead of a temporary SQLite file")
-    return parser.parse_args()
+    return parse_args(parser, hours=0.1)
 
 
 def main() -> int:

@@ -21,10 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
+
+from benchmarks.quick import parse_args
 from ledger.events import Event
 from ledger.log import EventLog
 from ledger.store.connect import SQLITE_SYNCHRONOUS, open_store
@@ -35,6 +39,26 @@ from ledger.synth import SynthConfig, generate
 
 PACE_EVENTS = 100
 """Appends between two looks at the clock when pacing."""
+
+
+FIELDS: tuple[str, ...] = (
+    "events",
+    "batch",
+    "synchronous",
+    "store_rows_per_s",
+    "raw_rows_per_s",
+    "ratio",
+    "store_rows_per_cpu_s",
+    "raw_rows_per_cpu_s",
+    "cpu_ratio",
+    "append_rate_per_s",
+    "append_p50_us",
+    "append_p99_us",
+    "append_max_us",
+    "append_spilled",
+    "burst_spilled",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 def store_rows_per_s(events: list[Event], directory: Path, batch: int) -> float:
@@ -118,7 +142,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=WRITER_BATCH_EVENTS_MAX)
     parser.add_argument("--load", type=float, default=0.5, help="Offered append rate, as a share of raw's")
-    args = parser.parse_args()
+    args = parse_args(parser, events=3_000, rounds=1)
     events = list(generate(SynthConfig(transfers=args.events // 6 + 1), seed=1))[: args.events]
     store_best = raw_best = 0.0
     per_cpu_s = {"raw": 0.0, "store": 0.0}

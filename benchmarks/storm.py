@@ -21,13 +21,14 @@ from pathlib import Path
 
 # Run as a file, this file's folder comes first on sys.path and `connector.py` there would shadow the package.
 _here = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+sys.path[:] = [str(_here.parent)] + [p for p in sys.path if Path(p or ".").resolve() != _here]
 
 import argparse  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
+from benchmarks.quick import parse_args  # noqa: E402
 from connector.sim.config import FAULT_KINDS, FaultKind, StormConfig, StormResult  # noqa: E402
 from connector.sim.errors import SimulationError  # noqa: E402
 from connector.sim.report import account, figures, side_by_side  # noqa: E402
@@ -39,6 +40,50 @@ FULL_CONCURRENCY = 512
 SEEDS_REQUESTS = 1000
 SEEDS_CONCURRENCY = 256
 """Per seed in a --seeds sweep: smaller storms, so that 200 seeds x 2 modes take a few minutes."""
+
+
+FIELDS: tuple[str, ...] = (
+    "requests",
+    "concurrency",
+    "modes",
+    "seeds",
+    "storms",
+    "leaked_blocks",
+    "double_releases",
+    "premature_releases",
+    "hung_requests",
+    "integrity_failures",
+    "failed_reported_as_received",
+    "corrupt_receives",
+    "late_reads",
+    "late_reads_refused",
+    "lease_renewals",
+    "lease_expiries",
+    "late_event_findings",
+    "replay_matches",
+    "forged_sent",
+    "forged_messages_accepted",
+    "hook_us_max",
+    "naive_leaked_blocks",
+    "naive_hung_requests",
+    "failed_storms",
+    "wall_seconds",
+    "sim_requests_per_s",
+    "no_death_late_reads",
+    "no_death_lease_renewals",
+    "no_death_lease_expiries",
+    "no_death_corrupt_receives",
+    "no_death_premature_releases",
+    "no_death_failed_storms",
+    "leases_off_late_reads",
+    "leases_off_late_reads_refused",
+    "leases_off_corrupt_receives",
+    "leases_off_premature_releases",
+    "naive_late_reads",
+    "naive_corrupt_receives",
+    "naive_premature_releases",
+)
+"""Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
 
 def _seed_range(text: str) -> list[int]:
@@ -65,7 +110,7 @@ def _parse() -> argparse.Namespace:
     parser.add_argument("--no-control", action="store_true", help="skip the leases-off and negative-control runs")
     parser.add_argument("--log", type=Path, help="write each storm's merged JSONL incident log (suffixed by mode)")
     parser.add_argument("--ledger-url", help="persist each storm's ledgers to this (fresh) store")
-    return parser.parse_args()
+    return parse_args(parser, requests=120, concurrency=32)
 
 
 def _faults(text: str) -> frozenset[FaultKind]:

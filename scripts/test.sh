@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's test command: installs what the tests need, starts the services
-# they use, then runs the whole suite (ruff and mypy included, as tests) on vLLM 0.32, the fold's and the
-# connector's tests again interpreted, and the scheduler contract tests again on vLLM 0.33.
+# The README's test command: installs what the tests need, starts the services they use, then runs the whole
+# suite (ruff, mypy and every benchmark's --quick run included, as tests) on vLLM 0.32 in two pytest-xdist
+# workers, and the scheduler contract tests again on vLLM 0.33. KVLEDGER_TEST_WORKERS=0 runs in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +10,7 @@ export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 
 bash scripts/ensure_postgres.sh
 bash scripts/ensure_chromium.sh
+command -v valgrind >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind; }  # benchmarks/instructions.py
 
 pip_install() { python -m pip install -q --disable-pip-version-check "$@"; }
 
@@ -19,11 +20,11 @@ bash scripts/install_vllm.sh
 bash scripts/install_vllm033.sh
 pip_install -e '.[test]'
 
+WORKERS="${KVLEDGER_TEST_WORKERS:-2}"
 # vLLM 0.32 (site-packages, the CPU build): the whole suite, real engines included, on the compiled fold and
 # scheduler hooks (`pip install -e .` above built them; a machine without a C compiler runs them interpreted).
-python -m pytest "$@"
-# The same sources interpreted: the ledger, store and connector tests again (tests/ledger/test_both_builds.py
-# and tests/connector/test_both_builds.py compare the two builds in the run above).
-KVLEDGER_INTERPRETED=1 python -m pytest tests/ledger tests/store tests/connector -q
+# The interpreted build is not run as a second whole suite: tests/ledger/test_both_builds.py and
+# tests/connector/test_both_builds.py run both builds side by side and compare them, in this run.
+python -m pytest -n "$WORKERS" --durations=15 "$@"
 # vLLM 0.33 (the CUDA wheel's Python scheduler, on this CPU): the scheduler contract and adapter tests.
-bash scripts/test_vllm033.sh -q
+bash scripts/test_vllm033.sh -q -n "$WORKERS"

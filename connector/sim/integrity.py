@@ -21,7 +21,7 @@ def make_caches(layers: int, num_blocks: int, block_size: int, kv_heads: int, he
 
 
 def block_stride_bytes(tensor: torch.Tensor) -> int:
-    return int(tensor.stride(0)) * tensor.element_size()
+    return int(tensor.stride(0)) * int(tensor.element_size())
 
 
 def prefill(caches: dict[str, torch.Tensor], blocks: tuple[int, ...], seed: int, number: int) -> list[int]:

@@ -54,7 +54,8 @@ class TensorRegion:
         if self.on_host:
             host: memoryview = self._array[offset : offset + size].data
             return host
-        return self.flat[offset : offset + size].cpu().numpy().data
+        device: memoryview = self.flat[offset : offset + size].cpu().numpy().data
+        return device
 
     def writable(self, offset: int, size: int) -> memoryview | None:
         """A writable view of host bytes to receive into directly; None for a device tensor."""

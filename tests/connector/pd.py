@@ -69,7 +69,8 @@ def make_caches(fill: bool, seed: int) -> dict[str, torch.Tensor]:
 def block_bytes(caches: dict[str, torch.Tensor], name: str, block: int) -> bytes:
     tensor = caches[name]
     view = tensor[:, block] if tensor.shape[0] == 2 and name.endswith("0.attn") else tensor[block]
-    return view.contiguous().view(torch.uint8).numpy().tobytes()
+    data: bytes = view.contiguous().view(torch.uint8).numpy().tobytes()
+    return data
 
 
 @dataclass
