@@ -56,9 +56,7 @@ def hybrid_groups(*, mamba: bool = True) -> list[KVCacheGroupSpec]:
     return groups if mamba else groups[:2]
 
 
-def hybrid(
-    model: str, role: str, policy: str = "fail", *, mode: str = "read", mamba: bool = True, **more: Any
-) -> Any:
+def hybrid(model: str, role: str, policy: str = "fail", *, mode: str = "read", mamba: bool = True, **more: Any) -> Any:
     extra: dict[str, Any] = {"read_mode": mode == "read", "defer_timeout": DEFER_TIMEOUT_S, **more}
     if role == "kv_producer":
         extra.update(PRODUCER_PORTS)
