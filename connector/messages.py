@@ -18,6 +18,7 @@ import msgspec
 
 from connector.layout import LayerDescriptor
 from connector.limits import MESSAGE_BYTES_MAX, MESSAGE_VERSION
+from connector.mamba import MambaGroup
 from connector.metadata import PeerRef
 from connector.ports import rank_port
 from connector.transports.base import TransportEndpoint
@@ -145,6 +146,8 @@ class HandshakeMetadata(_Message, frozen=True, tag="handshake"):
     tp_size: int
     endpoint: TransportEndpoint
     layers: tuple[LayerDescriptor, ...]
+    mamba: tuple[MambaGroup, ...] = ()
+    """Hybrid Mamba models: the Mamba groups whose state regions are among `layers` (both sides must agree)."""
 
 
 Message: TypeAlias = (

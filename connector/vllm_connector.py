@@ -39,6 +39,7 @@ from connector.groups import flatten_groups
 from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
 from connector.hooks import ReceivedKvHook, load_hook
 from connector.incident_log import IncidentLog
+from connector.mamba import PREFILL_BACKOFF_TOKENS, MambaGroup, clip_state_blocks, loadable_tokens
 from connector.metadata import StepMetadata
 from connector.observe.config import ObserveConfig, ledger_extra, observe_config
 from connector.observe.names import KVLEDGER, WRAPPED
@@ -122,7 +123,7 @@ def _layer_groups(kv_cache_config: KVCacheConfig | None) -> dict[str, int]:
     return {name: i for i, group in enumerate(kv_cache_config.kv_cache_groups) for name in group.layer_names}
 
 
-def _check_groups(kv_cache_config: KVCacheConfig | None, mode: str, role: KVConnectorRole) -> None:
+def _check_groups(kv_cache_config: KVCacheConfig | None, mode: str) -> None:
     """What this version cannot move is refused at start, by name, rather than mis-moved later."""
     if kv_cache_config is None:
         return
@@ -132,16 +133,54 @@ def _check_groups(kv_cache_config: KVCacheConfig | None, mode: str, role: KVConn
             "LedgerConnector: WRITE mode moves one KV cache group only; this model has "
             f"{len(groups)} (a hybrid model): use read_mode"
         )
+
+
+def _mamba_groups(kv_cache_config: KVCacheConfig | None) -> tuple[MambaGroup, ...]:
+    """The model's Mamba KV cache groups as plain data (their states move with the attention blocks)."""
+    if kv_cache_config is None:
+        return ()
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    mamba = [g for g in groups if isinstance(g.kv_cache_spec, MambaSpec)]
-    if mamba and role == KVConnectorRole.WORKER:
-        # The scheduler half keeps the books of every group; moving Mamba state (conv and SSM tensors,
-        # and the state one token short of the prompt that the recomputed last token needs) is not built.
-        raise ValueError(
-            f"LedgerConnector: Mamba state (layers {', '.join(mamba[0].layer_names[:3])}...) is not moved yet: "
-            "hybrid Mamba models are not supported; sliding-window hybrids are"
-        )
+    found = []
+    for index, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, MambaSpec):
+            found.append(
+                MambaGroup(
+                    group=index,
+                    layers=tuple(group.layer_names),
+                    shapes=tuple(tuple(int(d) for d in shape) for shape in spec.shapes),
+                    dtypes=tuple(str(dtype).removeprefix("torch.") for dtype in spec.dtypes),
+                    page_bytes=int(spec.page_size_bytes),
+                    mamba_type=str(getattr(spec, "mamba_type", "")),
+                    speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0)),
+                )
+            )
+    return tuple(found)
+
+
+_TRUNCATED = "_p_side_truncated"
+"""The params key that marks a truncated producer request (NIXL's name: a proxy may see either connector)."""
+
+
+def _truncate_for_prefill(request: Request, backoff: int) -> None:
+    """Producer of a Mamba model: prefill stops `backoff` tokens short of the prompt (the state the
+    consumer needs is h(N-1)) and samples one token, as vLLM's NIXL connector does. Once per request:
+    the params remember it, so a preempted request is not cut again."""
+    params = request.kv_transfer_params
+    if (
+        not backoff
+        or params is None
+        or params.get(_TRUNCATED)
+        or request.num_prompt_tokens <= backoff
+        or request.prompt_token_ids is None
+    ):
+        return
+    del request.prompt_token_ids[-backoff:]
+    del request._all_token_ids[-backoff:]
+    request.num_prompt_tokens -= backoff
+    request.max_tokens = 1
+    params[_TRUNCATED] = True
 
 
 def engine_config(vllm_config: VllmConfig, role: KVConnectorRole) -> ConnectorConfig:
@@ -207,7 +246,12 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
         self.config = engine_config(vllm_config, role)
-        _check_groups(kv_cache_config, self.config.mode, role)
+        _check_groups(kv_cache_config, self.config.mode)
+        self._mamba = _mamba_groups(kv_cache_config)
+        self._state_scratch = {g.group: g.speculative_blocks for g in self._mamba}
+        """Each Mamba group's scratch slots: its block lists are cut to the running state (`clip_state_blocks`)."""
+        self._backoff = PREFILL_BACKOFF_TOKENS if self._mamba else 0
+        """Prompt tokens the producer leaves to the consumer (1 for a Mamba model, as vLLM's NIXL connector)."""
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
         self._layer_groups = _layer_groups(kv_cache_config)
         self._hybrid = kv_cache_config is not None and len(kv_cache_config.kv_cache_groups) > 1
@@ -295,12 +339,16 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
 
     @guarded(lambda: (0, False))
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return self._sched().matched_tokens(_params(request), request.num_prompt_tokens, num_computed_tokens)
+        loadable = loadable_tokens(request.num_prompt_tokens, self._backoff)
+        return self._sched().matched_tokens(_params(request), loadable, num_computed_tokens)
 
     @guarded(nothing)
     def on_new_request(self, request: Request) -> None:
         # vLLM added the request: a consumer starts renewing its producer's hold (leases) while it waits.
         if self.scheduler is not None:
+            params = request.kv_transfer_params
+            if self.config.role == "producer" and self._backoff and params and params.get("do_remote_decode"):
+                _truncate_for_prefill(request, self._backoff)
             self.scheduler.on_new_request(ReqId(request.request_id), _params(request), time.time())
 
     @guarded(nothing)
@@ -312,7 +360,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
             digest = _write_prompt_digest(request, self.config.mode, params) if num_external_tokens > 0 else None
             # Every KV cache group's new blocks (not prefix-cache hits, not null placeholders), as NIXL.
             per_group = blocks.get_unhashed_block_ids_all_groups() if num_external_tokens > 0 else []
-            block_ids, groups = flatten_groups(per_group)
+            block_ids, groups = flatten_groups(clip_state_blocks(per_group, self._state_scratch) if per_group else ())
             taken = core.on_alloc(
                 request_id, params, block_ids, num_external_tokens, now, prompt_digest=digest, block_groups=groups
             )
@@ -344,7 +392,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         producer = self.config.role == "producer"
         if producer and params is not None and not _prefill_handed_over(request, self.config.mode):
             params = None  # aborted before its KV could reach a consumer: free the blocks now, not at expire
-        flat, groups = flatten_groups(block_ids)
+        flat, groups = flatten_groups(clip_state_blocks(block_ids, self._state_scratch))
         return self._sched().on_request_finished(
             ReqId(request.request_id), params, flat, time.time(), block_groups=groups
         )
@@ -400,7 +448,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
     # -- worker side --------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self._work().register_kv_caches(kv_caches, self._num_blocks, self._layer_groups)
+        self._work().register_kv_caches(kv_caches, self._num_blocks, self._layer_groups, mamba=self._mamba)
         self._kv_caches = dict(kv_caches)
 
     @guarded(nothing)

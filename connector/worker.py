@@ -15,7 +15,7 @@ its bytes; each transfer's part of it goes with the transfer's decision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from connector.layout import LayerDescriptor, geometry_of
@@ -23,6 +23,7 @@ from connector.limits import (
     LEASE_IDS_PER_MESSAGE_MAX,
     POLL_MESSAGES_MAX,
 )
+from connector.mamba import MambaGroup, mamba_layer_groups, state_tensors
 from connector.maps import side_map
 from connector.messages import (
     HandshakeMetadata,
@@ -47,14 +48,29 @@ class WorkerCore(PeerMessages):
     `peer_messages.py` (what peers say), then this file."""
 
     def register_kv_caches(
-        self, caches: Mapping[str, Any], num_blocks: int | None = None, layer_groups: Mapping[str, int] | None = None
+        self,
+        caches: Mapping[str, Any],
+        num_blocks: int | None = None,
+        layer_groups: Mapping[str, int] | None = None,
+        *,
+        mamba: Sequence[MambaGroup] = (),
     ) -> None:
         """Register every layer's KV tensor with the transport and publish the handshake metadata.
-        `layer_groups`: each layer's KV cache group (hybrid models); a layer not named is in group 0."""
+        `layer_groups`: each layer's KV cache group (hybrid models); a layer not named is in group 0.
+        `mamba`: the Mamba groups; each of their layers' state tensors is a region of its own (a page view
+        of the hybrid allocator, or one per state), moved by block id with the attention layers."""
         self.layer_groups = dict(layer_groups or {})
-        for name, tensor in caches.items():
-            region = self.transport.register(name, tensor)
-            self.layers[name] = LayerDescriptor(name=name, geometry=geometry_of(tensor, num_blocks), region=region)
+        self.mamba = tuple(mamba)
+        state_layers = mamba_layer_groups(self.mamba)
+        for name, cache in caches.items():
+            group = state_layers.get(name)
+            regions = state_tensors(name, cache) if group is not None else [(name, cache)]
+            for region_name, tensor in regions:
+                region = self.transport.register(region_name, tensor)
+                geometry = geometry_of(tensor, num_blocks)
+                self.layers[region_name] = LayerDescriptor(name=region_name, geometry=geometry, region=region)
+                if group is not None:
+                    self.layer_groups[region_name] = group.group
         self.layer_names = list(self.layers)
         self.layer_index = {name: i for i, name in enumerate(self.layer_names)}
         c = self.config
@@ -66,6 +82,7 @@ class WorkerCore(PeerMessages):
                 tp_size=c.tp_size,
                 endpoint=self.transport.endpoint(),
                 layers=tuple(self.layers.values()),
+                mamba=self.mamba,
             )
         )
 

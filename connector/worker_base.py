@@ -18,6 +18,7 @@ from connector.limits import (
 )
 from connector.linker import Linker
 from connector.links import PeerKey, PeerLink
+from connector.mamba import MambaGroup, MambaMismatch, check_compatible
 from connector.messages import (
     HandshakeMetadata,
     Message,
@@ -85,6 +86,8 @@ class WorkerBase:
         self.counters: Counter[str] = Counter()
         self.layers: dict[str, LayerDescriptor] = {}
         self.layer_groups: dict[str, int] = {}
+        self.mamba: tuple[MambaGroup, ...] = ()
+        """This rank's Mamba groups (hybrid Mamba models), published in the handshake and checked against a peer's."""
         self.layer_names: list[str] = []
         self.layer_index: dict[str, int] = {}
         self.linker = Linker(
@@ -161,6 +164,12 @@ class WorkerBase:
             # A handshake may not redirect us to another host, or to a port no peer was configured with.
             self.counters["handshake_redirect_refused"] += 1
             raise LinkRefused(f"{host}:{port} named endpoint {endpoint.host}:{endpoint.port}, not allow-listed")
+        try:
+            me, peer = f"{self.config.engine_id} tp{self.config.tp_rank}", f"{metadata.engine_id} tp{metadata.tp_rank}"
+            check_compatible(self.mamba, metadata.mamba, me, peer)
+        except MambaMismatch:
+            self.counters["handshake_mamba_refused"] += 1
+            raise
         session = self.transport.connect(endpoint, [layer.region for layer in metadata.layers])
         return PeerLink(metadata, session, {layer.name: layer.geometry for layer in metadata.layers})
 

@@ -42,8 +42,12 @@ class StormConfig:
     block_size: int = 4
     kv_heads: int = 1
     head_dim: int = 8
+    mamba_layers: int = 0
+    """Hybrid Mamba requests: this many Mamba layers beside the attention ones, each request holding one Mamba
+    state block (its own KV cache group, from the same pool) moved, held and released with its attention blocks.
+    READ only, as the connector (WRITE with several KV cache groups is refused at start)."""
     num_blocks: int = 0
-    """KV blocks per engine; 0 picks concurrency x blocks_per_request x 2."""
+    """KV blocks per engine; 0 picks concurrency x blocks a request holds x 2."""
     step_s: float = 0.01
     """Simulated seconds per round."""
     start_ts: float = 1_700_000_000.0
@@ -76,14 +80,31 @@ class StormConfig:
             raise ValueError("requests and concurrency must be >= 1")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate}")
-        if self.num_blocks and self.num_blocks < self.concurrency * self.blocks_per_request:
-            raise ValueError("num_blocks must hold concurrency x blocks_per_request blocks")
+        if self.mamba_layers < 0 or (self.mamba_layers and self.mode != "read"):
+            raise ValueError(f"mamba_layers needs read mode and >= 0, got {self.mamba_layers} in {self.mode} mode")
+        if self.num_blocks and self.num_blocks < self.concurrency * self.blocks_held:
+            raise ValueError("num_blocks must hold concurrency x the blocks a request holds")
         if not self.transfer_timeout_s < self.defer_timeout_s < self.recv_abort_timeout_s:
             raise ValueError("timeouts must be ordered: transfer < defer < recv_abort")
 
     @property
+    def state_blocks(self) -> int:
+        """Mamba state blocks per request: the running state, one for every Mamba layer (0 without Mamba)."""
+        return 1 if self.mamba_layers else 0
+
+    @property
+    def blocks_held(self) -> int:
+        """Blocks a request holds: its attention blocks, then its Mamba state block."""
+        return self.blocks_per_request + self.state_blocks
+
+    @property
+    def block_groups(self) -> tuple[int, ...] | None:
+        """Each KV cache group's count in a request's blocks (None: one group)."""
+        return (self.blocks_per_request, self.state_blocks) if self.state_blocks else None
+
+    @property
     def blocks(self) -> int:
-        return self.num_blocks or self.concurrency * self.blocks_per_request * 2
+        return self.num_blocks or self.concurrency * self.blocks_held * 2
 
 
 @dataclass

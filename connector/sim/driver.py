@@ -235,12 +235,12 @@ class Storm:
             request.producer_params = parse_params(raw)
             # vLLM's schedule() asks every new request, a prefill's too (the producer's answer: nothing to load).
             engine.scheduler.matched_tokens(request.producer_params, self.prompt_tokens, 0)
-            blocks = engine.pool.allocate(cfg.blocks_per_request, request.owner)
+            blocks = engine.pool.allocate(cfg.blocks_held, request.owner)
             if blocks is None:
                 raise SimulationError("producer KV pool exhausted: num_blocks is below what concurrency needs")
             side.blocks, side.admitted = blocks, True
             engine.known.add(side.request_id)
-            request.checksums = prefill(engine.caches, blocks, cfg.seed, request.number)
+            request.checksums = prefill(engine.caches, blocks, cfg.seed, request.number, cfg.state_blocks)
             if cfg.mode == "write":
                 engine.scheduler.on_save(
                     side.request_id, request.producer_params, blocks, now, prompt_digest=request.prompt_digest
@@ -258,10 +258,10 @@ class Storm:
         shows in the checksums even after the storm's own arrivals have ended."""
         cfg, pool = self.config, self.producer.pool
         owner = TransferId("local-traffic")
-        blocks = pool.allocate(cfg.blocks_per_request, owner)
+        blocks = pool.allocate(cfg.blocks_held, owner)
         if blocks is None:
             return
-        prefill(self.producer.caches, blocks, cfg.seed, LOCAL_TRAFFIC_NUMBER_BASE + round_number)
+        prefill(self.producer.caches, blocks, cfg.seed, LOCAL_TRAFFIC_NUMBER_BASE + round_number, cfg.state_blocks)
         pool.free(blocks, owner)
 
     def _request_finished(self, round_number: int, now: float) -> None:
@@ -270,7 +270,9 @@ class Storm:
         finishing, self._finishing = self._finishing, []
         for request in finishing:
             side = request.producer
-            keep, kv = engine.scheduler.on_request_finished(side.request_id, request.producer_params, side.blocks, now)
+            keep, kv = engine.scheduler.on_request_finished(
+                side.request_id, request.producer_params, side.blocks, now, block_groups=self.config.block_groups
+            )
             if self.config.mode == "read":
                 request.consumer_params, request.handed_over = parse_params(kv), True
             if not keep:
@@ -327,14 +329,20 @@ class Storm:
         cfg, engine, side = self.config, self.consumer, request.consumer
         params = request.consumer_params
         count, is_async = engine.scheduler.matched_tokens(params, self.prompt_tokens, 0)
-        blocks = engine.pool.allocate(cfg.blocks_per_request, request.owner)
+        blocks = engine.pool.allocate(cfg.blocks_held, request.owner)
         if blocks is None:
             raise SimulationError("consumer KV pool exhausted: num_blocks is below what concurrency needs")
         side.blocks, side.admitted = blocks, True
         engine.known.add(side.request_id)
         external = count if is_async else 0
         claimed = engine.scheduler.on_alloc(
-            side.request_id, params, blocks if external > 0 else (), external, now, prompt_digest=request.prompt_digest
+            side.request_id,
+            params,
+            blocks if external > 0 else (),
+            external,
+            now,
+            prompt_digest=request.prompt_digest,
+            block_groups=cfg.block_groups if external > 0 else None,
         )
         if claimed and params is not None:
             request.consumer_params = params.taken()  # as vLLM's request keeps its updated params
@@ -372,7 +380,7 @@ class Storm:
             if any(tid in e.transport.failed_terminally for e in self.engines):
                 tally.failed_reported_as_received.append(tid)
             tally.integrity_checked += 1
-            if checksums(engine.caches, side.blocks) != request.checksums:
+            if checksums(engine.caches, side.blocks, self.config.state_blocks) != request.checksums:
                 tally.integrity_failures.append(tid)
             self._loaded(request, now)
 

@@ -23,7 +23,7 @@ from connector.sim.config import StormConfig
 from connector.sim.errors import SimulationError
 from connector.sim.faulty_channel import FaultyChannel
 from connector.sim.faulty_transport import FaultyTransport
-from connector.sim.integrity import block_stride_bytes, make_caches
+from connector.sim.integrity import block_stride_bytes, make_caches, sim_mamba_groups
 from connector.sim.network import SimNetwork
 from connector.sim.pool import BlockPool
 from connector.store import open_ledger
@@ -90,7 +90,9 @@ class SimEngine:
         `assert req_id in self.requests`. A restarted engine starts with none."""
         self.load_before_forward = storm.start_load_before_forward
         self.pool = BlockPool(storm.blocks)
-        self.caches = make_caches(storm.layers, storm.blocks, storm.block_size, storm.kv_heads, storm.head_dim)
+        self.caches = make_caches(
+            storm.layers, storm.blocks, storm.block_size, storm.kv_heads, storm.head_dim, storm.mamba_layers
+        )
         self._strides = {name: block_stride_bytes(t) for name, t in self.caches.items()}
         self.events: dict[str, list[Event]] = previous.events if previous else {}
         self.releases: dict[str, list[Release]] = previous.releases if previous else {}
@@ -138,7 +140,9 @@ class SimEngine:
             raise
         self.transport = FaultyTransport(tcp, network, self._owner_at)
         self.worker = WorkerCore(config, ledgers[1], self.transport, self.channel, gated_links=True)
-        self.worker.register_kv_caches(self.caches, storm.blocks)
+        mamba = sim_mamba_groups(self.caches)
+        groups = {layer: g.group for g in mamba for layer in g.layers}
+        self.worker.register_kv_caches(self.caches, storm.blocks, groups, mamba=mamba)
 
     def _owner_at(self, layer: str, offset: int) -> TransferId | None:
         return self.pool.owner.get(offset // self._strides[layer])

@@ -6,33 +6,79 @@ import zlib
 
 import torch
 
+from connector.mamba import MambaGroup
+
 CONTENT_SEED_STRIDE = 1_000_003
 """Keeps the content of request n of seed s apart from every other (seed, n) pair."""
 
 
-def make_caches(layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int) -> dict[str, torch.Tensor]:
+MAMBA_SUFFIX = ".mamba"
+"""The simulator's Mamba layers' names end so: their blocks are the request's state block, not its KV blocks."""
+
+
+def make_caches(
+    layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, mamba_layers: int = 0
+) -> dict[str, torch.Tensor]:
     """One block-major tensor per layer, `(num_blocks, 2, block_size, kv_heads, head_dim)` float32 (K and V
     interleaved per block), zeroed. Block-major keeps a block's bytes in one run, so an op's first local
-    offset names its block."""
-    return {
+    offset names its block. Mamba layers (hybrid requests) follow: one state page per block, conv then SSM
+    state, `(num_blocks, 1, 1, 3 * head_dim)`."""
+    caches = {
         f"layers.{i}.attn": torch.zeros(num_blocks, 2, block_size, kv_heads, head_dim, dtype=torch.float32)
         for i in range(layers)
     }
+    for i in range(layers, layers + mamba_layers):
+        caches[f"layers.{i}{MAMBA_SUFFIX}"] = torch.zeros(num_blocks, 1, 1, 3 * head_dim, dtype=torch.float32)
+    return caches
+
+
+def _layer_blocks(name: str, blocks: tuple[int, ...], state_blocks: int) -> tuple[int, ...]:
+    """The blocks of `blocks` that layer `name` uses: a Mamba layer its state blocks (the tail), others the rest."""
+    if name.endswith(MAMBA_SUFFIX):
+        return blocks[len(blocks) - state_blocks :] if state_blocks else ()
+    return blocks[: len(blocks) - state_blocks]
 
 
 def block_stride_bytes(tensor: torch.Tensor) -> int:
     return int(tensor.stride(0)) * int(tensor.element_size())
 
 
-def prefill(caches: dict[str, torch.Tensor], blocks: tuple[int, ...], seed: int, number: int) -> list[int]:
-    """Write request `number`'s KV into `blocks` of every layer (the prefill's forward); return its checksums."""
+def prefill(
+    caches: dict[str, torch.Tensor], blocks: tuple[int, ...], seed: int, number: int, state_blocks: int = 0
+) -> list[int]:
+    """Write request `number`'s KV into `blocks` of every layer (the prefill's forward; a Mamba layer its state
+    into the last `state_blocks`); return its checksums."""
     generator = torch.Generator().manual_seed(seed * CONTENT_SEED_STRIDE + number)
-    index = torch.tensor(blocks, dtype=torch.long)
-    for tensor in caches.values():
-        tensor[index] = torch.randn((len(blocks), *tensor.shape[1:]), generator=generator)
-    return checksums(caches, blocks)
+    for name, tensor in caches.items():
+        mine = _layer_blocks(name, blocks, state_blocks)
+        if mine:
+            index = torch.tensor(mine, dtype=torch.long)
+            tensor[index] = torch.randn((len(mine), *tensor.shape[1:]), generator=generator)
+    return checksums(caches, blocks, state_blocks)
 
 
-def checksums(caches: dict[str, torch.Tensor], blocks: tuple[int, ...]) -> list[int]:
-    """crc32 of each block's bytes, layer by layer, in block-list order."""
-    return [zlib.crc32(tensor[block].numpy().tobytes()) for tensor in caches.values() for block in blocks]
+def checksums(caches: dict[str, torch.Tensor], blocks: tuple[int, ...], state_blocks: int = 0) -> list[int]:
+    """crc32 of each block's bytes, layer by layer, in block-list order (a Mamba layer's state blocks only)."""
+    return [
+        zlib.crc32(tensor[block].numpy().tobytes())
+        for name, tensor in caches.items()
+        for block in _layer_blocks(name, blocks, state_blocks)
+    ]
+
+
+def sim_mamba_groups(caches: dict[str, torch.Tensor]) -> tuple[MambaGroup, ...]:
+    """The simulator's Mamba layers as one Mamba KV cache group (group 1, after the attention layers')."""
+    layers = tuple(name for name in caches if name.endswith(MAMBA_SUFFIX))
+    if not layers:
+        return ()
+    state = caches[layers[0]].shape[-1]
+    conv, ssm = state // 3, state - state // 3
+    return (
+        MambaGroup(
+            group=1,
+            layers=layers,
+            shapes=((conv,), (ssm,)),
+            dtypes=("float32", "float32"),
+            page_bytes=block_stride_bytes(caches[layers[0]]),
+        ),
+    )

@@ -1,7 +1,8 @@
 """A hybrid model's transfer through LedgerConnector's worker half: vLLM's own types, two engines' workers over
 the tcp transport, each layer moving the blocks of its own KV cache group. No engine starts.
 
-Scheduler-side behaviour with several groups (vLLM's real Scheduler) is in tests/e2e/test_scheduler_hybrid.py.
+Scheduler-side behaviour with several groups (vLLM's real Scheduler) is in tests/e2e/test_scheduler_hybrid.py;
+a Mamba group's state in tests/connector/test_mamba_adapter.py.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from tests.connector.test_vllm_adapter import PROMPT, Engine, _request, patched_
 FULL_LAYERS, WINDOW_LAYERS = ["layers.0.attn", "layers.2.indexer"], ["layers.1.attn"]
 
 
-def _kv_cache_config(mamba: bool = False) -> Any:
+def _kv_cache_config() -> Any:
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
-        MambaSpec,
         SlidingWindowSpec,
     )
 
@@ -37,10 +37,6 @@ def _kv_cache_config(mamba: bool = False) -> Any:
             SlidingWindowSpec(block_size=BLOCK_SIZE, num_kv_heads=2, head_size=8, dtype=f32, sliding_window=8),
         ),
     ]
-    if mamba:
-        groups.append(
-            KVCacheGroupSpec(["layers.3.mamba"], MambaSpec(block_size=BLOCK_SIZE, shapes=((4,),), dtypes=(f32,)))
-        )
     return KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
@@ -104,10 +100,3 @@ def test_each_layer_reads_the_blocks_of_its_own_group(hybrid_engines: tuple[Engi
     # The window layer moved its own group's blocks only: the full-attention group's stayed untouched there.
     for cb in c_groups[0]:
         assert not block_bytes(consumer.caches, window, cb).strip(b"\x00")
-
-
-def test_a_worker_refuses_a_mamba_group_at_start(patched_rank: None) -> None:  # noqa: F811
-    p = free_loopback_ports(6)
-    mine, theirs = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
-    with pytest.raises(ValueError, match="Mamba state"):
-        Engine("kv_consumer", "read", mine, theirs, fill=False, kv_cache_config=_kv_cache_config(mamba=True))

@@ -42,7 +42,14 @@ class Engine:
     """One engine's scheduler-role and worker-role connectors, created by vLLM's factory."""
 
     def __init__(
-        self, role: str, mode: str, mine: EnginePorts, theirs: EnginePorts, fill: bool, kv_cache_config: Any = None
+        self,
+        role: str,
+        mode: str,
+        mine: EnginePorts,
+        theirs: EnginePorts,
+        fill: bool,
+        kv_cache_config: Any = None,
+        more_caches: dict[str, Any] | None = None,
     ) -> None:
         from vllm.config import KVTransferConfig, VllmConfig
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -58,7 +65,7 @@ class Engine:
         config = VllmConfig(kv_transfer_config=transfer)
         self.scheduler = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
         self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
-        self.caches = make_caches(fill, seed=1 if fill else 2)
+        self.caches = {**make_caches(fill, seed=1 if fill else 2), **(more_caches or {})}
         self.worker.register_kv_caches(self.caches)
         self.finished: set[str] = set()
         self.sent: Counter[str] = Counter()

@@ -2,6 +2,9 @@
 cache manager on, and every KV cache group's blocks (full attention, a sliding window of another block size,
 a Mamba state) are mapped, held, handed to the consumer and freed together, by the transfer's one release.
 
+A model with a Mamba group is served as vLLM's NIXL connector serves it: the producer prefills the prompt one
+token short (its Mamba state is h(N-1)), the consumer loads that much and computes the last token itself.
+
 No engine, no weights: the workers' reports are written by hand, as in test_scheduler_contract.py.
 """
 
@@ -40,9 +43,9 @@ FULL_BLOCK, WINDOW_BLOCK = 16, 32  # two attention block sizes; the scheduler's 
 GROUPS = ("full attention", "sliding window", "mamba")
 
 
-def hybrid_groups() -> list[KVCacheGroupSpec]:
+def hybrid_groups(*, mamba: bool = True) -> list[KVCacheGroupSpec]:
     f32 = torch.float32
-    return [
+    groups = [
         KVCacheGroupSpec(["full.0"], FullAttentionSpec(block_size=FULL_BLOCK, num_kv_heads=1, head_size=1, dtype=f32)),
         KVCacheGroupSpec(
             ["swa.0"],
@@ -50,16 +53,17 @@ def hybrid_groups() -> list[KVCacheGroupSpec]:
         ),
         KVCacheGroupSpec(["mamba.0"], MambaSpec(block_size=WINDOW_BLOCK, shapes=((2, 4), (4, 4)), dtypes=(f32, f32))),
     ]
+    return groups if mamba else groups[:2]
 
 
-def hybrid(model: str, role: str, policy: str = "fail", *, mode: str = "read", **more: Any) -> Any:
+def hybrid(model: str, role: str, policy: str = "fail", *, mode: str = "read", mamba: bool = True, **more: Any) -> Any:
     extra: dict[str, Any] = {"read_mode": mode == "read", "defer_timeout": DEFER_TIMEOUT_S, **more}
     if role == "kv_producer":
         extra.update(PRODUCER_PORTS)
     else:
         extra["peers"] = [{"host": "127.0.0.1", **PRODUCER_PORTS}]
     config = make_vllm_config(model, role, extra, kv_load_failure_policy=policy)
-    return make_scheduler(config, hybrid_groups(), scheduler_block_size=WINDOW_BLOCK)
+    return make_scheduler(config, hybrid_groups(mamba=mamba), scheduler_block_size=WINDOW_BLOCK)
 
 
 def live_blocks(scheduler: Any, request_id: str) -> list[list[int]]:
@@ -130,7 +134,8 @@ def test_consumer_loads_into_every_group_then_recomputes_one_token(model: str, c
     _, handed = prefill(hybrid(model, "kv_producer"), "tx-h-load")
     scheduler = hybrid(model, "kv_consumer")
     request = consumer_request(handed)
-    assert scheduler.connector.get_num_new_matched_tokens(request, 0) == (PROMPT_TOKENS, True)
+    # The producer's Mamba state is h(N-1): the consumer loads one token short and computes the last one.
+    assert scheduler.connector.get_num_new_matched_tokens(request, 0) == (PROMPT_TOKENS - 1, True)
     scheduler.add_request(request)
     out, _ = step(scheduler)
     assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not out.num_scheduled_tokens
@@ -147,7 +152,8 @@ def test_consumer_loads_into_every_group_then_recomputes_one_token(model: str, c
     assert recv.remote_block_groups == (7, 2, 1) and list(recv.remote_block_ids) == handed["remote_block_ids"]
     step(scheduler, finished_recving={request.request_id})
     out, _ = step(scheduler)
-    assert out.num_scheduled_tokens == {request.request_id: 1}  # vLLM recomputes the last prompt token only
+    assert out.num_scheduled_tokens == {request.request_id: 1}  # the last prompt token only, from h(N-1)
+    assert request.num_computed_tokens == PROMPT_TOKENS
     while scheduler.requests:
         step(scheduler)
     assert_empty(scheduler)
@@ -217,3 +223,29 @@ def test_the_connector_names_a_failed_hybrid_load_by_request_never_by_block(mode
 def test_write_mode_refuses_a_hybrid_model_at_start(model: str) -> None:
     with pytest.raises(ValueError, match="WRITE mode moves one KV cache group only"):
         hybrid(model, "kv_producer", mode="write")
+
+
+def test_a_mamba_producer_prefills_one_token_short_once(model: str, clock: Clock) -> None:
+    scheduler = hybrid(model, "kv_producer")
+    request = make_request(PROMPT_TOKENS, {"do_remote_decode": True, "transfer_id": "tx-h-short"}, max_tokens=5)
+    scheduler.add_request(request)
+    out, _ = step(scheduler)
+    # vLLM computes 99 tokens (state h(N-1)) and samples one, as under vLLM's NIXL connector.
+    assert out.num_scheduled_tokens == {request.request_id: PROMPT_TOKENS - 1}
+    assert request.num_prompt_tokens == PROMPT_TOKENS - 1 and request.max_tokens == 1
+    # Asked again (a preemption re-adds nothing, but a second on_new_request must not cut again).
+    scheduler.connector.on_new_request(request)
+    assert request.num_prompt_tokens == PROMPT_TOKENS - 1 and len(request.prompt_token_ids) == PROMPT_TOKENS - 1
+
+
+def test_an_attention_only_hybrid_loads_the_whole_prompt(model: str, clock: Clock) -> None:
+    # Without Mamba state there is nothing one token short to derive: vLLM recomputes the last token itself.
+    _, handed = prefill(hybrid(model, "kv_producer", mamba=False), "tx-h-attn")
+    scheduler = hybrid(model, "kv_consumer", mamba=False)
+    request = consumer_request(handed)
+    assert scheduler.connector.get_num_new_matched_tokens(request, 0) == (PROMPT_TOKENS, True)
+    producer = hybrid(model, "kv_producer", mamba=False)
+    local = make_request(PROMPT_TOKENS, {"do_remote_decode": True, "transfer_id": "tx-h-attn-2"}, max_tokens=1)
+    producer.add_request(local)
+    out, _ = step(producer)
+    assert out.num_scheduled_tokens == {local.request_id: PROMPT_TOKENS}

@@ -54,6 +54,42 @@ TINY_GEMMA3: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
+TINY_GRANITE_HYBRID: dict[str, Any] = {
+    # A hybrid Mamba model (Granite 4's architecture): layer 0 is a Mamba2 mixer (conv and SSM state), layer 1
+    # full attention. vLLM's CPU backend runs it (two KV cache groups; head_dim 32: the CPU attention needs it).
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "model_type": "granitemoehybrid",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "shared_intermediate_size": 128,
+    "num_local_experts": 0,
+    "num_experts_per_tok": 0,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "layer_types": ["mamba", "attention"],
+    "position_embedding_type": "rope",
+    "mamba_n_heads": 4,
+    "mamba_d_head": 32,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 64,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+    "vocab_size": 1000,
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+
 MAX_MODEL_LEN = 256
 BLOCK_SIZE_CPU = 128
 """vLLM's CPU block size: a prompt needs more than one block (>= 130 tokens) for KV to move."""
