@@ -1,5 +1,5 @@
-"""Open a store by URL (parsed by `url.py`): `memory://`, a SQLite file (the embedded default) or
-PostgreSQL (psycopg 3).
+"""Open a store by URL (parsed by `url.py`): `memory://`, a SQLite file (the embedded default),
+PostgreSQL (psycopg 3) or a NATS JetStream stream (`nats_store.py`).
 
 Every PostgreSQL connection carries a `lock_timeout` and a `statement_timeout` (named in
 `limits.py`), so a lock held elsewhere or a stuck statement fails a call instead of
@@ -141,6 +141,10 @@ def open_store(url: str | StoreUrl, *, create: bool = False, schema: str | None 
     from ledger.store.sql import SqlStore
 
     store_url = parse_url(url, schema=schema) if isinstance(url, str) else url
+    if store_url.nats is not None:
+        from ledger.store.nats_store import NatsStore  # nats-py is needed by this store only
+
+        return NatsStore(store_url.nats, create=create)
     if store_url.url is None:
         return MemoryStore(store_url.display)
     engine = connect_engine(store_url, create=create)

@@ -2,7 +2,8 @@
 
 `memory://`, a SQLite file (`sqlite:///path/to/ledger.db` or a bare file path) or PostgreSQL
 (`postgresql+psycopg://user@host/db`; plain `postgresql://` and `postgres://` are rewritten to
-psycopg), with an optional `?schema=name` for PostgreSQL so that several ledgers share one database.
+psycopg), with an optional `?schema=name` for PostgreSQL so that several ledgers share one database,
+or a NATS JetStream stream (`nats://host:4222/stream`, settings in `nats_stream.py`).
 Everything that asks "which store is this?" (opening it, the connector's spill folder, log lines)
 reads the one `StoreUrl`, never the raw string.
 """
@@ -16,6 +17,7 @@ from sqlalchemy import exc, make_url
 from sqlalchemy.engine import URL
 
 from ledger.store.base import StoreUnavailable
+from ledger.store.nats_stream import NATS_SCHEME, NatsTarget, parse_nats_url
 
 MEMORY_URL = "memory://"
 
@@ -24,14 +26,19 @@ MEMORY_URL = "memory://"
 class StoreUrl:
     """A parsed store URL: the SQLAlchemy URL, the PostgreSQL schema, and a printable form."""
 
-    url: URL | None  # None for the memory store
+    url: URL | None  # None for the memory store and NATS
     schema: str | None
     display: str
     """Safe for logs and messages: the password is hidden."""
+    nats: NatsTarget | None = None
 
     @property
     def is_memory(self) -> bool:
-        return self.url is None
+        return self.url is None and self.nats is None
+
+    @property
+    def is_nats(self) -> bool:
+        return self.nats is not None
 
     @property
     def is_sqlite(self) -> bool:
@@ -54,6 +61,9 @@ def parse_url(raw: str, *, schema: str | None = None) -> StoreUrl:
     """Check and normalise a store URL; raises StoreUnavailable naming it when it cannot be used."""
     if raw in (MEMORY_URL, "memory:"):
         return StoreUrl(None, None, MEMORY_URL)
+    if raw.startswith(f"{NATS_SCHEME}://"):
+        target = parse_nats_url(raw)
+        return StoreUrl(None, None, target.display, target)
     if "://" not in raw:
         # A bare path is a SQLite file, so a store file is accepted wherever a log path is.
         return StoreUrl(URL.create("sqlite", database=str(Path(raw))), None, raw)
@@ -78,5 +88,5 @@ def parse_url(raw: str, *, schema: str | None = None) -> StoreUrl:
             raise StoreUnavailable(f"{display}: an in-memory SQLite store is not supported; use {MEMORY_URL}")
         return StoreUrl(url.set(drivername="sqlite"), None, display)
     raise StoreUnavailable(
-        f"{display}: unsupported store {backend!r}; use sqlite:///path, postgresql://... or memory://"
+        f"{display}: unsupported store {backend!r}; use sqlite:///path, postgresql://..., nats://host:4222/stream or memory://"
     )

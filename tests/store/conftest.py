@@ -12,11 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from ledger.events import Event
+from ledger.partition import partition_of
 from ledger.store.base import EventStore
 from ledger.store.connect import open_store
 
 PG_URL = os.environ.get("KVLEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 SKIP_PG = os.environ.get("KVLEDGER_SKIP_PG") == "1"
+NATS_URL = os.environ.get("KVLEDGER_TEST_NATS_URL", "nats://127.0.0.1:4222")
+"""The shared NATS (JetStream on); tests make streams of their own in it and delete them, never stop it."""
+SKIP_NATS = os.environ.get("KVLEDGER_SKIP_NATS") == "1"
 
 
 def _pg_admin() -> object:
@@ -65,7 +70,44 @@ def pg_url(pg_available: None, pg_schemas: Callable[[], str]) -> str:
     return f"{PG_URL}?schema={pg_schemas()}"
 
 
-BACKENDS = ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+@pytest.fixture(scope="session")
+def nats_available() -> None:
+    """The shared NATS must answer, as PostgreSQL must (scripts/ensure_nats.sh starts one where none runs)."""
+    if SKIP_NATS:
+        pytest.skip("KVLEDGER_SKIP_NATS=1: NATS tests skipped on request")
+    host, _, port = NATS_URL.removeprefix("nats://").partition(":")
+    try:
+        socket.create_connection((host, int(port or 4222)), timeout=2).close()
+    except OSError as error:
+        pytest.fail(
+            f"NATS at {NATS_URL} does not answer ({error}); start it (scripts/ensure_nats.sh), "
+            "set KVLEDGER_TEST_NATS_URL, or set KVLEDGER_SKIP_NATS=1 to skip these tests on purpose",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def nats_url(nats_available: None) -> Iterator[str]:
+    """A NATS store URL naming a fresh stream (4 partitions) of its own; the stream is deleted at the end."""
+    url = f"{NATS_URL}/kvl-test-{uuid.uuid4().hex[:12]}?partitions=4"
+    yield url
+    from ledger.store.nats_store import NatsStore
+    from ledger.store.url import parse_url
+
+    target = parse_url(url).nats
+    assert target is not None
+    with contextlib.suppress(Exception):
+        leftover = NatsStore(target, create=False)
+        leftover.delete_stream()
+        leftover.close()
+
+
+BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("nats", marks=pytest.mark.nats),
+]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -74,6 +116,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return "memory://"
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'ledger.db'}"
+    if request.param == "nats":
+        return str(request.getfixturevalue("nats_url"))
     return str(request.getfixturevalue("pg_url"))
 
 
@@ -82,6 +126,25 @@ def store(store_url: str) -> Iterator[EventStore]:
     opened = open_store(store_url, create=True)
     yield opened
     opened.close()
+
+
+def as_stored(store: EventStore, *batches: list[Event]) -> list[Event]:
+    """The events of `batches` (each one append's new events) in the order `store` keeps them.
+
+    SQL and memory stores keep each batch as it came. A NATS stream stores a batch as messages of one
+    (partition, source) each, the groups in the order of their first event: that is the order a reader of
+    the stream sees, and the one a partition worker folds."""
+    partitions = getattr(store, "partitions", None)
+    out: list[Event] = []
+    for batch in batches:
+        if partitions is None:
+            out.extend(batch)
+            continue
+        groups: dict[tuple[int, str], list[Event]] = {}
+        for event in batch:
+            groups.setdefault((partition_of(event.transfer_id, partitions), event.source), []).append(event)
+        out.extend(event for group in groups.values() for event in group)
+    return out
 
 
 class TcpProxy:

@@ -1,0 +1,549 @@
+"""The NATS JetStream store: the store contract (`base.EventStore`) over a stream; nats-py stays in here.
+
+A message is a batch of one source's events of one partition (`nats_stream.py` names the subjects and the
+stream's settings); its headers carry the source and its first and last seq, and `Nats-Msg-Id` is
+`kvl:<source token>:<first seq>:<last seq>`, so a batch published again within the duplicate window is
+stored once. Beyond the window, `append` is still idempotent by (source, seq): it knows each source's
+highest stored seq (the last message of each of the source's subjects, read once and after any failure)
+and, when a batch reaches at or below it, reads that source's stored events to skip the ones stored
+(same content) or refuse the batch (`ConflictError`, different content) before publishing anything.
+One process writes a source (an engine rank's writer), as for every store.
+
+An append publishes all of its messages at once (`publish_async`: every acknowledgement in flight
+together) and waits for their acknowledgements; a failure (the server down, an ack lost) raises
+`StoreUnavailable`, and the writer retries or spills the batch: the messages that did land are
+recognised on the retry, by their Msg-Id or by seq.
+
+Order: events of one (partition, source) keep their batch order; a batch is stored one (partition, source)
+group after another, groups in the order of their first event. A store-wide cursor is the message's
+stream sequence times 2**16 plus the event's place in it (1-based): cursors grow with insertion order,
+with gaps. `count` and `count_through` read message headers only (the stream keeps no event count).
+
+Snapshots go to the object store `<stream>-snapshots` (one object per (source, seq)), refused events to
+the stream `<stream>-quarantine`. Calls run on a private event loop thread, so every method is a plain
+blocking call with a timeout, like the SQL stores'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from typing import TypeVar
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.object_store import ObjectStore
+
+from ledger.events import Event, TransferId, to_msgpack
+from ledger.partition import partition_of
+from ledger.store.base import (
+    Appended,
+    ConflictError,
+    Quarantined,
+    StoredSnapshot,
+    StoreError,
+    StoreUnavailable,
+)
+from ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
+from ledger.store.nats_stream import PARTITIONS_DEFAULT, NatsTarget, source_token
+from ledger.store.rows import Row, encode_rows, quarantine_row
+
+T = TypeVar("T")
+
+CURSOR_SHIFT = 16
+"""A cursor is `stream_seq << CURSOR_SHIFT | place`; a message holds fewer than 2**16 events."""
+MESSAGE_EVENTS_MAX = 1_000
+"""Events in one message at most (about 150 KB of msgpack; the server's default max_payload is 1 MB)."""
+CALL_TIMEOUT_S = 5.0
+"""How long one store call may wait for the server before it fails (the writer then spills and retries)."""
+SCAN_FETCH_MESSAGES = 256
+DESCRIPTION = "kvledger event log, partitions="
+"""The stream's description names its partition count (nats-py cannot set stream metadata)."""
+
+H_SOURCE, H_FIRST, H_LAST, H_COUNT = "Kvl-Source", "Kvl-First", "Kvl-Last", "Kvl-Count"
+MSG_ID = "Nats-Msg-Id"
+
+_events_decoder: msgspec.msgpack.Decoder[list[Event]] = msgspec.msgpack.Decoder(list[Event])
+_encoder = msgspec.msgpack.Encoder()
+
+
+def msg_id(source: str, first: int, last: int) -> str:
+    """The de-duplication id of a batch of `source`'s events `first`..`last` (one partition's)."""
+    return f"kvl:{source_token(source)}:{first}:{last}"
+
+
+def decode_batch(data: bytes) -> list[Event]:
+    """The events of one message, in order."""
+    return _events_decoder.decode(data)
+
+
+def _snapshot_name(source: str, seq: int) -> str:
+    return f"{source.encode().hex()}.{seq:020d}"
+
+
+class NatsStore:
+    """The event log in a JetStream stream (see the module docstring)."""
+
+    def __init__(self, target: NatsTarget, *, create: bool) -> None:
+        self.target = target
+        self.url = target.display
+        self.partitions = target.partitions or PARTITIONS_DEFAULT
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="kvledger-nats", daemon=True)
+        self._thread.start()
+        self._closed = False
+        self._stored_max: dict[str, int] = {}
+        """Each source's highest stored seq (0: none), as last read or published; dropped after a failure."""
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._objects: ObjectStore | None = None
+        try:
+            self._call(self._open(create), timeout=target.connect_timeout_s + CALL_TIMEOUT_S)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- plumbing -------------------------------------------------------------
+
+    def _call(self, coro: Awaitable[T], timeout: float = CALL_TIMEOUT_S) -> T:
+        if self._closed:
+            if asyncio.iscoroutine(coro):
+                coro.close()
+            raise StoreError(f"{self.url}: store is closed")
+        future = asyncio.run_coroutine_threadsafe(self._guarded(coro), self._loop)
+        try:
+            return future.result(timeout + 1.0)
+        except TimeoutError:
+            future.cancel()
+            raise StoreUnavailable(f"{self.url}: store unavailable: no answer in {timeout:.0f} s") from None
+
+    async def _guarded(self, coro: Awaitable[T]) -> T:
+        try:
+            return await coro
+        except StoreError:
+            raise
+        except (TimeoutError, nats.errors.Error, OSError) as error:
+            raise StoreUnavailable(f"{self.url}: store unavailable: {type(error).__name__}: {error}") from error
+
+    @property
+    def js(self) -> JetStreamContext:
+        assert self._js is not None
+        return self._js
+
+    async def _open(self, create: bool) -> None:
+        try:
+            self._nc = await nats.connect(
+                self.target.servers,
+                connect_timeout=self.target.connect_timeout_s,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+            )
+        except Exception as error:  # nats-py raises several kinds on a refused connection
+            raise StoreUnavailable(f"{self.url}: store unavailable: cannot connect ({error})") from error
+        self._js = self._nc.jetstream(timeout=CALL_TIMEOUT_S)
+        try:
+            info = await self.js.stream_info(self.target.stream)
+        except nats.js.errors.NotFoundError:
+            if not create:
+                raise StoreUnavailable(
+                    f"{self.url}: no stream {self.target.stream!r}; create it with "
+                    f"`kvledger db upgrade --db {self.url}`"
+                ) from None
+            info = await self.js.add_stream(self._stream_config())
+        described = info.config.description or ""
+        found = described[len(DESCRIPTION) :] if described.startswith(DESCRIPTION) else None
+        if found is None or not found.isdigit():
+            raise StoreUnavailable(f"{self.url}: stream {self.target.stream!r} was not made by kvledger")
+        if self.target.partitions is not None and int(found) != self.target.partitions:
+            raise StoreUnavailable(
+                f"{self.url}: the stream has {found} partitions, the URL asks for {self.target.partitions}; "
+                "a stream's partition count cannot change (a transfer would move between workers)"
+            )
+        self.partitions = int(found)
+        await self._ensure_side_stores(create)
+
+    def _stream_config(self) -> api.StreamConfig:
+        t = self.target
+        return api.StreamConfig(
+            name=t.stream,
+            subjects=[t.subjects],
+            retention=api.RetentionPolicy.LIMITS,
+            discard=api.DiscardPolicy.NEW,  # a full stream refuses new batches: old events are never dropped
+            storage=api.StorageType.FILE,
+            num_replicas=t.replicas,
+            duplicate_window=t.dup_window_s,
+            max_bytes=t.max_bytes,
+            max_msgs=t.max_msgs,
+            max_age=0,
+            allow_direct=True,
+            description=f"{DESCRIPTION}{self.partitions}",
+        )
+
+    async def _ensure_side_stores(self, create: bool) -> None:
+        t = self.target
+        try:
+            await self.js.stream_info(t.quarantine_stream)
+        except nats.js.errors.NotFoundError:
+            await self.js.add_stream(
+                name=t.quarantine_stream,
+                subjects=[t.quarantine_subject],
+                storage=api.StorageType.FILE,
+                num_replicas=t.replicas,
+                discard=api.DiscardPolicy.NEW,
+            )
+        try:
+            self._objects = await self.js.object_store(t.snapshot_bucket)
+        except nats.js.errors.BucketNotFoundError:
+            self._objects = await self.js.create_object_store(
+                t.snapshot_bucket, api.ObjectStoreConfig(storage=api.StorageType.FILE, replicas=t.replicas)
+            )
+
+    async def _scan(
+        self, subject: str, *, stream: str | None = None, start_seq: int = 0, headers_only: bool = False
+    ) -> AsyncIterator[Msg]:
+        """Every message of `subject` from `start_seq` (0: the first) to the stream's end when the scan began."""
+        config = api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start_seq > 0 else api.DeliverPolicy.ALL,
+            opt_start_seq=start_seq if start_seq > 0 else None,
+            ack_policy=api.AckPolicy.NONE,
+            inactive_threshold=60.0,
+            mem_storage=True,
+            headers_only=headers_only,
+            filter_subject=subject,
+        )
+        sub = await self.js.pull_subscribe(subject, stream=stream or self.target.stream, config=config)
+        try:
+            pending = (await sub.consumer_info()).num_pending
+            while pending:
+                batch = await sub.fetch(min(pending, SCAN_FETCH_MESSAGES), timeout=CALL_TIMEOUT_S)
+                for msg in batch:
+                    yield msg
+                pending = batch[-1].metadata.num_pending if batch else 0
+        finally:
+            await sub.unsubscribe()
+
+    def _iterate(self, scan: AsyncIterator[Msg]) -> Iterator[Msg]:
+        """A scan run from this thread, one message at a time."""
+        try:
+            while True:
+                try:
+                    yield self._call(scan.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                self._call(scan.aclose())  # type: ignore[attr-defined]
+
+    # -- the contract ------------------------------------------------------
+
+    def append(self, events: Sequence[Event]) -> int:
+        return len(self.append_returning(events).inserted)
+
+    def append_returning(self, events: Sequence[Event], *, checked: bool = False) -> Appended:
+        rows = encode_rows(events, checked=checked)  # every event checked before anything is published
+        sources = {row[0] for row in rows}
+        try:
+            return self._call(self._append(list(events), rows, sources), timeout=CALL_TIMEOUT_S * 2)
+        except StoreUnavailable:
+            for source in sources:
+                self._stored_max.pop(source, None)  # what landed is unknown: read it again next time
+            raise
+
+    async def _append(self, events: list[Event], rows: list[Row], sources: set[str]) -> Appended:
+        stored_max = {source: await self._highest(source) for source in sources}
+        seen: dict[tuple[str, int], bytes] = {}
+        for source in sources:
+            high = stored_max[source]
+            wanted = {row[1] for row in rows if row[0] == source and row[1] <= high}
+            if wanted:
+                seen.update(await self._stored_bodies(source, wanted))
+        fresh: list[int] = []
+        for i, row in enumerate(rows):
+            key = (row[0], row[1])
+            body = seen.get(key)
+            if body is None:
+                seen[key] = row[5]
+                fresh.append(i)
+            elif body != row[5]:
+                raise ConflictError(f"{self.url}: {row[0]!r} seq {row[1]} is stored with different content")
+        groups: dict[tuple[int, str], list[int]] = {}
+        for i in fresh:
+            groups.setdefault((partition_of(rows[i][4], self.partitions), rows[i][0]), []).append(i)
+        messages: list[tuple[str, list[int]]] = []
+        for (partition, source), members in groups.items():
+            subject = self.target.subject(partition, source)
+            for first in range(0, len(members), MESSAGE_EVENTS_MAX):
+                messages.append((subject, members[first : first + MESSAGE_EVENTS_MAX]))
+        futures = []
+        for subject, members in messages:
+            source, first, last = rows[members[0]][0], rows[members[0]][1], rows[members[-1]][1]
+            headers = {
+                MSG_ID: msg_id(source, first, last),
+                H_SOURCE: source,
+                H_FIRST: str(first),
+                H_LAST: str(last),
+                H_COUNT: str(len(members)),
+            }
+            payload = _encoder.encode([msgspec.Raw(rows[i][5]) for i in members])
+            futures.append(await self.js.publish_async(subject, payload, headers=headers, stream=self.target.stream))
+        acks = await asyncio.wait_for(asyncio.gather(*futures), CALL_TIMEOUT_S)
+        inserted: list[tuple[int, Event]] = []
+        for ack, (_, members) in zip(acks, messages, strict=True):
+            if ack.duplicate:
+                continue  # stored by an earlier attempt whose acknowledgement was lost
+            inserted.extend(((ack.seq << CURSOR_SHIFT) | place, events[i]) for place, i in enumerate(members, 1))
+        inserted.sort(key=lambda pair: pair[0])
+        for i in fresh:
+            source, seq = rows[i][0], rows[i][1]
+            if seq > self._stored_max.get(source, 0):
+                self._stored_max[source] = seq
+        after = (min(ack.seq for ack in acks) - 1) << CURSOR_SHIFT | ((1 << CURSOR_SHIFT) - 1) if acks else 0
+        return Appended(inserted, after, {s: high for s, high in stored_max.items() if high})
+
+    async def _highest(self, source: str) -> int:
+        """`source`'s highest stored seq (0: none): the largest last seq of its subjects' last messages."""
+        known = self._stored_max.get(source)
+        if known is not None:
+            return known
+        subjects = [self.target.subject(p, source) for p in range(self.partitions)]
+        found = await asyncio.gather(*(self._last_seq_of(subject) for subject in subjects))
+        high = self._stored_max[source] = max(found, default=0)
+        return high
+
+    async def _last_seq_of(self, subject: str) -> int:
+        try:
+            msg = await self.js.get_last_msg(self.target.stream, subject)
+        except nats.js.errors.NotFoundError:
+            return 0
+        return int((msg.headers or {}).get(H_LAST, 0))
+
+    async def _stored_bodies(self, source: str, wanted: set[int]) -> dict[tuple[str, int], bytes]:
+        """The stored bodies of `source`'s events with a seq in `wanted` (a scan of the source's subjects)."""
+        found: dict[tuple[str, int], bytes] = {}
+        async for msg in self._scan(self.target.source_filter(source)):
+            headers = msg.headers or {}
+            if headers.get(H_SOURCE) != source:
+                continue
+            if int(headers.get(H_LAST, 0)) < min(wanted) or int(headers.get(H_FIRST, 0)) > max(wanted):
+                continue
+            for event in decode_batch(msg.data):
+                if event.seq in wanted:
+                    found[(source, event.seq)] = to_msgpack(event)
+        return found
+
+    def _events(self, subject: str, start_seq: int = 0) -> Iterator[tuple[int, Event]]:
+        for msg in self._iterate(self._scan(subject, start_seq=start_seq)):
+            base = msg.metadata.sequence.stream << CURSOR_SHIFT
+            for place, event in enumerate(decode_batch(msg.data), 1):
+                yield base | place, event
+
+    def read(
+        self,
+        *,
+        source: str | None = None,
+        after_seq: int = 0,
+        until_seq: int | None = None,
+        transfer_id: TransferId | None = None,
+        ts_from: float | None = None,
+        ts_to: float | None = None,
+        limit: int | None = None,
+    ) -> Iterator[Event]:
+        if self._closed:
+            raise StoreError(f"{self.url}: store is closed")
+        subject = self.target.subjects
+        if transfer_id is not None:
+            partition = partition_of(transfer_id, self.partitions)
+            whose = self.target.partition_filter(partition)
+            subject = whose if source is None else self.target.subject(partition, source)
+        elif source is not None:
+            subject = self.target.source_filter(source)
+        return self._read(subject, source, after_seq, until_seq, transfer_id, ts_from, ts_to, limit)
+
+    def _read(
+        self,
+        subject: str,
+        source: str | None,
+        after_seq: int,
+        until_seq: int | None,
+        transfer_id: TransferId | None,
+        ts_from: float | None,
+        ts_to: float | None,
+        limit: int | None,
+    ) -> Iterator[Event]:
+        emitted = 0
+        for _, event in self._events(subject):
+            if limit is not None and emitted >= limit:
+                return
+            if (
+                (source is not None and event.source != source)
+                or event.seq <= after_seq
+                or (until_seq is not None and event.seq > until_seq)
+                or (transfer_id is not None and event.transfer_id != transfer_id)
+                or (ts_from is not None and event.ts < ts_from)
+                or (ts_to is not None and event.ts > ts_to)
+            ):
+                continue
+            emitted += 1
+            yield event
+
+    def tail(self, after_cursor: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
+        limit = min(limit, TAIL_EVENTS_MAX)
+        out: list[tuple[int, Event]] = []
+        if limit <= 0:
+            return out
+        for cursor, event in self._events(self.target.subjects, start_seq=max(0, after_cursor) >> CURSOR_SHIFT):
+            if cursor <= after_cursor:
+                continue
+            out.append((cursor, event))
+            if len(out) >= limit:
+                break
+        return out
+
+    def sources(self) -> dict[str, int]:
+        info = self._call(self.js.stream_info(self.target.stream, subjects_filter=self.target.subjects))
+        subjects = list((info.state.subjects or {}).keys())
+        lasts = self._call(self._gather_last(subjects))
+        found: dict[str, int] = {}
+        for source, last in lasts:
+            if last > found.get(source, 0):
+                found[source] = last
+        return found
+
+    async def _gather_last(self, subjects: list[str]) -> list[tuple[str, int]]:
+        async def one(subject: str) -> tuple[str, int]:
+            msg = await self.js.get_last_msg(self.target.stream, subject)
+            headers = msg.headers or {}
+            return headers.get(H_SOURCE, ""), int(headers.get(H_LAST, 0))
+
+        return list(await asyncio.gather(*(one(subject) for subject in subjects)))
+
+    def _counts(self, until_stream_seq: int | None = None) -> Iterator[tuple[int, int]]:
+        """(stream seq, events) of every message, from headers alone."""
+        for msg in self._iterate(self._scan(self.target.subjects, headers_only=True)):
+            seq = msg.metadata.sequence.stream
+            if until_stream_seq is not None and seq > until_stream_seq:
+                return
+            yield seq, int((msg.headers or {}).get(H_COUNT, 0))
+
+    def count(self) -> int:
+        return sum(n for _, n in self._counts())
+
+    def count_through(self, cursor: int) -> int:
+        last, place = max(0, cursor) >> CURSOR_SHIFT, max(0, cursor) & ((1 << CURSOR_SHIFT) - 1)
+        return sum(n if seq < last else min(n, place) for seq, n in self._counts(last))
+
+    def missing_messages(self) -> int:
+        """Messages the stream once held and holds no more (a purge, a deletion, limits changed by hand): 0
+        for a stream kvledger made and nobody edited. A nonzero answer means some events are gone."""
+        info = self._call(self.js.stream_info(self.target.stream))
+        return int(info.state.last_seq - info.state.messages)
+
+    # -- snapshots -----------------------------------------------------------
+
+    @property
+    def _bucket(self) -> ObjectStore:
+        assert self._objects is not None
+        return self._objects
+
+    def save_snapshot(self, snapshot: StoredSnapshot) -> None:
+        meta = api.ObjectMeta(description=json.dumps({"format": snapshot.format, "created_ts": snapshot.created_ts}))
+        self._call(self._bucket.put(_snapshot_name(snapshot.source, snapshot.seq), snapshot.body, meta=meta))
+
+    async def _snapshot_seqs(self, source: str) -> list[int]:
+        prefix = source.encode().hex() + "."
+        try:
+            infos = await self._bucket.list(ignore_deletes=True)
+        except nats.js.errors.NotFoundError:
+            return []
+        return sorted(int(i.name[len(prefix) :]) for i in infos if i.name.startswith(prefix) and not i.deleted)
+
+    def latest_snapshot(self, source: str, max_seq: int | None = None) -> StoredSnapshot | None:
+        seqs = [s for s in self._call(self._snapshot_seqs(source)) if max_seq is None or s <= max_seq]
+        if not seqs:
+            return None
+        result = self._call(self._bucket.get(_snapshot_name(source, seqs[-1])))
+        meta = json.loads(result.info.description or "{}")
+        body = bytes(result.data or b"")
+        return StoredSnapshot(source, seqs[-1], int(meta["format"]), float(meta["created_ts"]), body)
+
+    def delete_snapshots(self, source: str, below_seq: int) -> int:
+        gone = [s for s in self._call(self._snapshot_seqs(source)) if s < below_seq]
+        for seq in gone:
+            self._call(self._bucket.delete(_snapshot_name(source, seq)))
+        return len(gone)
+
+    # -- quarantine ------------------------------------------------------
+
+    def _quarantine_rows(self) -> list[Quarantined]:
+        scan = self._scan(self.target.quarantine_subject, stream=self.target.quarantine_stream)
+        out: list[Quarantined] = []
+        for msg in self._iterate(scan):
+            created, source, seq, reason, body = msgspec.msgpack.decode(msg.data)
+            out.append(Quarantined(msg.metadata.sequence.stream, created, source, seq, reason, body))
+        return out
+
+    def quarantine(self, items: Sequence[tuple[Event, str]]) -> int:
+        kept = {(q.source, q.body) for q in self._quarantine_rows()}
+        new = 0
+        for event, reason in items:
+            row = quarantine_row(event, reason)
+            if (row[1], row[4]) in kept:
+                continue  # idempotent, like append
+            kept.add((row[1], row[4]))
+            subject, stream = self.target.quarantine_subject, self.target.quarantine_stream
+            self._call(self.js.publish(subject, _encoder.encode(row), stream=stream))
+            new += 1
+        return new
+
+    def quarantined(self, *, source: str | None = None, limit: int = QUARANTINE_READ_MAX) -> list[Quarantined]:
+        found = [q for q in self._quarantine_rows() if source is None or q.source == source]
+        return found[-min(limit, QUARANTINE_READ_MAX) :]
+
+    def quarantined_count(self) -> int:
+        info = self._call(self.js.stream_info(self.target.quarantine_stream))
+        return int(info.state.messages)
+
+    # -- life cycle ------------------------------------------------------
+
+    def delete_stream(self) -> None:
+        """Remove the stream and its side stores (tests and `kvledger db` tools; never called by the service)."""
+
+        async def drop() -> None:
+            for name in (self.target.stream, self.target.quarantine_stream):
+                with contextlib.suppress(nats.js.errors.NotFoundError):
+                    await self.js.delete_stream(name)
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self.js.delete_object_store(self.target.snapshot_bucket)
+
+        self._call(drop())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        nc = self._nc
+
+        async def shut() -> None:
+            if nc is not None and not nc.is_closed:
+                await nc.close()
+
+        try:
+            if nc is not None:
+                asyncio.run_coroutine_threadsafe(shut(), self._loop).result(CALL_TIMEOUT_S)
+        except Exception:  # closing a connection to a dead server: nothing left to save
+            pass
+        self._closed = True
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(CALL_TIMEOUT_S)
+
+
+def open_nats_store(target: NatsTarget, *, create: bool) -> NatsStore:
+    return NatsStore(target, create=create)
