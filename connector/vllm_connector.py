@@ -152,7 +152,7 @@ def _mamba_groups(kv_cache_config: KVCacheConfig | None) -> tuple[MambaGroup, ..
                     shapes=tuple(tuple(int(d) for d in shape) for shape in spec.shapes),
                     dtypes=tuple(str(dtype).removeprefix("torch.") for dtype in spec.dtypes),
                     page_bytes=int(spec.page_size_bytes),
-                    mamba_type=str(getattr(spec, "mamba_type", "")),
+                    mamba_type=str(getattr(getattr(spec, "mamba_type", ""), "name", "")),
                     speculative_blocks=int(getattr(spec, "num_speculative_blocks", 0)),
                 )
             )
