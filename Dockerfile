@@ -12,7 +12,7 @@ COPY api api
 COPY connector connector
 COPY cli cli
 COPY proxy proxy
-RUN pip install '.[postgres]' pydantic-settings jinja2 \
+RUN pip install '.[postgres,nats]' pydantic-settings jinja2 \
     && useradd --create-home --uid 10001 kvledger
 
 USER kvledger

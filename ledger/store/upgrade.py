@@ -10,10 +10,18 @@ from ledger.store.connect import connect_engine
 from ledger.store.errors import translate
 from ledger.store.url import parse_url
 
+NATS_FORMAT = "nats-1"
+"""What `db upgrade` reports for a NATS stream: it has no SQL schema; its message format is version 1."""
+
 
 def upgrade_store(url: str) -> str:
     """Create the schema in an empty database or bring a known older one up to date; returns the version."""
     store_url = parse_url(url)
+    if store_url.nats is not None:
+        from ledger.store.nats_store import NatsStore  # nats-py is needed by this store only
+
+        NatsStore(store_url.nats, create=True).close()  # makes the stream and its side stores when missing
+        return NATS_FORMAT
     if store_url.url is None:
         raise StoreUnavailable(f"{store_url.display}: the memory store has no schema to upgrade")
     engine = connect_engine(store_url, create=True)
