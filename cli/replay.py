@@ -23,7 +23,7 @@ from ledger.jsonl import LogFormatError
 from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 from ledger.merge import OverlapError
 from ledger.replay import ReplayResult, replay_chunks
-from ledger.summary import compaction_warning, state_counts, summarize_counts
+from ledger.summary import compaction_warning, compaction_warning_of, state_counts, summarize_counts
 from ledger.timeline import build
 
 EXIT_FINDINGS = 1
@@ -153,7 +153,7 @@ def fold(
     )
     return Answer(merged.events, merged.last_ts, merged.counts, merged.latencies,
                   merged.releases if keep_releases else [], merged.findings, clock,
-                  merged.warning), skipped  # fmt: skip
+                  compaction_warning_of(merged.counts["compaction"])), skipped  # fmt: skip
 
 
 def _fail_rank(fail_on: str) -> int | None:
