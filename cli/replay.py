@@ -244,9 +244,7 @@ def replay_command(
 def _print_replay(
     events: int, clock: float, summary: dict[str, Any], advice: dict[str, Any], findings: list[Finding]
 ) -> None:
-    out.print(
-        f"[bold]{events} events[/] folded; {summary['transfers']} transfer sides; audit clock {utc(clock)}"
-    )
+    out.print(f"[bold]{events} events[/] folded; {summary['transfers']} transfer sides; audit clock {utc(clock)}")
     out.print(_counts_table("transfers by phase", summary["transfers_by_phase"]))
     out.print(_counts_table("transfers by mode", summary["transfers_by_mode"]))
     out.print(_counts_table("releases by cause", summary["releases_by_cause"] or {"none": 0}))

@@ -59,6 +59,7 @@ def _endless_horizon() -> Iterator[None]:
         patch.setattr(upkeep_module, "SIDE_HORIZON_S", float("inf"))
         yield
 
+
 LONG_SHAPES = st.sampled_from([LONG, LONG, LONG_UNKIND])
 PROPERTY = settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 

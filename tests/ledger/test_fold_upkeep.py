@@ -4,9 +4,7 @@ forgetting decided sides in O(1), and a snapshot of all of it."""
 from __future__ import annotations
 
 import msgspec
-import pytest
 
-import ledger.upkeep as upkeep_module
 from ledger.audit import audit, counts_by_code
 from ledger.events import Ack
 from ledger.fold import LedgerState, fold_all
