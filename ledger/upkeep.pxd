@@ -27,6 +27,7 @@ cdef class Upkeep(Indexes):
     cdef public Py_ssize_t behind_horizon
     cdef public dict compacted_by_phase
     cdef public dict compacted_by_mode
+    cdef public object retired_sides
 
     @cython.locals(last_ts=double)
     cdef bint _forget(self, tuple key, Side t) except -1

@@ -84,6 +84,9 @@ class Upkeep(Indexes):
         """Events for retired ids that came more than `arrival_lag_s` behind: the one inexact case."""
         self.compacted_by_phase: dict[str, int] = {}
         self.compacted_by_mode: dict[str, int] = {}
+        self.retired_sides: dict[Key, TransferState] | None = None
+        """When a dict (a replay sets one per chunk), whole sides retired by an event, kept until the caller
+        has read the releases of the chunk (a side decided and retired in one chunk); not state."""
 
     def compact(
         self,
@@ -252,6 +255,8 @@ class Upkeep(Indexes):
         as compacted, and a mapped side's id stays in the id memory."""
         key = (t.source, t.transfer_id)
         self._drop_side(key)
+        if self.retired_sides is not None:
+            self.retired_sides[key] = t
         for index in (self.anomalous, self.double_owned, self.orphans_expired, self.expired_producers):
             if index:
                 index.pop(key, None)  # type: ignore[attr-defined]

@@ -38,7 +38,7 @@ _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
     "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
     "id_memory", "orphan_tombstones", "orphan_tombstones_old", *_HORIZON_FIELDS,
-    "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent", "sides_of",
+    "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent", "sides_of", "retired_sides",
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `layer_masks` and `sides_of` (`transfers` by source) are
 rebuilt, not written, and
