@@ -19,6 +19,8 @@ pip_install "torch==2.13.0" || pip_install torch
 bash scripts/install_vllm.sh
 bash scripts/install_vllm033.sh
 pip_install -e '.[test]'
+# NATS with JetStream for the nats:// store's tests: the one at 127.0.0.1:4222 when it answers, else one started here.
+export KVLEDGER_TEST_NATS_URL="${KVLEDGER_TEST_NATS_URL:-$(bash scripts/ensure_nats.sh)}"
 
 WORKERS="${KVLEDGER_TEST_WORKERS:-2}"
 # vLLM 0.32 (site-packages, the CPU build): the whole suite, real engines included, on the compiled fold and
