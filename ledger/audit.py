@@ -63,41 +63,20 @@ class AuditConfig:
 
 
 def _finding(code: str, t: TransferState, evidence: tuple[int, ...], detail: str) -> Finding:
-    return finding_of(code, t.source, t.transfer_id, t.request_id, t.block_ids, evidence, detail)
-
-
-def finding_of(
-    code: str,
-    source: str,
-    transfer_id: TransferId,
-    request_id: ReqId | None,
-    block_ids: tuple[int, ...],
-    evidence: tuple[int, ...],
-    detail: str,
-) -> Finding:
-    """A finding of `code` (its severity from `CODES`) about one side."""
     return Finding(
         code=code,
         severity=CODES[code],
-        source=source,
-        transfer_id=transfer_id,
-        request_id=request_id,
-        block_ids=block_ids,
+        source=t.source,
+        transfer_id=t.transfer_id,
+        request_id=t.request_id,
+        block_ids=t.block_ids,
         evidence=evidence,
         detail=detail,
     )
 
 
-def finding_order(f: Finding) -> tuple[object, ...]:
-    """The audit's order, total: worst first (severity, then oldest evidence), then by what the finding
-    names. Total, so that findings gathered from partitions sort into exactly one fold's order (a tie
-    left to the order of the fold's dicts would follow the order events were folded in)."""
-    return (SEVERITY_RANK[f.severity], f.evidence[0] if f.evidence else 0, f.code, f.source, f.transfer_id,
-            f.evidence, f.detail, f.request_id or "", f.block_ids)  # fmt: skip
-
-
 def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> list[Finding]:
-    """Every finding at time `now`, in `finding_order` (worst first: severity, then oldest evidence)."""
+    """Every finding at time `now`, worst first (severity, then oldest evidence)."""
     cfg = config or AuditConfig()
     findings: list[Finding] = []
     leaked: set[tuple[str, str]] = set()
@@ -147,7 +126,7 @@ def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> 
         findings.extend(_anomalies(state.transfers[key]))
     findings.extend(premature_releases(state, cfg.clock_skew_s))
     findings.extend(forged_messages(state))
-    findings.sort(key=finding_order)
+    findings.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.evidence[0] if f.evidence else 0))
     return findings
 
 
@@ -232,7 +211,7 @@ def premature_releases(state: LedgerState, clock_skew_s: float) -> list[Finding]
     for key in state.expired_producers:
         producer = state.side(key)  # whole, or rebuilt from its tombstone: compaction changes nothing here
         if producer is None or producer.decision is None:
-            continue  # retired past its horizon (counted in tombstones_retired)
+            continue  # evicted past the tombstone bound (counted in tombstones_evicted)
         released_ts = producer.decision.ts
         for source in state.sources:
             consumer = state.side((source, producer.transfer_id))
@@ -263,7 +242,7 @@ def found_at(f: Finding, state: LedgerState, config: AuditConfig | None = None) 
     timeout ran out, anything else at its side's last event (the evidence was complete by then)."""
     t = state.side((f.source, f.transfer_id))
     if t is None:
-        return 0.0  # retired past its horizon: no time left to tell (counted in tombstones_retired)
+        return 0.0  # evicted past the tombstone bound: no time left to tell (counted in tombstones_evicted)
     timeout_s = (config or AuditConfig()).transfer_timeout_s
     if f.code == "leak" and t.deadline is not None:
         return t.deadline

@@ -84,9 +84,6 @@ class Fold(Upkeep):
         envelope = event
         by_id = self.sides_of.get(envelope.source)
         t = None if by_id is None else by_id.get(envelope.transfer_id)
-        if t is not None and t.closed and envelope.ts > t.last_ts + self.side_horizon_s:
-            self._retire(t)  # the horizon rule (ledger/upkeep.py): this event finds the side retired
-            t = None
         if t is None:
             key = (envelope.source, envelope.transfer_id)
             if (
@@ -95,14 +92,13 @@ class Fold(Upkeep):
                 (self.orphan_tombstones or self.orphan_tombstones_old)
                 and (key in self.orphan_tombstones or key in self.orphan_tombstones_old)
             ):
-                t = self._recall(key, envelope.ts)  # None: past its horizon, retired
-            if t is None:
-                memory = self.id_memory
-                if memory is not None and memory.contains(envelope.source, envelope.transfer_id):
-                    self._after_horizon(event)
-                    return None
-                if kind is Map:
-                    return self._first_map(key, event)  # type: ignore[arg-type]
+                t = self._recall(key, envelope.ts)
+            elif self.tombstones_evicted and self._remembered(key):
+                self._after_eviction(event)
+                return None
+            elif kind is Map:
+                return self._first_map(key, event)  # type: ignore[arg-type]
+            else:
                 t = self._first_sight(event)
         t.last = event
         t.events += 1

@@ -66,9 +66,7 @@ class Indexes:
         self.sources: dict[str, None] = {}
         self.decided: deque[tuple[float, str, TransferId, TransferState]] = deque()
         """(decision ts, source, transfer id, side) in decision order: what `forget_decided` pops from, O(1)
-        per side. Holds sides still in `transfers` (`compact` filters it), and a side retired by the horizon
-        rule until its entry is popped (skipped then: `forget_decided` checks the side is still the key's).
-        Flat, not (ts, key, side):
+        per side. Holds only sides still in `transfers` (`compact` filters it). Flat, not (ts, key, side):
         a tuple holding only strings and floats is untracked by the collector once it has looked at it, and
         the nested key tuple kept every entry tracked (four times the full collections in a long replay)."""
         self.blocks_held = 0

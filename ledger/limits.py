@@ -78,17 +78,35 @@ RANKS_MAX = 1 << 12
 LAYER_MASKS_CACHED_MAX = 4096
 """Distinct layer tuples whose bitmask the fold remembers (a few per model: one per step's slice)."""
 
-SIDE_HORIZON_S = 600.0
-"""The horizon rule (ledger/upkeep.py): a decided transfer side is judged in full (a late event, a
-duplicate, a reused id refused with its evidence) until an event for it comes more than this long (log
-time) after the side's last event; that event finds it retired, its id remembered exactly (a map of it
-refused, anything else counted). A rule, not a bound: it reads only the side's own events. Ten minutes:
-past the longest lease (kv_lease_max_s, 480 s), twenty transfer timeouts."""
+TOMBSTONES_MAX = 100_000
+"""Compacted transfer sides remembered (the newest half to all of this many, in two generations;
+about 0.5 KB each with 8 blocks a side, so 25-50 MB).
+A tombstone keeps a decided side's map and decision: a late event, a reused id or a consumer
+that proves a premature release is judged exactly as if the side had never been compacted.
+Past this, a generation is evicted (counted in `tombstones_evicted`; a replay warns) and its
+keys live on only in the id memory below."""
 
-ARRIVAL_LAG_S = 600.0
-"""How far behind a compaction's clock (a replay's newest event, a running ledger's now) an event may come
-and still be judged exactly: compacted sides are retired from memory once this much past their horizon.
-An event for a retired id later than that is counted (`behind_horizon`) and a replay warns."""
+ORPHAN_TOMBSTONES_MAX = 16_384
+"""Never-mapped sides that expired, kept whole once compacted (two generations; about 0.7 KB each).
+Apart from the tombstones above: orphans are rare, and a map for one is decided by its early events,
+so a burst of ordinary traffic must not evict them."""
+
+ID_MEMORY_GENERATION_IDS = 1 << 18
+"""Evicted keys per generation of the id memory (a Bloom filter; see ledger/idmemory.py)."""
+
+ID_MEMORY_GENERATIONS = 8
+"""Generations the id memory keeps: the last 7 x 262,144 keys are always remembered."""
+
+ID_MEMORY_BITS_PER_ID = 32
+"""Bloom bits per key (1 MiB a generation, 8 MiB in all at the sizes above)."""
+
+ID_MEMORY_HASHES = 10
+"""Bit positions per key: about 1.9e-6 false positives per full generation at 32 bits a key (16 would
+give 3.3e-7, for 60% more time on every side compacted)."""
+
+ID_MEMORY_FALSE_POSITIVE_MAX = 1e-4
+"""The documented bound on a fresh key mistaken for a forgotten one, all generations full
+(computed: 8 x 1.9e-6 = 1.6e-5)."""
 
 LOST_SILENCE_TRANSFER_TIMEOUTS = 3
 """A source holding blocks that has appended nothing for this many transfer timeouts is lost: its engine

@@ -12,4 +12,4 @@ from ledger.structs cimport _Envelope
 @cython.locals(fold=Fold, first=_Envelope, envelope=_Envelope, ts=double, newest=double)
 cdef double _fold_chunk(object state, list chunk, list decided) except? -1.0
 
-cdef _observe(LatencyRecorder latencies, list decided, dict sides_of, dict retired)
+cdef _observe(LatencyRecorder latencies, list decided, dict sides_of)

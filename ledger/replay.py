@@ -79,10 +79,9 @@ def replay_chunks(
                 chunk = kept
             if not chunk:
                 continue
-            state.retired_sides = {}
             newest = _fold_chunk(state, chunk, decided)
             if decided:
-                _observe(latencies, decided, state.sides_of, state.retired_sides)
+                _observe(latencies, decided, state.sides_of)
                 release_count += len(decided)
                 if keep_releases:
                     releases.extend(decided)
@@ -97,7 +96,6 @@ def replay_chunks(
                 next_compaction = n + compact_every
             if on_progress is not None:
                 on_progress(n)
-    state.retired_sides = None
     result.events, result.first_ts, result.last_ts = n, first_ts, (last_ts if n else None)
     result.release_count = release_count
     return result
@@ -126,16 +124,9 @@ def _fold_chunk(state: LedgerState, chunk: list[Event], decided: list[Release]) 
 
 
 def _observe(
-    latencies: LatencyRecorder,
-    decided: list[Release],
-    sides_of: dict[str, dict[TransferId, TransferState]],
-    retired: dict[tuple[str, TransferId], TransferState],
+    latencies: LatencyRecorder, decided: list[Release], sides_of: dict[str, dict[TransferId, TransferState]]
 ) -> None:
     """Record each release with its side (compiled, `observe` is called as a C method), found by source and
-    id in `sides_of`: no key tuple built and hashed per release; or, decided and retired by the horizon rule
-    within the chunk, in `retired`."""
+    id in `sides_of`: no key tuple built and hashed per release."""
     for release in decided:
-        side = sides_of[release.source].get(release.transfer_id)
-        if side is None or side.decision is not release:
-            side = retired[(release.source, release.transfer_id)]
-        latencies.observe(release, side)
+        latencies.observe(release, sides_of[release.source][release.transfer_id])

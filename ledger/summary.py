@@ -13,72 +13,54 @@ from ledger.limits import FINDINGS_WORST_MAX
 
 
 def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
-    return summarize_counts(state_counts(state), findings)
-
-
-def state_counts(state: LedgerState) -> dict[str, Any]:
-    """What a summary reads of a state, as plain counts (partitions' counts add up: ledger.partitioned)."""
     by_phase: Counter[str] = Counter(state.compacted_by_phase)
     by_mode: Counter[str] = Counter(state.compacted_by_mode)
     for t in state.transfers.values():
         by_phase[t.phase] += 1
         by_mode[t.mode or "unmapped"] += 1
-    return {
-        "by_phase": {k: v for k, v in sorted(by_phase.items()) if v},
-        "by_mode": {k: v for k, v in sorted(by_mode.items()) if v},
-        "releases_by_cause": dict(state.releases_by_cause),
-        "compaction": compaction_report(state),
-        "live_transfers": len(state.live),
-        "blocks_held": state.blocks_held,
-        "oldest_held_ts": min((t.first_ts for t in state.live.values()), default=None),
-    }
-
-
-def summarize_counts(counts: dict[str, Any], findings: list[Finding]) -> dict[str, Any]:
-    by_phase: dict[str, int] = counts["by_phase"]
+    oldest = min((t.first_ts for t in state.live.values()), default=None)
     return {
         "transfers": sum(by_phase.values()),
-        "transfers_by_phase": {k: v for k, v in by_phase.items() if v},
-        "transfers_by_mode": {k: v for k, v in counts["by_mode"].items() if v},
-        "releases_by_cause": {k: v for k, v in counts["releases_by_cause"].items() if v},
-        "live_transfers": counts["live_transfers"],
-        "blocks_held": counts["blocks_held"],
-        "oldest_held_ts": counts["oldest_held_ts"],
+        "transfers_by_phase": {k: v for k, v in sorted(by_phase.items()) if v},
+        "transfers_by_mode": {k: v for k, v in sorted(by_mode.items()) if v},
+        "releases_by_cause": {k: v for k, v in state.releases_by_cause.items() if v},
+        "live_transfers": len(state.live),
+        "blocks_held": state.blocks_held,
+        "oldest_held_ts": oldest,
         "findings_by_code": {k: v for k, v in counts_by_code(findings).items() if v},
         "findings_by_severity": dict(Counter(f.severity for f in findings)),
-        "compaction": counts["compaction"],
+        "compaction": compaction_report(state),
         "worst": [msgspec.to_builtins(f) for f in findings[:FINDINGS_WORST_MAX]],
     }
 
 
 def compaction_report(state: LedgerState) -> dict[str, int]:
-    """What the memory held and retired, and whether any event came too far behind to be judged exactly
-    (`behind_horizon`: the one case where the memory bound can change an answer)."""
+    """How much the bounded memory held and whether its bound was hit (then some answers are approximate)."""
     return {
         "tombstones": state.tombstone_count,
-        "tombstones_retired": state.tombstones_retired,
-        "orphans_retired": state.orphans_retired,
-        "ids_remembered": state.id_memory.added if state.id_memory is not None else 0,
-        "late_after_horizon": state.late_after_horizon,
-        "reused_after_horizon": state.reused_after_horizon,
-        "behind_horizon": state.behind_horizon,
+        "tombstones_evicted": state.tombstones_evicted,
+        "orphans_evicted": state.orphans_evicted,
+        "late_after_eviction": state.late_after_eviction,
+        "reused_after_eviction": state.reused_after_eviction,
     }
 
 
 def compaction_warning(state: LedgerState) -> str | None:
-    return compaction_warning_of(compaction_report(state))
-
-
-def compaction_warning_of(report: dict[str, int]) -> str | None:
-    """A sentence for people when the memory bound may have changed an answer (else None: every decision
-    and finding is what a fold that never forgets gives, under the horizon rule)."""
-    behind = report.get("behind_horizon", 0)
-    if not behind:
+    """A sentence for people when the tombstone bound was hit (else None), saying whether it changed
+    an answer: only events that fell on an evicted side are approximate, and they are counted."""
+    if not state.tombstones_evicted and not state.orphans_evicted:
         return None
+    head = (
+        f"memory bound hit: {state.tombstones_evicted} compacted transfer sides evicted past "
+        f"{state.tombstones_max} tombstones, {state.orphans_evicted} never-mapped ones past "
+        f"{state.orphan_tombstones_max}"
+    )
+    touched = state.late_after_eviction + state.reused_after_eviction
+    if not touched:
+        return f"{head}; no later event fell on them, so every finding and decision is exact"
     return (
-        f"{behind} events for retired transfer sides came more than the arrival lag behind the newest event: "
-        "their sides may have been retired before their horizon, so those events were counted (a map refused, "
-        "anything else late), not judged in full; every other decision and finding is exact"
+        f"{head}; {state.late_after_eviction} later events for them were counted, not judged, and "
+        f"{state.reused_after_eviction} maps of their ids were refused on the id memory's word"
     )
 
 

@@ -9,7 +9,7 @@ cdef dict _PACKERS
 cdef Py_ssize_t _PACKERS_MAX
 
 @cython.locals(blocks=tuple)
-cpdef compacted(Map m, object decision, object arrived_ts, object arrived_seq, object events, object last_ts)
+cpdef compacted(Map m, object decision, object arrived_ts, object arrived_seq, object events)
 
 @cython.locals(packer=object)
 cpdef object _packer(Py_ssize_t blocks)

@@ -21,9 +21,9 @@ import msgspec
 from ledger.decisions import Cause, Release, Why
 from ledger.events import Map, Mode, ReqId, Role, TransferId
 
-_NUMBERS = struct.Struct("<dddddqqqqq")
-"""deadline, map ts, decision ts, arrived ts (NaN: none), last event's ts, acks expected, map seq, decision
-seq, arrived seq, events; then the block ids, signed 64-bit little-endian (`_packer`)."""
+_NUMBERS = struct.Struct("<ddddqqqqq")
+"""deadline, map ts, decision ts, arrived ts (NaN: none), acks expected, map seq, decision seq,
+arrived seq, events; then the block ids, signed 64-bit little-endian (`_packer`)."""
 
 
 class Compacted(msgspec.Struct, frozen=True, gc=False, array_like=True):
@@ -37,14 +37,12 @@ class Compacted(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """`_NUMBERS`, then the block ids as signed 64-bit ints."""
 
 
-def compacted(
-    m: Map, decision: Release, arrived_ts: float | None, arrived_seq: int, events: int, last_ts: float
-) -> Compacted:
+def compacted(m: Map, decision: Release, arrived_ts: float | None, arrived_seq: int, events: int) -> Compacted:
     """Raises OverflowError or struct.error for an integer past 64 bits (no valid event has one: the
     fold then keeps that side whole)."""
     blocks = m.block_ids
     packed = _packer(len(blocks)).pack(
-        m.deadline, m.ts, decision.ts, math.nan if arrived_ts is None else arrived_ts, last_ts,
+        m.deadline, m.ts, decision.ts, math.nan if arrived_ts is None else arrived_ts,
         m.acks_expected, m.seq, decision.seq, arrived_seq, events, *blocks,
     )  # fmt: skip
     return Compacted(m.request_id, m.role, m.mode, decision.cause, decision.reason, decision.why, packed)
@@ -74,8 +72,6 @@ class Unpacked(msgspec.Struct, frozen=True, gc=False):
     map_ts: float
     decision_ts: float
     arrived_ts: float | None
-    last_ts: float
-    """The side's last event's ts when it was compacted: where its horizon is counted from."""
     acks_expected: int
     map_seq: int
     decision_seq: int
@@ -86,20 +82,10 @@ class Unpacked(msgspec.Struct, frozen=True, gc=False):
 
 def unpack(c: Compacted) -> Unpacked:
     values = _packer((len(c.packed) - _NUMBERS.size) // 8).unpack(c.packed)
-    deadline, map_ts, decision_ts, arrived_ts, last_ts, acks, map_seq, decision_seq, arrived_seq, events = values[:10]
-    blocks = values[10:]
+    deadline, map_ts, decision_ts, arrived_ts, acks, map_seq, decision_seq, arrived_seq, events = values[:9]
+    blocks = values[9:]
     arrived = None if math.isnan(arrived_ts) else arrived_ts
-    return Unpacked(
-        deadline, map_ts, decision_ts, arrived, last_ts, acks, map_seq, decision_seq, arrived_seq, events, blocks
-    )
-
-
-def last_ts_of(c: Compacted) -> float:
-    """The tombstone's last event's ts, read alone (the horizon check of every recall)."""
-    return float(_LAST_TS.unpack_from(c.packed, 32)[0])
-
-
-_LAST_TS = struct.Struct("<d")
+    return Unpacked(deadline, map_ts, decision_ts, arrived, acks, map_seq, decision_seq, arrived_seq, events, blocks)
 
 
 def map_of(source: str, transfer_id: TransferId, c: Compacted, n: Unpacked) -> Map:

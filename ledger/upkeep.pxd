@@ -8,34 +8,25 @@ from ledger.structs cimport TransferState as Side
 
 
 cdef class Upkeep(Indexes):
-    cdef public double side_horizon_s
-    cdef public double arrival_lag_s
     cdef public dict tombstones
     cdef public dict tombstones_old
-    cdef public double tombstones_newest_ts
-    cdef public double tombstones_old_newest_ts
+    cdef public object tombstones_max
+    cdef public Py_ssize_t tombstones_evicted
     cdef public dict orphan_tombstones
     cdef public dict orphan_tombstones_old
-    cdef public double orphans_newest_ts
-    cdef public double orphans_old_newest_ts
+    cdef public object orphan_tombstones_max
+    cdef public Py_ssize_t orphans_evicted
     cdef public object id_memory
-    cdef public Py_ssize_t tombstones_retired
-    cdef public Py_ssize_t orphans_retired
-    cdef public double retired_through
-    cdef public Py_ssize_t late_after_horizon
-    cdef public Py_ssize_t reused_after_horizon
-    cdef public Py_ssize_t behind_horizon
+    cdef public Py_ssize_t late_after_eviction
+    cdef public Py_ssize_t reused_after_eviction
     cdef public dict compacted_by_phase
     cdef public dict compacted_by_mode
-    cdef public object retired_sides
 
-    @cython.locals(last_ts=double)
+    @cython.locals(memory=IdMemory)
     cdef bint _forget(self, tuple key, Side t) except -1
-    cdef _retired_upto(self, double newest_ts)
+    cdef _evict(self, dict generation)
     cdef _tombstone(self, tuple key)
     cdef _recall(self, tuple key, object ts)
     @cython.locals(memory=IdMemory)
-    cdef _retired(self, tuple key)
-    @cython.locals(memory=IdMemory)
-    cdef _retire(self, Side t)
-    cdef _after_horizon(self, object event)
+    cdef bint _remembered(self, tuple key) except -1
+    cdef _after_eviction(self, object event)

@@ -80,7 +80,7 @@ class SimEngine:
         *,
         clock: Callable[[], float] = time.time,
         previous: SimEngine | None = None,
-        arrival_lag_s: float | None = None,
+        tombstones_max: int | None = None,
     ) -> None:
         self.config = config
         self.name = config.engine_id
@@ -105,7 +105,7 @@ class SimEngine:
         """The longest wall time one hook call took in this engine."""
         ledgers = []
         for scheduler in (True, False):
-            ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock, arrival_lag_s=arrival_lag_s)
+            ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock, tombstones_max=tombstones_max)
             ledgers.append(ledger)
             self.events.setdefault(ledger.source, [])
             self.releases.setdefault(ledger.source, [])

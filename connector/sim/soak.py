@@ -166,7 +166,7 @@ class Soak(Storm):
             self.network,
             clock=self._clock,
             previous=previous,
-            arrival_lag_s=self.config.arrival_lag_s,
+            tombstones_max=self.config.tombstones_max,
         )
 
     def _role_engine(self, role: Role) -> SimEngine:
@@ -188,7 +188,7 @@ class Soak(Storm):
             engine = self._role_engine(role)
             if action == "die":
                 for ledger in engine.ledgers:
-                    self.tally.evicted_before_restart[ledger.source] += ledger.state.tombstones_retired
+                    self.tally.evicted_before_restart[ledger.source] += ledger.state.tombstones_evicted
                 self._kill(engine)
                 self.timers.push("engine", now + self.rng.uniform(cfg.downtime_min_s, cfg.downtime_max_s), ("up", role))
             else:
@@ -365,7 +365,7 @@ class Soak(Storm):
 
     def _answer(self, role: Role, tid: TransferId) -> str:
         """How the engine's scheduler ledger knows `tid` right now: a live side, a decided side held whole,
-        a tombstone, the exact id memory once retired past its horizon, or not at all."""
+        a tombstone, the id memory past the tombstone bound, or not at all."""
         ledger = self._role_engine(role).scheduler.ledger
         state, key = ledger.state, (ledger.source, tid)
         if key in state.live:

@@ -95,8 +95,9 @@ def _soak_figures(soak: Soak, tally: SoakTally, r: SoakResult) -> None:
     evicted = dict(tally.evicted_before_restart)
     for engine in soak.engines:
         for ledger in engine.ledgers:
-            evicted[ledger.source] = evicted.get(ledger.source, 0) + ledger.state.tombstones_retired
-    r.tombstones_retired = dict(sorted(evicted.items()))
+            evicted[ledger.source] = evicted.get(ledger.source, 0) + ledger.state.tombstones_evicted
+    r.tombstones_evicted = dict(sorted(evicted.items()))
+    r.tombstone_generations = sum(evicted.values()) // max(1, cfg.tombstones_max // 2)
     r.peak_tracked_sides = tally.peak_total
     r.peak_tracked_sides_per_ledger = dict(sorted(tally.peak_per_ledger.items()))
     r.tracked_sides_bound = cfg.tracked_sides_bound

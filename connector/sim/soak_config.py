@@ -14,7 +14,7 @@ from typing import Literal, TypeAlias
 from connector.sim.config import FAULT_KINDS, FaultKind, StormConfig, StormResult
 from connector.sim.faults import horizon_s
 from connector.sim.limits import REUSE_SOON_MAX_S
-from ledger.limits import MAINTENANCE_INTERVAL_S, SIDE_HORIZON_S
+from ledger.limits import MAINTENANCE_INTERVAL_S
 
 SoakFaultKind: TypeAlias = Literal["preempt_reask", "recompute", "id_reuse", "restart"]
 SOAK_FAULT_KINDS: tuple[SoakFaultKind, ...] = ("preempt_reask", "recompute", "id_reuse", "restart")
@@ -69,10 +69,11 @@ class SoakConfig(StormConfig):
     downtime_min_s: float = 5.0
     downtime_max_s: float = 180.0
     """How long a dead engine stays down before it restarts."""
-    arrival_lag_s: float = 30.0
-    """Each running ledger's memory bound (`LedgerState.arrival_lag_s`), small so that tombstone generations
-    retire many times: a decided side is held whole or as a tombstone until `SIDE_HORIZON_S` plus this past
-    its last event, then only its id is kept, exactly (ledger/idmemory.py)."""
+    tombstones_max: int = 32
+    """Each running ledger's tombstone bound (`LedgerState.tombstones_max`), small so that generations rotate
+    many times: tombstones keep the last `tombstones_max / 2` to `tombstones_max` compacted sides exact,
+    about `tombstones_max / rate` seconds of history at a ledger's rate of new sides; older ids are
+    answered by the id memory (ledger/idmemory.py)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -81,8 +82,8 @@ class SoakConfig(StormConfig):
             raise ValueError(f"unknown soak fault kinds {sorted(unknown)}; known: {list(SOAK_FAULT_KINDS)}")
         if "peer_death" in self.faults:
             raise ValueError("a soak's engines come back: use the 'restart' soak fault, not peer_death")
-        if self.sim_hours <= 0 or self.burst_requests_max < 1 or self.arrival_lag_s < 0:
-            raise ValueError("sim_hours must be > 0, burst_requests_max >= 1 and arrival_lag_s >= 0")
+        if self.sim_hours <= 0 or self.burst_requests_max < 1 or self.tombstones_max < 2:
+            raise ValueError("sim_hours must be > 0, burst_requests_max >= 1 and tombstones_max >= 2")
         if not self.burst_window_s <= self.burst_gap_min_s <= self.burst_gap_max_s:
             raise ValueError(
                 f"burst_gap_min_s must be at least a burst's window ({self.burst_window_s:.1f} s) for the side "
@@ -115,16 +116,8 @@ class SoakConfig(StormConfig):
         return 4 * self.burst_requests_max
 
     @property
-    def tombstones_max(self) -> int:
-        """Tombstones one running ledger can hold: the sides of the bursts of two generations' time (each
-        generation retired once its newest side is `SIDE_HORIZON_S + arrival_lag_s` past the maintenance's
-        cut, `defer_timeout_s` before now), each burst's sides counted twice for a restart's."""
-        window_s = 2 * (SIDE_HORIZON_S + self.arrival_lag_s + self.defer_timeout_s + 2 * MAINTENANCE_INTERVAL_S)
-        return (math.floor(window_s / self.burst_gap_min_s) + 2) * 2 * self.burst_requests_max
-
-    @property
     def tracked_sides_bound_per_ledger(self) -> int:
-        """Whole sides plus tombstones (`tombstones_max`): independent of how long the run is."""
+        """Whole sides plus tombstones (fewer than `tombstones_max`): independent of how long the run is."""
         return self.whole_sides_max + self.tombstones_max
 
     @property
@@ -173,8 +166,10 @@ class SoakResult(StormResult):
     unmapped_ids_refused: list[str] = field(default_factory=list)
     """Ids refused by an engine that never accepted them: an id-memory false positive (must be empty)."""
     restarts: dict[str, int] = field(default_factory=dict)
-    tombstones_retired: dict[str, int] = field(default_factory=dict)
-    """Per running ledger, over the run: tombstones retired past their horizon (their ids kept exactly)."""
+    tombstones_evicted: dict[str, int] = field(default_factory=dict)
+    """Per running ledger at the end (counted since its last restart): tombstones evicted past the bound."""
+    tombstone_generations: int = 0
+    """Tombstone generations evicted over the run, all ledgers (evictions / (tombstones_max / 2))."""
     peak_tracked_sides: int = 0
     peak_tracked_sides_per_ledger: dict[str, int] = field(default_factory=dict)
     tracked_sides_bound: int = 0

@@ -24,24 +24,17 @@ from ledger.limits import FORGED_KEPT_MAX
 from ledger.side import TransferState, copies, wide_masks
 from ledger.tombstone import Compacted
 
-FORMAT = 12
+FORMAT = 11
 """Bumped whenever the encoding below changes (9: the id memory's bits are set by `key_hash`, no longer
 blake2b, so an older snapshot's filter would answer wrongly; 10: sides written as `TransferState` arrays;
-11: the exact id memory and the horizon rule's fields, tombstones with their last event's ts; 12:
-`forged_recent` written, so that the audit's forged_message findings survive a restart)."""
-
-_HORIZON_FIELDS = (
-    "side_horizon_s", "arrival_lag_s", "tombstones_newest_ts", "tombstones_old_newest_ts", "orphans_newest_ts",
-    "orphans_old_newest_ts", "tombstones_retired", "orphans_retired", "retired_through", "late_after_horizon",
-    "reused_after_horizon", "behind_horizon",
-)  # fmt: skip
-"""The horizon rule's and the memory bound's numbers (ledger/upkeep.py), written as one list in this order."""
+11: `forged_recent` written, so that the audit's forged_message findings survive a restart)."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
     "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
-    "id_memory", "orphan_tombstones", "orphan_tombstones_old", *_HORIZON_FIELDS,
-    "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent", "sides_of", "retired_sides",
+    "tombstones_max", "tombstones_evicted", "id_memory", "orphan_tombstones", "orphan_tombstones_old",
+    "orphan_tombstones_max", "orphans_evicted", "late_after_eviction", "reused_after_eviction",
+    "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent", "sides_of",
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `layer_masks` and `sides_of` (`transfers` by source) are
 rebuilt, not written. `forged_recent` (the drops the audit's forged_message findings name) is written whole:
@@ -104,7 +97,7 @@ def _restored(stored: _Sides) -> list[TransferState]:
     return sides
 
 
-_IdMemoryPlain = list[tuple[str, list[str]]]
+_IdMemoryPlain = tuple[int, int, int, int, int, list[bytes]]
 
 
 class Document(msgspec.Struct, kw_only=True):
@@ -128,9 +121,13 @@ class Document(msgspec.Struct, kw_only=True):
     tombstones_old: list[tuple[Key, Compacted]]
     orphan_tombstones: _Sides
     orphan_tombstones_old: _Sides
-    horizon: list[float]
-    """`_HORIZON_FIELDS`, in order."""
+    orphan_tombstones_max: int
+    orphans_evicted: int
+    tombstones_max: int
+    tombstones_evicted: int
     id_memory: _IdMemoryPlain | None
+    late_after_eviction: int
+    reused_after_eviction: int
     releases_by_cause: list[tuple[Cause, int]]
     blocks_held: int
     forged_recent: list[Drop] = []
@@ -183,7 +180,7 @@ def take(state: LedgerState) -> Document:
     if changed:
         raise SnapshotFormatError(f"LedgerState fields changed ({changed}): update ledger/store/snapshot.py")
     sides = list(state.transfers.values())
-    index = {id(t): i for i, t in enumerate(sides)}
+    index = {id(t): i for i, t in enumerate(sides)}  # every side in `decided` is in `transfers` (indexes.py)
     return Document(
         format=FORMAT,
         transfer_fields=list(TransferState.__struct_fields__),
@@ -205,13 +202,17 @@ def take(state: LedgerState) -> Document:
         tombstones_old=list(state.tombstones_old.items()),
         orphan_tombstones=_stored(state.orphan_tombstones.values()),
         orphan_tombstones_old=_stored(state.orphan_tombstones_old.values()),
-        horizon=[float(getattr(state, name)) for name in _HORIZON_FIELDS],
+        orphan_tombstones_max=state.orphan_tombstones_max,
+        orphans_evicted=state.orphans_evicted,
+        tombstones_max=state.tombstones_max,
+        tombstones_evicted=state.tombstones_evicted,
         id_memory=state.id_memory.to_plain() if state.id_memory is not None else None,
+        late_after_eviction=state.late_after_eviction,
+        reused_after_eviction=state.reused_after_eviction,
         releases_by_cause=list(state.releases_by_cause.items()),
         blocks_held=state.blocks_held,
         forged_recent=list(state.forged_recent),
-        # A side retired by the horizon rule may still have its entry here (skipped when popped): not written.
-        decided=[(ts, index[id(t)]) for ts, _, _, t in state.decided if id(t) in index],
+        decided=[(ts, index[id(t)]) for ts, _, _, t in state.decided],
         counters={name: list(getattr(state, name).items()) for name in counters},
     )
 
@@ -272,11 +273,16 @@ def decode(body: bytes | memoryview) -> LedgerState:
     state.tombstones_old = {(source, tid): tomb for (source, tid), tomb in doc.tombstones_old}
     state.orphan_tombstones = {t.key: t for t in _restored(doc.orphan_tombstones)}
     state.orphan_tombstones_old = {t.key: t for t in _restored(doc.orphan_tombstones_old)}
-    if len(doc.horizon) != len(_HORIZON_FIELDS):
-        raise SnapshotFormatError(f"snapshot holds {len(doc.horizon)} horizon numbers, not {len(_HORIZON_FIELDS)}")
-    for name, value in zip(_HORIZON_FIELDS, doc.horizon, strict=True):
-        setattr(state, name, int(value) if isinstance(getattr(state, name), int) else value)
-    state.id_memory = IdMemory.from_plain(doc.id_memory) if doc.id_memory is not None else None
+    state.orphan_tombstones_max = doc.orphan_tombstones_max
+    state.orphans_evicted = doc.orphans_evicted
+    state.tombstones_max = doc.tombstones_max
+    state.tombstones_evicted = doc.tombstones_evicted
+    try:
+        state.id_memory = IdMemory.from_plain(doc.id_memory) if doc.id_memory is not None else None
+    except ValueError as error:
+        raise SnapshotFormatError(f"snapshot id memory: {error}") from None
+    state.late_after_eviction = doc.late_after_eviction
+    state.reused_after_eviction = doc.reused_after_eviction
     state.releases_by_cause = dict(doc.releases_by_cause)
     state.blocks_held = doc.blocks_held
     state.put_decided(doc.decided, sides)

@@ -101,11 +101,10 @@ def _state(state: LedgerState, events: list[Event], seed: int) -> dict[str, Any]
             state.compacted_by_phase,
             state.compacted_by_mode,
             state.tombstone_count,
-            state.tombstones_retired,
-            state.orphans_retired,
-            state.late_after_horizon,
-            state.reused_after_horizon,
-            state.behind_horizon,
+            state.tombstones_evicted,
+            state.orphans_evicted,
+            state.late_after_eviction,
+            state.reused_after_eviction,
         ],
         "tombstones": sorted(state.tombstones) + sorted(state.tombstones_old),
         "findings": [canonical(audit(state, now)) for now in audit_moments(events, random.Random(seed))],
@@ -114,7 +113,7 @@ def _state(state: LedgerState, events: list[Event], seed: int) -> dict[str, Any]
 
 def _folded(events: list[Event], seed: int) -> dict[str, Any]:
     state, releases = fold_all(events)
-    with mock.patch.object(upkeep_module, "ARRIVAL_LAG_S", 1.0):  # read when a state is made: retires often
+    with mock.patch.object(upkeep_module, "TOMBSTONES_MAX", 8):  # read when a state is made
         replayed = replay_chunks(batched(events, BATCH), compact_every=3)
     by_source: dict[str, list[Event]] = {}
     for event in events:

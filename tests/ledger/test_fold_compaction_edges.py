@@ -1,6 +1,6 @@
 """The edges of the fold's compaction calls and counters: which sides `compact` and `forget_decided` take
-at their limits, what the counts of compacted and retired sides say, and that tombstones are retired by
-time, never by count."""
+at their limits, what the counts of compacted sides and evicted keys say, and that the tombstone bound
+holds for any size."""
 
 from __future__ import annotations
 
@@ -64,31 +64,29 @@ def test_a_late_event_keeps_a_side_whole_a_little_longer_even_when_evidence_is_n
     assert state.forget_decided(before_ts=21.0) == 1 and not state.transfers
 
 
-def test_tombstones_are_retired_by_time_in_two_generations_never_by_count() -> None:
-    p = Side(P, step_s=1.0)
+def test_the_tombstone_bound_holds_for_an_odd_size() -> None:
+    p = Side(P)
     state = LedgerState()
+    state.tombstones_max = 5
     for event in _clean(p, 12):
         state.apply(event)
     assert state.forget_decided(before_ts=p.ts + 1) == 12
-    assert state.tombstone_count == 12 and state.tombstones_old and not state.tombstones  # rotated, kept
-    state.forget_decided(before_ts=p.ts + state.side_horizon_s + state.arrival_lag_s)  # not yet past: kept
-    assert state.tombstone_count == 12 and state.tombstones_retired == 0
-    state.forget_decided(before_ts=p.ts + state.side_horizon_s + state.arrival_lag_s + 2)
-    assert state.tombstone_count == 0 and state.tombstones_retired == 12
-    assert all(state.was_mapped((P, f"tx-{i}")) for i in range(12)) and not state.was_mapped((P, "tx-12"))
+    # Generations of 5 // 2 = 2: the twelfth turns the sixth over, five full ones evicted before it.
+    assert state.tombstone_count == 2 and state.tombstones_evicted == 10
 
 
-def test_events_past_the_horizon_are_counted_by_kind() -> None:
+def test_events_past_the_bound_are_counted_by_kind() -> None:
     p = Side(P)
     state = LedgerState()
+    state.tombstones_max = 2
     for event in _clean(p, 4):
         state.apply(event)
-    later = p.ts + state.side_horizon_s + 1.0
-    again = [p.map("tx-0", "p-again", ts=later), p.map("tx-0", "p-3rd")]
+    state.forget_decided(before_ts=p.ts + 1)
+    assert state.tombstones_evicted >= 2 and (P, "tx-0") not in state.tombstones_old
+    again = [p.map("tx-0", "p-again"), p.map("tx-0", "p-3rd")]
     again += [p.ack("tx-0", "release", rank=1), p.ack("tx-0", "recv"), p.expire("tx-0")]
     assert [state.apply(event) for event in again] == [None] * 5
-    assert (state.late_after_horizon, state.reused_after_horizon, state.behind_horizon) == (3, 2, 0)
-    assert (P, "tx-0") not in state.transfers and state.was_mapped((P, "tx-0"))
+    assert (state.late_after_eviction, state.reused_after_eviction) == (3, 2)
 
 
 def test_the_snapshot_view_names_every_field_and_the_values_read_from_events() -> None:
@@ -146,17 +144,17 @@ def test_forget_decided_keeps_a_side_whose_last_event_is_exactly_at_the_cut() ->
     assert state.forget_decided(before_ts=10.0 + 1 / 64) == 1
 
 
-def test_a_retired_expired_producer_is_no_premature_release_candidate_any_more() -> None:
+def test_an_evicted_expired_producer_is_no_premature_release_candidate_any_more() -> None:
     p = Side(P)
     state = LedgerState()
+    state.tombstones_max = 2
     events = [p.map("gone", "p-0", blocks=(1,)), p.expire("gone"), *_clean(p, 3)]
     for event in events:
         state.apply(event)
     assert list(state.expired_producers) == [(P, "gone")]
-    far = p.ts + 2 * (state.side_horizon_s + state.arrival_lag_s)
-    state.forget_decided(before_ts=far)
-    state.forget_decided(before_ts=far)
-    assert state.tombstones_retired == 4 and state.expired_producers == {}
+    state.forget_decided(before_ts=p.ts + 1)
+    assert state.tombstones_evicted and (P, "gone") not in state.tombstones_old
+    assert state.expired_producers == {}
 
 
 def test_fold_all_continues_the_state_it_is_given() -> None:

@@ -4,7 +4,9 @@ forgetting decided sides in O(1), and a snapshot of all of it."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
+import ledger.upkeep as upkeep_module
 from ledger.audit import audit, counts_by_code
 from ledger.events import Ack
 from ledger.fold import LedgerState, fold_all
@@ -78,26 +80,30 @@ def test_the_inline_write_path_and_the_handlers_agree() -> None:
     assert t.duplicate_seqs == [4] and t.over_ack_seqs == [5]
 
 
-def test_tombstones_are_kept_within_the_horizon_and_retired_past_it_exactly() -> None:
+def test_tombstones_are_bounded_in_two_generations_and_eviction_is_counted() -> None:
     p = Side("prefill-0/tp0")
     events = []
     for i in range(10):
         events += [p.map(f"tx-{i}", f"p-{i}", blocks=(i,)), p.ack(f"tx-{i}", "release")]
     state = LedgerState()
+    state.tombstones_max = 8
     releases = [r for r in map(state.apply, events) if r is not None]
     assert len(releases) == 10
     assert state.forget_decided(before_ts=p.ts + 1) == 10
-    assert not state.transfers and state.tombstone_count == 10
-    # tx-5 is within its horizon: its late ack is judged on the recalled side.
+    assert not state.transfers
+    assert state.tombstone_count <= 8 and state.tombstones_evicted == 10 - state.tombstone_count
+    assert (p.source, "tx-9") in state.tombstones
+    # tx-5 is remembered (older generation): its late ack is judged on the recalled side.
     assert state.apply(p.ack("tx-5", "release", rank=1)) is None
     assert state.transfers[(p.source, "tx-5")].late_seqs is not None and not state.unmapped
-    # tx-0's late ack and a second map come past its horizon: counted, the map refused by the exact memory.
-    later = p.ts + state.side_horizon_s + 1.0
-    state.apply(p.ack("tx-0", "release", rank=1, ts=later))
+    # tx-0 is past the bound: the id memory still knows it was mapped, so its late ack is
+    # counted (not an orphan) and a second map of its id is refused, both reported.
+    assert state.was_mapped((p.source, "tx-0"))
+    state.apply(p.ack("tx-0", "release", rank=1))
     assert state.apply(p.map("tx-0", "p-again", blocks=(77,))) is None
     assert (p.source, "tx-0") not in state.transfers and not state.unmapped and not state.live
-    assert (state.late_after_horizon, state.reused_after_horizon) == (1, 1)
-    assert state.was_mapped((p.source, "tx-0")) and not state.was_mapped((p.source, "tx-never"))
+    assert (state.late_after_eviction, state.reused_after_eviction) == (1, 1)
+    assert not state.was_mapped((p.source, "tx-never"))
 
 
 def test_forget_decided_keeps_evidence_when_asked_and_late_events_delay_it() -> None:
@@ -131,28 +137,22 @@ def test_an_orphan_expired_then_mapped_is_forgotten_once() -> None:
     assert state.forget_decided(before_ts=p.ts + 1) == 0 and not state.transfers
 
 
-def test_snapshot_round_trips_masks_both_tombstone_generations_and_the_id_memory() -> None:
+def test_snapshot_round_trips_masks_and_both_tombstone_generations(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(upkeep_module, "TOMBSTONES_MAX", 4)  # read when the state is made
     p = Side("prefill-0/tp0")
     events = [p.map("w", "p-w", "producer", "write", blocks=(50,)), p.schedule("w", (0, 2, 70), op="write")]
     events.append(p.ack("w", "write", (2,)))
     for i in range(5):
         events += [p.map(f"tx-{i}", f"p-{i}", blocks=(i,), acks=2), p.ack(f"tx-{i}", "release", rank=1)]
         events.append(p.ack(f"tx-{i}", "release", rank=0))
-    state, _ = fold_all(events[:-3])
+    state, _ = fold_all(events)
     state.forget_decided(before_ts=p.ts + 1)
-    for e in events[-3:]:
-        state.apply(e)
-    state.forget_decided(before_ts=p.ts + 1)
-    state.apply(p.map("retired", "p-r", blocks=(99,)))
-    state.apply(p.ack("retired", "release"))
-    state._retire(state.transfers[(p.source, "retired")])
-    assert state.tombstones and state.tombstones_old and state.id_memory is not None
+    assert state.tombstones and state.tombstones_old
     restored = snapshot.decode(snapshot.encode(state))
     assert snapshot.encode(restored) == snapshot.encode(state)
     w = restored.transfers[(p.source, "w")]
     assert w.scheduled == {0, 2, 70} and w.acked == {2}
     assert restored.tombstones == state.tombstones and restored.tombstones_old == state.tombstones_old
-    assert restored.was_mapped((p.source, "retired")) and restored.side_horizon_s == state.side_horizon_s
     # The restored state folds on exactly as the original does.
     more = [p.ack("w", "write", (0, 70)), p.seal("w", 3), p.ack("tx-1", "release", rank=0)]
     assert [restored.apply(e) for e in more] == [state.apply(e) for e in more]
