@@ -66,7 +66,7 @@ def ready_marker(region: TensorRegion) -> Any:
     blocks they last used); None off CUDA, where the caller's writes are done when it calls."""
     if region.flat.device.type != "cuda":
         return None
-    event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves its stubs untyped
+    event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(region.flat.device))
     return event
 
@@ -113,7 +113,7 @@ class _Lane:
         self._sends: list[torch.Tensor | None] = [None] * buffers
         self._trackers: list[zmq.MessageTracker | None] = [None] * buffers
         self._receive: torch.Tensor | None = None
-        self.stream: Any = torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
+        self.stream: Any = torch.cuda.Stream(device) if self.cuda else None
 
     def _host(self) -> torch.Tensor:
         return torch.empty(self.capacity, dtype=torch.uint8, pin_memory=self.cuda)

@@ -18,6 +18,13 @@ from ledger.store.limits import INSERT_ROWS_PER_STATEMENT
 from ledger.store.rows import INSERT_COLUMNS, encode_row, encode_rows
 from ledger.store.sql import SqlStore, rows_per_insert
 from ledger.synth import SynthConfig, generate
+from tests.store.conftest import ROW_BACKENDS, backend_url
+
+
+@pytest.fixture(params=ROW_BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every backend but NATS (tests/store/conftest.py's ROW_BACKENDS says why)."""
+    return backend_url(request, tmp_path)
 
 
 def _events(transfers: int = 40) -> list[Event]:

@@ -67,7 +67,9 @@ def test_server_killed_mid_publish_and_restarted_loses_and_duplicates_nothing(
             time.sleep(0.02)  # the outage lasts a while in wall time
     assert writer.close(timeout=60), writer.stats()
     stats = writer.stats()
-    assert stats["spilled"] + stats["respilled"] > 0 and stats["failed_attempts"] > 0 and stats["dropped"] == 0
+    # The outage was met: events went through the spill file (a refused publish, or a backlog spilled while
+    # the server was down: which one depends on timing), and none was dropped.
+    assert stats["spilled"] + stats["respilled"] > 0 and stats["dropped"] == 0
     store.close()
     exported = tmp_path / "stream.jsonl"
     assert store_to_jsonl(url, exported) == len(appended)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from ledger.audit import audit
 from ledger.events import Event
@@ -16,8 +17,15 @@ from ledger.store.base import EventStore
 from ledger.store.recovery import load_state, open_ledger, save_snapshot, snapshot_source
 from ledger.synth import SynthConfig, generate
 from tests.ledger.builders import Side
+from tests.store.conftest import ROW_BACKENDS, backend_url
 
 PRODUCER = "prefill-0/tp0"
+
+
+@pytest.fixture(params=ROW_BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every backend but NATS (tests/store/conftest.py's ROW_BACKENDS says why)."""
+    return backend_url(request, tmp_path)
 
 
 def _producer_events(transfers: int = 400) -> list[Event]:
