@@ -29,7 +29,10 @@ from connector.limits import (
     STOP_JOIN_TIMEOUT_S,
     TRANSPORT_FRAME_BYTES_MAX,
     TRANSPORT_INFLIGHT_MAX,
+    TRANSPORT_INFLIGHT_PER_PEER_MAX,
     TRANSPORT_OPS_PER_REQUEST_MAX,
+    TRANSPORT_REQUEST_TIMEOUT_S,
+    TRANSPORT_SWEEP_S,
 )
 from connector.transports.base import (
     SUCCEEDED,
@@ -89,6 +92,8 @@ class _Job:
     frames: list[Any]
     handle: TransferHandle
     read_into: tuple[TensorRegion, list[Op]] | None
+    deadline: float
+    """Monotonic: past it the request fails (TIMEOUT) and its slot is freed, answered or not."""
 
 
 class TcpTransport:
@@ -98,7 +103,14 @@ class TcpTransport:
     one_sided = False
     """The producer serves each read, so it refuses one for a transfer it no longer holds."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, context: zmq.Context[Any] | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        context: zmq.Context[Any] | None = None,
+        request_timeout_s: float = TRANSPORT_REQUEST_TIMEOUT_S,
+    ) -> None:
         self._own_context = context is None
         self._context: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._regions: dict[str, TensorRegion] = {}
@@ -108,8 +120,9 @@ class TcpTransport:
         self._stop = threading.Event()
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
-        self._inflight = 0
-        self._inflight_lock = threading.Lock()
+        self.request_timeout_s = request_timeout_s
+        """Every request's deadline from its submission (the worker gives its transfer timeout)."""
+        self._slots = _Slots(TRANSPORT_INFLIGHT_MAX, TRANSPORT_INFLIGHT_PER_PEER_MAX)
         server = self._context.socket(zmq.ROUTER)
         server.setsockopt(zmq.LINGER, 0)
         if port == 0:
@@ -185,11 +198,11 @@ class TcpTransport:
         if isinstance(checked, TransferStatus):
             return TransferHandle(checked)
         region = checked
-        with self._inflight_lock:
-            if self._inflight >= TRANSPORT_INFLIGHT_MAX:
-                # Back-pressure is transient, like mori's send queue full: the caller retries later.
-                return TransferHandle(failed(Code.SEND_QUEUE_FULL, "send queue full", transient=True))
-            self._inflight += 1
+        url = session.url
+        refused = self._slots.take(url)
+        if refused is not None:
+            # Back-pressure is transient, like mori's send queue full: the caller retries later.
+            return TransferHandle(failed(Code.SEND_QUEUE_FULL, refused, transient=True))
         op_list = list(ops)
         request = _Request(next(self._ids), op, remote, [(ro, size) for _, ro, size in op_list], transfer_id)
         frames: list[Any] = [_req_encoder.encode(request)]
@@ -197,10 +210,12 @@ class TcpTransport:
             try:
                 frames.extend(region.view(lo, size) for lo, _, size in op_list)
             except RegionError as error:
-                self._done_one()
+                self._slots.give(url)
                 return TransferHandle(failed(Code.BAD_REQUEST, str(error)))
         handle = TransferHandle()
-        self._jobs.put(_Job(session.url, request.id, frames, handle, (region, op_list) if op == "read" else None))
+        read_into = (region, op_list) if op == "read" else None
+        deadline = time.monotonic() + self.request_timeout_s
+        self._jobs.put(_Job(url, request.id, frames, handle, read_into, deadline))
         os.write(self._wake_write, b"x")
         return handle
 
@@ -215,9 +230,9 @@ class TcpTransport:
         assert region is not None
         return region
 
-    def _done_one(self) -> None:
-        with self._inflight_lock:
-            self._inflight -= 1
+    def inflight(self, url: str | None = None) -> int:
+        """Requests holding a slot (to `url`'s peer, or to all): submitted, neither answered nor given up."""
+        return self._slots.count(url)
 
     # -- the client I/O thread -----------------------------------------------
 
@@ -226,8 +241,12 @@ class TcpTransport:
         pending: dict[int, _Job] = {}
         poller = zmq.Poller()
         poller.register(self._wake_read, zmq.POLLIN)
+        swept_at = time.monotonic()
         try:
             while not self._stop.is_set():
+                if time.monotonic() - swept_at >= TRANSPORT_SWEEP_S:
+                    swept_at = time.monotonic()
+                    self._sweep(pending, swept_at)
                 for sock_or_fd, _ in poller.poll(CHANNEL_POLL_MS):
                     if sock_or_fd == self._wake_read:
                         os.read(self._wake_read, 4096)
@@ -251,6 +270,7 @@ class TcpTransport:
             log.warning("tcp transport client stopped: %s", error)
         finally:
             for job in pending.values():
+                self._slots.give(job.url)
                 job.handle.finish(failed(Code.CLOSED, "transport closed"))
             for sock in sockets.values():
                 sock.close(linger=0)
@@ -266,9 +286,12 @@ class TcpTransport:
             return
         job = pending.pop(reply.id, None)
         if job is None:
-            self._drain(sock)
+            self._drain(sock)  # past its deadline, or given up: the reply (and a read's bytes) is dropped
             return
-        self._done_one()
+        self._slots.give(job.url)
+        if not job.handle.status().in_progress():
+            self._drain(sock)  # given up since the last sweep: its blocks may be another request's by now
+            return
         if reply.code != Code.OK:
             self._drain(sock)
             transient = reply.code in (Code.SEND_QUEUE_FULL, Code.NOT_HELD_YET)
@@ -300,6 +323,15 @@ class TcpTransport:
             job.handle.finish(failed(Code.REMOTE_ERROR, str(error)))
             return
         job.handle.finish(SUCCEEDED)
+
+    def _sweep(self, pending: dict[int, _Job], now: float) -> None:
+        """Free the slot of every request past its deadline (its handle fails, TIMEOUT) or given up by its
+        caller (`TransferHandle.cancel`); a reply that comes after is dropped (`_on_reply`)."""
+        over = [i for i, job in pending.items() if now >= job.deadline or not job.handle.status().in_progress()]
+        for request_id in over:
+            job = pending.pop(request_id)
+            self._slots.give(job.url)
+            job.handle.finish(failed(Code.TIMEOUT, f"no reply within {self.request_timeout_s:g} s"))
 
     @staticmethod
     def _drain(sock: zmq.Socket[Any]) -> None:
@@ -365,3 +397,41 @@ class TcpTransport:
         except RegionError as error:
             return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.BAD_REQUEST, str(error)))]
         return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.BAD_REQUEST, f"unknown op {request.op!r}"))]
+
+
+class _Slots:
+    """In-flight requests, bounded in total and per peer (by url), so a peer that never answers holds at most
+    its own share until its requests' deadlines pass. Taken by the caller's thread, given back by the client
+    I/O thread."""
+
+    def __init__(self, total_max: int, per_peer_max: int) -> None:
+        self._total_max = total_max
+        self._per_peer_max = per_peer_max
+        self._total = 0
+        self._by_url: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, url: str) -> str | None:
+        """None if a slot was taken for `url`; else why not (the request is refused, transiently)."""
+        with self._lock:
+            mine = self._by_url.get(url, 0)
+            if mine >= self._per_peer_max:
+                return f"send queue full: {mine} requests in flight to {url}"
+            if self._total >= self._total_max:
+                return f"send queue full: {self._total} requests in flight"
+            self._by_url[url] = mine + 1
+            self._total += 1
+            return None
+
+    def give(self, url: str) -> None:
+        with self._lock:
+            left = self._by_url[url] - 1
+            if left:
+                self._by_url[url] = left
+            else:
+                del self._by_url[url]
+            self._total -= 1
+
+    def count(self, url: str | None) -> int:
+        with self._lock:
+            return self._total if url is None else self._by_url.get(url, 0)
