@@ -31,7 +31,9 @@ def build_worker(config: ConnectorConfig, *, context: zmq.Context[Any] | None = 
         next_key=config.control_key_next,
     )
     try:
-        transport = make_transport(config.backend, config.host, config.my_port(config.transport_port))
+        # A tcp request lives no longer than its transfer (a silent peer's requests free their slots then).
+        options = {"request_timeout_s": config.transfer_timeout_s} if config.backend == "tcp" else {}
+        transport = make_transport(config.backend, config.host, config.my_port(config.transport_port), **options)
     except BaseException:
         channel.close()
         raise

@@ -97,7 +97,19 @@ TRANSPORT_OPS_PER_REQUEST_MAX = 65536
 """Largest number of (local, remote, size) ops in one tcp request."""
 
 TRANSPORT_INFLIGHT_MAX = 4096
-"""Requests a tcp transport client may have outstanding; more are queued in the caller's thread."""
+"""Requests a tcp transport client may have outstanding, to all peers together; more fail transiently
+(SEND_QUEUE_FULL) until a slot frees: at a reply, at the request's deadline, or when its caller gives up."""
+
+TRANSPORT_INFLIGHT_PER_PEER_MAX = 1024
+"""Requests a tcp transport client may have outstanding to one peer: a silent peer holds at most this many
+slots (until their deadlines pass), and the others keep the rest of TRANSPORT_INFLIGHT_MAX."""
+
+TRANSPORT_REQUEST_TIMEOUT_S = 30.0
+"""A tcp request's deadline where its creator names none (the worker gives its transfer timeout): past it the
+request fails (TIMEOUT), its slot is freed and a late reply is dropped."""
+
+TRANSPORT_SWEEP_S = 0.01
+"""How often the tcp client thread looks for requests past their deadline or given up by their caller."""
 
 RETRY_BACKOFF_MIN_S = 0.001
 RETRY_BACKOFF_MAX_S = 0.050

@@ -136,6 +136,11 @@ class TransferHandle:
     def wait(self, timeout_s: float) -> bool:
         return self._done.wait(timeout_s)
 
+    def cancel(self) -> None:
+        """The caller gives up on this batch (its transfer was decided): it fails now, and a transport that
+        keeps per-request state (tcp) frees it and drops whatever the peer answers later."""
+        self.finish(failed(Code.CLOSED, "given up by the caller"))
+
 
 HoldCheck: TypeAlias = Callable[[str], bool | None]
 """Whether this process holds the named transfer's blocks: True held, False let go (for good), None not known

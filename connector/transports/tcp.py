@@ -30,8 +30,11 @@ from connector.limits import (
     STOP_JOIN_TIMEOUT_S,
     TRANSPORT_FRAME_BYTES_MAX,
     TRANSPORT_INFLIGHT_MAX,
+    TRANSPORT_INFLIGHT_PER_PEER_MAX,
     TRANSPORT_OPS_PER_REQUEST_MAX,
+    TRANSPORT_REQUEST_TIMEOUT_S,
     TRANSPORT_STAGING_BYTES,
+    TRANSPORT_SWEEP_S,
 )
 from connector.transports.base import (
     SUCCEEDED,
@@ -92,6 +95,8 @@ class _Job:
     frames: list[Any]
     handle: TransferHandle
     read_into: tuple[TensorRegion, list[Op]] | None
+    deadline: float
+    """Monotonic: past it the request fails (TIMEOUT) and its slot is freed, answered or not."""
     stage_from: tuple[TensorRegion, list[Op]] | None = None
     """A staged region's write: its payload is gathered on the client thread, just before it is sent."""
     ready: Any = None
@@ -113,6 +118,7 @@ class TcpTransport:
         context: zmq.Context[Any] | None = None,
         staging_bytes: int = TRANSPORT_STAGING_BYTES,
         stage_host_regions: bool = False,
+        request_timeout_s: float = TRANSPORT_REQUEST_TIMEOUT_S,
     ) -> None:
         """`staging_bytes`: the size of each staging buffer (limits.TRANSPORT_STAGING_BYTES says why).
         `stage_host_regions`: move CPU regions through the staging path too, as device regions are (tests and
@@ -130,8 +136,9 @@ class TcpTransport:
         self._stop = threading.Event()
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._wake_read, self._wake_write = os.pipe()
-        self._inflight = 0
-        self._inflight_lock = threading.Lock()
+        self.request_timeout_s = request_timeout_s
+        """Every request's deadline from its submission (the worker gives its transfer timeout)."""
+        self._slots = _Slots(TRANSPORT_INFLIGHT_MAX, TRANSPORT_INFLIGHT_PER_PEER_MAX)
         server = self._context.socket(zmq.ROUTER)
         server.setsockopt(zmq.LINGER, 0)
         if port == 0:
@@ -211,11 +218,11 @@ class TcpTransport:
         if isinstance(checked, TransferStatus):
             return TransferHandle(checked)
         region = checked
-        with self._inflight_lock:
-            if self._inflight >= TRANSPORT_INFLIGHT_MAX:
-                # Back-pressure is transient, like mori's send queue full: the caller retries later.
-                return TransferHandle(failed(Code.SEND_QUEUE_FULL, "send queue full", transient=True))
-            self._inflight += 1
+        url = session.url
+        refused = self._slots.take(url)
+        if refused is not None:
+            # Back-pressure is transient, like mori's send queue full: the caller retries later.
+            return TransferHandle(failed(Code.SEND_QUEUE_FULL, refused, transient=True))
         op_list = list(ops)
         request = _Request(next(self._ids), op, remote, [(ro, size) for _, ro, size in op_list], transfer_id)
         frames: list[Any] = [_req_encoder.encode(request)]
@@ -224,12 +231,13 @@ class TcpTransport:
             try:
                 frames.extend(region.view(lo, size) for lo, _, size in op_list)
             except RegionError as error:
-                self._done_one()
+                self._slots.give(url)
                 return TransferHandle(failed(Code.BAD_REQUEST, str(error)))
         handle = TransferHandle()
         read_into = (region, op_list) if op == "read" else None
         stage_from = (region, op_list) if op == "write" and region.staged else None
-        self._jobs.put(_Job(session.url, request.id, frames, handle, read_into, stage_from, ready))
+        deadline = time.monotonic() + self.request_timeout_s
+        self._jobs.put(_Job(url, request.id, frames, handle, read_into, deadline, stage_from, ready))
         os.write(self._wake_write, b"x")
         return handle
 
@@ -244,9 +252,9 @@ class TcpTransport:
         assert region is not None
         return region
 
-    def _done_one(self) -> None:
-        with self._inflight_lock:
-            self._inflight -= 1
+    def inflight(self, url: str | None = None) -> int:
+        """Requests holding a slot (to `url`'s peer, or to all): submitted, neither answered nor given up."""
+        return self._slots.count(url)
 
     # -- the client I/O thread -----------------------------------------------
 
@@ -255,8 +263,12 @@ class TcpTransport:
         pending: dict[int, _Job] = {}
         poller = zmq.Poller()
         poller.register(self._wake_read, zmq.POLLIN)
+        swept_at = time.monotonic()
         try:
             while not self._stop.is_set():
+                if time.monotonic() - swept_at >= TRANSPORT_SWEEP_S:
+                    swept_at = time.monotonic()
+                    self._sweep(pending, swept_at)
                 for sock_or_fd, _ in poller.poll(CHANNEL_POLL_MS):
                     if sock_or_fd == self._wake_read:
                         os.read(self._wake_read, 4096)
@@ -282,6 +294,7 @@ class TcpTransport:
             log.warning("tcp transport client stopped: %s", error)
         finally:
             for job in pending.values():
+                self._slots.give(job.url)
                 job.handle.finish(failed(Code.CLOSED, "transport closed"))
             for sock in sockets.values():
                 sock.close(linger=0)
@@ -294,7 +307,7 @@ class TcpTransport:
         try:
             job.frames.extend(self._client_staging.gather(region, [(lo, size) for lo, _, size in ops], job.ready))
         except (RuntimeError, RegionError) as error:  # a device error (out of memory, a lost device)
-            self._done_one()
+            self._slots.give(job.url)
             job.handle.finish(failed(Code.BAD_REQUEST, f"staging the write failed: {error}"))
             return False
         return True
@@ -310,9 +323,12 @@ class TcpTransport:
             return
         job = pending.pop(reply.id, None)
         if job is None:
-            self._drain(sock)
+            self._drain(sock)  # past its deadline, or given up: the reply (and a read's bytes) is dropped
             return
-        self._done_one()
+        self._slots.give(job.url)
+        if not job.handle.status().in_progress():
+            self._drain(sock)  # given up since the last sweep: its blocks may be another request's by now
+            return
         if reply.code != Code.OK:
             self._drain(sock)
             transient = reply.code in (Code.SEND_QUEUE_FULL, Code.NOT_HELD_YET)
@@ -348,6 +364,15 @@ class TcpTransport:
             job.handle.finish(failed(Code.REMOTE_ERROR, str(error)))
             return
         job.handle.finish(SUCCEEDED)
+
+    def _sweep(self, pending: dict[int, _Job], now: float) -> None:
+        """Free the slot of every request past its deadline (its handle fails, TIMEOUT) or given up by its
+        caller (`TransferHandle.cancel`); a reply that comes after is dropped (`_on_reply`)."""
+        over = [i for i, job in pending.items() if now >= job.deadline or not job.handle.status().in_progress()]
+        for request_id in over:
+            job = pending.pop(request_id)
+            self._slots.give(job.url)
+            job.handle.finish(failed(Code.TIMEOUT, f"no reply within {self.request_timeout_s:g} s"))
 
     @staticmethod
     def _drain(sock: zmq.Socket[Any]) -> None:
@@ -432,3 +457,41 @@ class TcpTransport:
         if copy:
             return [bytes(region.view(offset, size)) for offset, size in spans]
         return [region.view(offset, size) for offset, size in spans]
+
+
+class _Slots:
+    """In-flight requests, bounded in total and per peer (by url), so a peer that never answers holds at most
+    its own share until its requests' deadlines pass. Taken by the caller's thread, given back by the client
+    I/O thread."""
+
+    def __init__(self, total_max: int, per_peer_max: int) -> None:
+        self._total_max = total_max
+        self._per_peer_max = per_peer_max
+        self._total = 0
+        self._by_url: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, url: str) -> str | None:
+        """None if a slot was taken for `url`; else why not (the request is refused, transiently)."""
+        with self._lock:
+            mine = self._by_url.get(url, 0)
+            if mine >= self._per_peer_max:
+                return f"send queue full: {mine} requests in flight to {url}"
+            if self._total >= self._total_max:
+                return f"send queue full: {self._total} requests in flight"
+            self._by_url[url] = mine + 1
+            self._total += 1
+            return None
+
+    def give(self, url: str) -> None:
+        with self._lock:
+            left = self._by_url[url] - 1
+            if left:
+                self._by_url[url] = left
+            else:
+                del self._by_url[url]
+            self._total -= 1
+
+    def count(self, url: str | None) -> int:
+        with self._lock:
+            return self._total if url is None else self._by_url.get(url, 0)
