@@ -33,6 +33,18 @@ from tests.e2e.harness import (
 )
 from tests.e2e.tiny_model import write_tiny_model
 
+FIELDS: tuple[str, ...] = (
+    "requests",
+    "rounds",
+    "max_tokens",
+    "ledger_ttft_s",
+    "example_ttft_s",
+    "ttft_ratio",
+    "ledger_total_s",
+    "example_total_s",
+    "total_ratio",
+)
+
 
 def _prompts(round_index: int, count: int) -> list[list[int]]:
     # Fresh prompts every round, so no connector finds a previous round's KV.
