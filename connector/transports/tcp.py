@@ -396,6 +396,13 @@ class TcpTransport:
             server.close(linger=0)
 
     def _answer(self, frames: list[Any]) -> list[Any]:
+        """One request's reply frames. A staged region is touched here with no ready event (ready_marker): one
+        recorded on this thread would mark this thread's stream, on which vLLM runs no kernel (it computes on
+        a stream of its own), so it would order nothing. The protocol orders it: a read comes for a request the
+        producer's vLLM has finished (and is served only while held, where holds are checked), so the step that
+        wrote its KV had its output copied to the host (synchronised with that forward) before anyone could ask;
+        a write lands in blocks allocated to a request waiting for it, untouched by vLLM's kernels until the
+        receive is reported, which is after `Inbound.finish` synchronised the copy."""
         identity = frames[0]
         if len(frames) < 2:
             return [identity, msgspec.msgpack.encode(_Reply(0, Code.BAD_REQUEST, "no header"))]

@@ -1,20 +1,25 @@
 """The staging path's design guards, on CPU tensors flagged `staged` (the same code a CUDA region runs): one
 gather and one copy per request (not per op), chunks for a request larger than a buffer, the next request
-staged while the last is still on the wire, and the op-by-op fallback for ragged ops."""
+staged while the last is still on the wire (in the staging alone, and for a WRITE's per-layer pushes between
+two transports), and the op-by-op fallback for ragged ops."""
 
 from __future__ import annotations
 
 import gc
 import math
+import threading
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 import zmq
 
 from connector.layout import block_ops, geometry_of
+from connector.limits import TRANSPORT_STAGING_BYTES
 from connector.transports import staging as staging_module
 from connector.transports.regions import TensorRegion
-from connector.transports.staging import Staging, split, unit_index
+from connector.transports.staging import Inbound, Span, Staging, split, unit_index
 from connector.transports.tcp import TcpTransport
 
 WAIT_S = 10.0
@@ -28,10 +33,10 @@ def _cache(seed: int) -> torch.Tensor:
     return torch.randint(0, 250, (2, NUM_BLOCKS, 8, 4, 32), generator=generator, dtype=torch.uint8).half()
 
 
-def _pair(**options: int) -> tuple[TcpTransport, TcpTransport]:
+def _pair(staging_bytes: int = TRANSPORT_STAGING_BYTES) -> tuple[TcpTransport, TcpTransport]:
     return (
-        TcpTransport("127.0.0.1", 0, stage_host_regions=True, **options),
-        TcpTransport("127.0.0.1", 0, stage_host_regions=True, **options),
+        TcpTransport("127.0.0.1", 0, stage_host_regions=True, staging_bytes=staging_bytes),
+        TcpTransport("127.0.0.1", 0, stage_host_regions=True, staging_bytes=staging_bytes),
     )
 
 
@@ -101,6 +106,73 @@ def test_the_next_request_is_staged_while_the_last_is_on_the_wire() -> None:
     fourth = staging.gather(region, [(1024, 256)])
     assert staging.counts.overflows == 1 and _buffer_of(fourth[0]) == first_buffer
     assert bytes(fourth[0]) == region.flat[1024:1280].numpy().tobytes()
+
+
+def test_per_layer_write_pushes_stage_the_next_layer_before_the_last_is_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """WRITE mode's per-layer pushes through two real transports on loopback: the sender's I/O thread gathers
+    and copies layer n+1 while layer n is still unanswered (on the wire, or with the receiver). The receiver
+    holds its answer to each layer until the sender has staged the next one, so a sender that waited for
+    layer n's reply before staging layer n+1 would stage it only after that answer (once the guard's wait ran
+    out): the recorded order would show it."""
+    layers = 4
+    events: list[tuple[str, int]] = []
+    lock = threading.Lock()
+    staged = [threading.Event() for _ in range(layers)]
+    sources = [_cache(10 + i) for i in range(layers)]
+    targets = [_cache(20 + i) for i in range(layers)]
+    layer_of = {id(tensor): i for i, tensor in enumerate(sources + targets)}
+
+    def record(kind: str, layer: int) -> None:
+        with lock:
+            events.append((kind, layer))
+
+    gather, inbound, finish = Staging.gather, Staging.inbound, Inbound.finish
+
+    def recorded_gather(self: Staging, region: TensorRegion, spans: Sequence[Span], ready: Any = None) -> list[Any]:
+        frames = gather(self, region, spans, ready)  # the device gather, the host copy and its sync
+        layer = layer_of[id(region.tensor)] % layers
+        record("staged", layer)
+        staged[layer].set()
+        return frames
+
+    def held_inbound(self: Staging, region: TensorRegion, ready: Any = None) -> Inbound:
+        layer = layer_of[id(region.tensor)] % layers
+        record("received", layer)
+        if layer + 1 < layers:
+            staged[layer + 1].wait(WAIT_S)  # a guard against a deadlock, never a measure: the order tells
+        return inbound(self, region, ready)
+
+    def recorded_finish(self: Inbound) -> None:
+        finish(self)
+        record("answered", layer_of[id(self._region.tensor)] % layers)  # the reply goes out after this
+
+    monkeypatch.setattr(Staging, "gather", recorded_gather)
+    monkeypatch.setattr(Staging, "inbound", held_inbound)
+    monkeypatch.setattr(Inbound, "finish", recorded_finish)
+    a, b = _pair()
+    try:
+        remotes = [a.register(f"layer.{i}", target) for i, target in enumerate(targets)]
+        for i, source in enumerate(sources):
+            b.register(f"layer.{i}", source)
+        session = b.connect(a.endpoint(), remotes)
+        geometry = geometry_of(sources[0], NUM_BLOCKS)
+        ops = block_ops(geometry, geometry, BLOCKS, BLOCKS)
+        handles = [b.write(session, f"layer.{i}", f"layer.{i}", ops) for i in range(layers)]  # as the forward
+        assert b.wait_all(handles, 2 * layers * WAIT_S)
+        assert all(handle.status().succeeded() for handle in handles), [h.status() for h in handles]
+        for source, target in zip(sources, targets, strict=True):
+            assert torch.equal(target[:, BLOCKS], source[:, BLOCKS])
+        with lock:
+            order = list(events)
+        for layer in range(layers - 1):
+            assert order.index(("staged", layer + 1)) < order.index(("answered", layer)), order
+        assert [e for e in order if e[0] == "staged"] == [("staged", i) for i in range(layers)]
+        assert b.staging_counts().gathers == layers and a.staging_counts().scatters == layers
+    finally:
+        a.close()
+        b.close()
 
 
 def _buffer_of(frame: zmq.Frame) -> int:
