@@ -78,6 +78,9 @@ class Live:
         self.cursor = 0
         self.rows_folded = 0
         """Rows read from the store's tail so far (a snapshot records it: `api.snapshots`)."""
+        self.last_folded: tuple[str, int] | None = None
+        """(source, seq) of the event at `cursor`, the last folded (a snapshot records it: a start finds the
+        same event at that cursor, or the store changed under the snapshot)."""
         self.version = 0
         """Bumped after every folded batch; keys the audit cache."""
         self.events_by_kind: dict[str, int] = dict.fromkeys(KINDS, 0)
@@ -188,7 +191,8 @@ class Live:
             self.fold_errors += 1
             log.error("kvledger service: event at cursor %d (%s seq %d) could not be folded; passed over",
                       cursor, event.source, event.seq, exc_info=error)  # fmt: skip
-        self.cursor = rows[-1][0]
+        cursor, last = rows[-1]
+        self.cursor, self.last_folded = cursor, (last.source, last.seq)
         self.rows_folded += len(rows)
         self.version += 1
 

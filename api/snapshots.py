@@ -8,20 +8,27 @@ request's path; the newest two are kept. The fold waits only while the state is 
 the copy is encoded (an ingest waited two seconds per snapshot of a million events' fold that way).
 
 Exactly once: a start folds the snapshot's events, then the tail after C in cursor order, as the running
-service does. The snapshot records how many rows the fold had read up to C, and is used only if the store
-still holds exactly that many at cursors up to C: a row committed below C after the snapshot was taken (a
-concurrent writer whose transaction took a lower cursor and committed later; the PostgreSQL store's append
-rules it out with its table lock, another writer of the table might not) is never skipped, because the
-snapshot is then refused. Such a row is also missed by the running fold's tail; the refold a refused
-snapshot leads to takes it in.
+service does. The snapshot records three things a start checks against the store, and is used only if all
+three still hold:
+- the store's id (`EventStore.store_id`, drawn once when the store was made): a snapshot copied from another
+  store, whose cursors name other events, is refused;
+- how many rows the fold had read up to C: the store must still hold exactly that many at cursors up to C.
+  A row committed below C after the snapshot was taken (a concurrent writer whose transaction took a lower
+  cursor and committed later; the PostgreSQL store's append rules it out with its table lock, another writer
+  of the table might not) is never skipped, because the snapshot is then refused. Such a row is also missed
+  by the running fold's tail; the refold a refused snapshot leads to takes it in;
+- the (source, seq) of the event at C, the last it folded: the store must hold that event at C. SQLite gives
+  a new row the highest rowid plus one, so once the newest rows are deleted, rows appended after take their
+  cursors again: the count up to C is the same, the events are others, and a snapshot believed would skip
+  them (and keep the deleted ones' effects).
 
 A snapshot that cannot be used (corrupt: its CRC-32 does not match, or it does not decode or hang together;
-another format; the fold's fields changed; the count above) is ignored with a warning naming its cursor and
-why, and the next older one is tried; with none left the fold starts from zero. Either way the state equals a
-fold of the whole store. One thing a start from a snapshot does not rebuild: the Prometheus release-latency
-histogram (`api.metrics`), fed as releases are folded, counts the releases this process folded, as any
-Prometheus counter starts again with its process; the fold's own counts (`kvledger_releases_total`, the
-latency percentiles of /audit/summary) are restored whole.
+another format; the fold's fields changed; another store's; the count or the last event above) is ignored
+with a warning naming its cursor and why, and the next older one is tried; with none left the fold starts
+from zero. Either way the state equals a fold of the whole store. One thing a start from a snapshot does not
+rebuild: the Prometheus release-latency histogram (`api.metrics`), fed as releases are folded, counts the
+releases this process folded, as any Prometheus counter starts again with its process; the fold's own counts
+(`kvledger_releases_total`, the latency percentiles of /audit/summary) are restored whole.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from api.live import Live, Written
 from ledger.advice import LatencyRecorder, RecorderPlain
 from ledger.collector import collector_paused
 from ledger.decisions import Key
-from ledger.events import KINDS
+from ledger.events import KINDS, Event
 from ledger.fold import LedgerState
 from ledger.series import HoldingSeries, SeriesPlain
 from ledger.side import requests_of
@@ -60,17 +67,17 @@ _Out = TypeVar("_Out")
 SOURCE = ""
 """The snapshots table's source for the service's snapshots: no event source is empty."""
 
-FORMAT = 3
+FORMAT = 4
 """Bumped whenever the document below changes (the ledger's own part has its own `snapshot.FORMAT`; 2: the
 ledger's part nested, not a byte string, and `order` and `by_request` derived from the sides; 3: the
-document compressed, `seal`)."""
+document compressed, `seal`; 4: the store's id and the last event folded)."""
 
 ZSTD_LEVEL = 1
 """A million-event fold's 176 MB document: 20 MB in 0.24 s, back in 0.2 s (level 3: 18 MB, 0.34 s)."""
 
 FOLDED = frozenset({
-    "state", "cursor", "rows_folded", "events_by_kind", "order", "by_request", "latency", "last_ts", "holding",
-    "fold_errors",
+    "state", "cursor", "rows_folded", "last_folded", "events_by_kind", "order", "by_request", "latency", "last_ts",
+    "holding", "fold_errors",
 })  # fmt: skip
 """`Live`'s attributes a snapshot holds: everything the fold of the store's events builds."""
 
@@ -86,9 +93,13 @@ makes `encode` fail loudly (a snapshot that silently dropped part of the fold wo
 
 class _Document(msgspec.Struct, kw_only=True):
     format: int
+    store_id: str
+    """The id of the store it was taken of (`EventStore.store_id`): another store's is refused."""
     cursor: int
     rows: int
     """Rows read from the store's tail up to `cursor`: the store must still hold exactly these."""
+    last_folded: tuple[str, int] | None
+    """(source, seq) of the event at `cursor`: the store must still hold it there."""
     ledger: msgspec.Raw
     """The ledger's own document (`snapshot.encode`), nested as it is: decoded in place, never copied out."""
     events_by_kind: dict[str, int]
@@ -120,8 +131,10 @@ class _Restored(NamedTuple):
 class _Taken(NamedTuple):
     """What a snapshot writes of `Live`, copied where the fold cannot move (`_take`): encoded while it goes on."""
 
+    store_id: str
     cursor: int
     rows: int
+    last_folded: tuple[str, int] | None
     ledger: snapshot.Document
     keys: list[Key]
     """The sides' keys, in the order of the sides `ledger` holds (what `requests_of` reads them by)."""
@@ -147,8 +160,10 @@ def _take(live: Live) -> _Taken:
                                   "update api/snapshots.py")  # fmt: skip
     keys = list(live.state.transfers)
     return _Taken(
+        store_id=live.store.store_id() if live.store is not None else "",  # read once by `write`, before the lock
         cursor=live.cursor,
         rows=live.rows_folded,
+        last_folded=live.last_folded,
         ledger=snapshot.take(live.state),
         keys=keys,
         events_by_kind=dict(live.events_by_kind),
@@ -187,8 +202,10 @@ def _encoded(taken: _Taken) -> bytes:
     by_request = taken.by_request
     doc = _Document(
         format=FORMAT,
+        store_id=taken.store_id,
         cursor=taken.cursor,
         rows=taken.rows,
+        last_folded=taken.last_folded,
         ledger=msgspec.Raw(snapshot.encode_taken(taken.ledger)),
         events_by_kind=taken.events_by_kind,
         order=taken.order,
@@ -237,17 +254,25 @@ def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
     with ThreadPoolExecutor(1, thread_name_prefix="kvledger-snapshot-count") as pool:
         # The store counts (a scan of a million rows, its driver off the GIL) while the body decodes.
         counted = pool.submit(store.count_through, stored.seq)
+        at_cursor = pool.submit(store.tail, stored.seq - 1, 1)
         doc = snapshot.decoded(_decoder, unsealed(stored.body), FORMAT, "body")
         if doc.cursor != stored.seq:
             raise SnapshotFormatError(f"its body is of cursor {doc.cursor}")
         if set(doc.events_by_kind) != set(KINDS):
             raise SnapshotFormatError("the event kinds changed since it was written")
-        stored_rows = counted.result()
+        store_id = store.store_id()
+        if doc.store_id != store_id:
+            raise SnapshotFormatError(
+                f"it was taken of another store (store id {doc.store_id!r}; this store's is {store_id!r}): "
+                "copied here, its cursors name other events"
+            )
+        stored_rows, found = counted.result(), at_cursor.result()
     if stored_rows != doc.rows:
         raise SnapshotFormatError(
             f"the store holds {stored_rows} events at cursors up to {doc.cursor}, the snapshot folded {doc.rows} "
             "(events committed below its cursor after it was taken, or removed)"
         )
+    _check_last_folded(doc, found)
     try:
         state = snapshot.decode(memoryview(doc.ledger))
         keys = list(state.transfers)
@@ -263,6 +288,26 @@ def _restore(store: EventStore, stored: StoredSnapshot) -> _Restored:
         raise
     except Exception as error:  # a body that decodes but does not hang together: refused like a corrupt one
         raise SnapshotFormatError(f"inconsistent: {type(error).__name__}: {error}") from None
+
+
+def _check_last_folded(doc: _Document, found: list[tuple[int, Event]]) -> None:
+    """The store's event at the snapshot's cursor (`found`: the tail after the cursor before it) is the one the
+    snapshot folded last; else `SnapshotFormatError` naming both."""
+    if doc.last_folded is None:
+        if doc.cursor:
+            raise SnapshotFormatError(f"it names no event at its cursor {doc.cursor}")
+        return
+    source, seq = doc.last_folded
+    if not found or found[0][0] != doc.cursor:
+        raise SnapshotFormatError(
+            f"the store holds no event at its cursor {doc.cursor}, where it folded {source!r} seq {seq} (removed)"
+        )
+    event = found[0][1]
+    if (event.source, event.seq) != (source, seq):
+        raise SnapshotFormatError(
+            f"the store's event at its cursor {doc.cursor} is {event.source!r} seq {event.seq}, the snapshot folded "
+            f"{source!r} seq {seq} there (events removed and others stored at their cursors since)"
+        )
 
 
 def load_newest(store: EventStore) -> _Restored | None:
@@ -302,6 +347,7 @@ async def restore(live: Live, store: EventStore) -> int | None:
         doc = restored.doc
         live.state, live.latency, live.holding = restored.state, restored.latency, restored.holding
         live.cursor, live.rows_folded, live.fold_errors = doc.cursor, doc.rows, doc.fold_errors
+        live.last_folded = doc.last_folded
         live.events_by_kind, live.order, live.by_request = doc.events_by_kind, restored.order, restored.by_request
         live.last_ts = doc.last_ts
         live.version += 1
@@ -324,6 +370,7 @@ async def write(live: Live) -> Written | None:
     store = live.store
     if store is None:
         return None
+    await live.store_call(store.store_id)  # read (once) here: `_take` finds it without a query under the lock
     async with live.fold_lock:
         started = time.perf_counter()
         taken, take_cpu_s = await anyio.to_thread.run_sync(_cpu_timed, _take, live)

@@ -86,6 +86,12 @@ class EventStore(Protocol):
 
     url: str
 
+    def store_id(self) -> str:
+        """The store's name, drawn once when the store was made and never changed: a snapshot names the store
+        it was taken of, and a start refuses one taken of another (`api.snapshots`). A copy of the whole store
+        (a backup, a copied SQLite file) keeps it: its events are the same."""
+        ...
+
     def append(self, events: Sequence[Event]) -> int:
         """Insert a batch in one transaction, all or nothing.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator, Sequence
 
 from ledger.events import Event, TransferId
@@ -23,6 +24,10 @@ class MemoryStore:
         self._quarantine: list[Quarantined] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._id = uuid.uuid4().hex
+
+    def store_id(self) -> str:
+        return self._id
 
     def _check_open(self) -> None:
         if self._closed:

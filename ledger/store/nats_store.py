@@ -19,6 +19,10 @@ group after another, groups in the order of their first event. A store-wide curs
 stream sequence times 2**16 plus the event's place in it (1-based): cursors grow with insertion order,
 with gaps. `count` and `count_through` read message headers only (the stream keeps no event count).
 
+The store's id (`store_id`) is the stream's name and the time the server made it, as the stream's own
+information reports it: nothing to write, every stream has one (whichever kvledger made it), and a stream
+deleted and made again under the same name is another store, whose snapshots are not the old one's.
+
 Snapshots go to the object store `<stream>-snapshots` (one object per (source, seq)), refused events to
 the stream `<stream>-quarantine`. Calls run on a private event loop thread, so every method is a plain
 blocking call with a timeout, like the SQL stores'.
@@ -105,6 +109,7 @@ class NatsStore:
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._objects: ObjectStore | None = None
+        self._id = ""
         try:
             self._call(self._open(create), timeout=target.connect_timeout_s + CALL_TIMEOUT_S)
         except BaseException:
@@ -169,6 +174,9 @@ class NatsStore:
                 "a stream's partition count cannot change (a transfer would move between workers)"
             )
         self.partitions = int(found)
+        if info.created is None:
+            raise StoreUnavailable(f"{self.url}: the server does not say when stream {self.target.stream!r} was made")
+        self._id = f"{self.target.stream}@{info.created.isoformat()}"
         await self._ensure_side_stores(create)
 
     def _stream_config(self) -> api.StreamConfig:
@@ -244,6 +252,9 @@ class NatsStore:
                 self._call(scan.aclose())  # type: ignore[attr-defined]
 
     # -- the contract ------------------------------------------------------
+
+    def store_id(self) -> str:
+        return self._id
 
     def append(self, events: Sequence[Event]) -> int:
         return len(self.append_returning(events).inserted)

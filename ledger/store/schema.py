@@ -20,7 +20,7 @@ from sqlalchemy import (
 from ledger.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
 from ledger.store.limits import KIND_CHARS_MAX
 
-SCHEMA_VERSION = "0002_quarantine"
+SCHEMA_VERSION = "0003_store_id"
 """The Alembic revision this code reads and writes; any other is refused at open."""
 
 VERSION_TABLE = "kvledger_version"
@@ -72,3 +72,14 @@ quarantine = Table(
 """Events a store refused for their content (invalid, or a (source, seq) stored with other content), with
 why: set aside by a background writer so that one bad event never stalls it, and shown by the service.
 Unbounded text columns: the event that did not fit the events table must fit here."""
+
+STORE_ID_CHARS_MAX = 64
+
+identity = Table(
+    "kvledger_store",
+    metadata,
+    Column("store_id", String(STORE_ID_CHARS_MAX), primary_key=True),
+    Column("created_ts", Double, nullable=False),
+)
+"""One row: the store's id (a random hex string), drawn by the migration that made the table (when the store
+was made, or upgraded to 0003), never written again. A snapshot names it (`EventStore.store_id`)."""

@@ -25,7 +25,7 @@ from ledger.store.batch import CURSOR, STORED, batch_keys, chunks, fresh_indices
 from ledger.store.errors import translate
 from ledger.store.limits import INSERT_ROWS_PER_STATEMENT, QUARANTINE_READ_MAX, READ_CHUNK_ROWS, TAIL_EVENTS_MAX
 from ledger.store.rows import INSERT_COLUMNS, QUARANTINE_COLUMNS, Row, encode_rows, quarantine_row
-from ledger.store.schema import events, quarantine, snapshots
+from ledger.store.schema import events, identity, quarantine, snapshots
 from ledger.store.url import StoreUrl
 
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
@@ -57,10 +57,27 @@ class SqlStore:
         self._mark = _PLACEHOLDER[engine.dialect.paramstyle]
         self._copy_sql = f"COPY events ({', '.join(INSERT_COLUMNS)}) FROM STDIN (FORMAT BINARY)"
         self._closed = False
+        self._id: str | None = None
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreError(f"{self.url}: store is closed")
+
+    def store_id(self) -> str:
+        self._check_open()
+        if self._id is None:  # read once: the row is never written again
+            try:
+                with self.engine.connect() as conn:
+                    found = [row[0] for row in conn.execute(select(identity.c.store_id).limit(2))]
+            except Exception as error:
+                raise translate(error, self.url) from error
+            if len(found) != 1:
+                raise StoreError(
+                    f"{self.url}: its table {identity.name} holds {len(found) or 'no'} store ids where kvledger "
+                    "writes one (edited by hand?): its snapshots cannot be checked against it"
+                )
+            self._id = str(found[0])
+        return self._id
 
     # -- writes ------------------------------------------------------------
 

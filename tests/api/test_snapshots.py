@@ -1,6 +1,7 @@
 """The service starts from its newest usable snapshot and folds only what follows: the same state, audit
 findings and releases as a fold of the whole store, on SQLite and PostgreSQL; snapshots it cannot use
-(corrupt, another format, rows committed below their cursor since) are passed over with a warning."""
+(corrupt, another format, rows committed below their cursor since, the newest rows removed and their cursors
+taken again, another store's) are passed over with a warning."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import insert
+from sqlalchemy import delete, insert
 
 from api import limits, snapshots
 from api.app import create_app
@@ -262,6 +264,91 @@ def test_a_row_committed_below_the_snapshot_is_folded_not_skipped(
         started = _folded(live, [events[-1].ts])
     (warning,) = _warnings(caplog)
     assert f"snapshot at cursor {cursor} " in warning and "committed below its cursor" in warning
+    assert started == _refolded(store_url, [events[-1].ts])
+
+
+def _delete_from(url: str, cursor: int) -> None:
+    """Remove the events at `cursor` and after, as an operator trimming the newest rows by hand would."""
+    store = open_store(url)
+    assert isinstance(store, SqlStore)
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(delete(events_table).where(events_table.c.cursor >= cursor))
+    finally:
+        store.close()
+
+
+def test_a_snapshot_whose_newest_events_were_removed_and_their_cursors_taken_again_is_refused(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SQLite gives a new row the highest rowid plus one: rows appended after the newest were deleted take the
+    deleted ones' cursors, so the count up to the snapshot's cursor is what it was and only the event at it
+    tells. Believed, the snapshot would skip the new rows and keep the deleted ones' effects. (PostgreSQL's
+    sequence never gives a cursor twice: there the count tells.)"""
+    events = history(9, Shape(transfers=12))
+    split = len(events) // 2
+    _append(store_url, events[:split])
+    cursor = _snapshot_now(store_url)
+    assert cursor == split
+    _delete_from(store_url, cursor - 1)  # the newest two events go
+    _append(store_url, events[split:])
+    store = open_store(store_url)
+    try:
+        reused = store.tail(cursor - 1, 1)[0]
+    finally:
+        store.close()
+    sqlite = store_url.startswith("sqlite")
+    assert reused == ((cursor, events[split + 1]) if sqlite else (cursor + 1, events[split]))
+    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
+    with _service(store_url) as live:
+        assert live.restored_from is None
+        assert live.rows_folded == len(events) - 2
+        started = _folded(live, [events[-1].ts])
+    (warning,) = _warnings(caplog)
+    assert f"snapshot at cursor {cursor} " in warning
+    if sqlite:
+        event = events[split + 1]
+        assert f"event at its cursor {cursor} is {event.source!r} seq {event.seq}" in warning
+        assert "others stored at their cursors" in warning
+    else:
+        assert "or removed" in warning
+    assert started == _refolded(store_url, [events[-1].ts])
+    assert sum(map(len, started[1])) > 0
+
+
+def test_a_snapshot_copied_from_another_store_is_refused(
+    store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another store holding the same events: the counts and the event at the cursor agree, only the store's
+    id tells the snapshot is not this store's."""
+    events = history(10, Shape(transfers=12))
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    open_store(other, create=True).close()
+    for url in (other, store_url):
+        _append(url, events)
+    cursor = _snapshot_now(other)
+    source = open_store(other)
+    try:
+        copied = source.latest_snapshot(snapshots.SOURCE)
+        other_id = source.store_id()
+    finally:
+        source.close()
+    assert copied is not None and copied.seq == cursor
+    target = open_store(store_url)
+    try:
+        target.save_snapshot(copied)
+        own_id = target.store_id()
+    finally:
+        target.close()
+    assert own_id != other_id
+    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
+    with _service(store_url) as live:
+        assert live.restored_from is None
+        assert live.rows_folded == len(events)
+        started = _folded(live, [events[-1].ts])
+    (warning,) = _warnings(caplog)
+    assert f"snapshot at cursor {cursor} " in warning
+    assert f"taken of another store (store id {other_id!r}; this store's is {own_id!r})" in warning
     assert started == _refolded(store_url, [events[-1].ts])
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from ledger.events import Ack, Event, TransferId, from_json
 from ledger.store.base import ConflictError, EventStore, StoredSnapshot, StoreError, UnstorableEvent
+from ledger.store.connect import open_store
 from ledger.synth import SynthConfig, generate
 from tests.store.conftest import as_stored
 
@@ -145,6 +146,35 @@ def test_count_through_a_cursor(store: EventStore) -> None:
     assert store.count_through(0) == 0
     assert store.count_through(cursors[2]) == 3
     assert store.count_through(cursors[-1]) == store.count_through(cursors[-1] + 100) == len(events)
+
+
+def test_the_store_id_is_drawn_once_and_read_the_same_by_every_open(store: EventStore, store_url: str) -> None:
+    named = store.store_id()
+    assert named and isinstance(named, str)
+    store.append(_events(2))
+    assert store.store_id() == named  # events change nothing of it
+    if store_url == "memory://":
+        assert open_store(store_url).store_id() != named  # another memory store is another store
+        return
+    again = open_store(store_url)
+    try:
+        assert again.store_id() == named
+    finally:
+        again.close()
+
+
+@pytest.mark.nats
+def test_a_nats_stream_made_again_under_its_name_is_another_store(nats_url: str) -> None:
+    first = open_store(nats_url, create=True)
+    named = first.store_id()
+    assert named.startswith(nats_url.rsplit("/", 1)[1].split("?")[0] + "@")
+    first.delete_stream()  # type: ignore[attr-defined]
+    first.close()
+    again = open_store(nats_url, create=True)
+    try:
+        assert again.store_id() != named
+    finally:
+        again.close()
 
 
 def test_closed_store_raises(store: EventStore) -> None:

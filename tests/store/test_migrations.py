@@ -94,11 +94,41 @@ def test_the_quarantine_migration_upgrades_a_first_version_store(sql_url: str) -
     ensure_pg_schema(engine, store_url, create=True)
     migrate.upgrade_engine(engine, "0001_initial")
     engine.dispose()
-    with pytest.raises(SchemaMismatch, match="0001_initial is older than 0002_quarantine"):
+    with pytest.raises(SchemaMismatch, match=f"0001_initial is older than {schema.SCHEMA_VERSION}"):
         open_store(sql_url)
     assert runner.invoke(app, ["db", "upgrade", "--db", sql_url]).exit_code == 0
     store = open_store(sql_url)
     assert store.quarantined_count() == 0
+    store.close()
+
+
+def test_the_store_id_migration_names_an_older_store_once_and_keeps_its_events(sql_url: str) -> None:
+    """A store at 0002 is upgraded in place: a store id is drawn once, and every open after reads the same."""
+    store_url = parse_url(sql_url)
+    engine = create_store_engine(store_url)
+    ensure_pg_schema(engine, store_url, create=True)
+    migrate.upgrade_engine(engine, "0002_quarantine")
+    engine.dispose()
+    with pytest.raises(SchemaMismatch, match=f"0002_quarantine is older than {schema.SCHEMA_VERSION}"):
+        open_store(sql_url)
+    assert runner.invoke(app, ["db", "upgrade", "--db", sql_url]).exit_code == 0
+    first = open_store(sql_url)
+    named = first.store_id()
+    first.close()
+    again = open_store(sql_url)
+    assert again.store_id() == named and len(named) == 32
+    again.close()
+    assert runner.invoke(app, ["db", "upgrade", "--db", sql_url]).exit_code == 0  # nothing drawn again
+    third = open_store(sql_url)
+    assert third.store_id() == named
+    third.close()
+
+
+def test_a_store_whose_id_row_was_removed_says_so(tmp_path: Path) -> None:
+    url = _store_with_versions_changed(tmp_path / "x.db", "DELETE FROM kvledger_store")
+    store = open_store(url)
+    with pytest.raises(StoreError, match="kvledger_store holds no store ids"):
+        store.store_id()
     store.close()
 
 
