@@ -24,7 +24,8 @@ LEASES_TRACKED_MAX = 65536
 may then find its producer expired, which is a refused read and a recompute, never wrong KV."""
 
 LEASE_IDS_PER_MESSAGE_MAX = 4096
-"""Transfer ids one lease message names (~40 bytes each, far below MESSAGE_BYTES_MAX); more go in more messages."""
+"""Transfer ids one lease message names (~40 bytes each, far below MESSAGE_BYTES_MAX); more go in more messages.
+A received lease naming more is refused as malformed (counted `dropped_malformed`), never handled in part."""
 
 DEFAULT_RECV_ABORT_TIMEOUT_S = 120.0
 """How long a consumer waits for its KV before giving the blocks back (failed load)."""
@@ -164,9 +165,29 @@ LINK_BACKOFF_MAX_S = 5.0
 (never longer than the transfer timeout): a dead peer costs one background attempt per backoff, not one
 per layer per transfer per step."""
 
-POLL_MESSAGES_MAX = 4096
-"""Notifications (and refused messages) one poll takes from the channel; the rest wait for the next poll, so a
-flood from peers, forged or not, costs each hook a bounded amount of work."""
+POLL_IDS_MAX = 512
+"""Transfer ids one poll handles from peers' messages (a message counts the ids it names, at least one: a lease
+renewal up to LEASE_IDS_PER_MESSAGE_MAX); the rest wait, in order, for the next poll (a message half handled
+is carried over, never dropped). A hook's work then stays bounded however many ids the peers send: each id
+costs a few microseconds (a lookup, at most one event folded, a release acted on), so 512 stay near 1-2 ms
+compiled and 4 ms interpreted, under HOOK_CALL_BOUND_S; vLLM polls twice a step, so a worker still takes
+some 1,000 ids a step, more than the renewals of LEASES_TRACKED_MAX waiting requests need (a sixth of them
+every sixth of a lease)."""
+
+POLL_DROPS_MAX = 128
+"""Refused (unproven) control messages one poll records as `drop` events; the rest wait in the channel
+(FORGED_RECORDS_MAX of them, older ones counted and forgotten), so a forged flood costs a poll a bounded
+number of events on top of POLL_IDS_MAX."""
+
+UNMAPPED_SIDES_MAX = 1024
+"""Never-mapped sides a worker's ledger holds open (an ack or fail that came before its map, kept for the map
+it waits for) before a peer's release, write_done or write_failed naming an id this rank never mapped is
+counted (`unknown_ids_refused`) and not recorded. A legitimate one comes before its map only while the
+scheduler's metadata is a step away (an abort before allocation, a producer worker binding late): a few
+per step, far below this. Past it, such a message is a stale or hostile peer's, and recording each would make
+every one a side in the fold and two events (its ack, then its expiry): a flood of 20,000 would be 40,000
+events. Refusing one is safe: a producer then holds its blocks to their deadline, a consumer fails its load
+at its timeout; never a release too early."""
 
 LINK_WAIT_MAX = 65536
 """Transfers that may wait at once for their peer to link; beyond this a new one fails at once."""

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import TypeAlias
+from typing import Annotated, TypeAlias
 
 import msgspec
 
 from connector.layout import LayerDescriptor
-from connector.limits import MESSAGE_BYTES_MAX, MESSAGE_VERSION
+from connector.limits import LEASE_IDS_PER_MESSAGE_MAX, MESSAGE_BYTES_MAX, MESSAGE_VERSION
 from connector.mamba import MambaGroup
 from connector.metadata import PeerRef
 from connector.ports import rank_port
@@ -105,7 +105,8 @@ class LeaseRenew(_Message, frozen=True, tag="lease"):
     """Consumer rank -> holder rank: these transfers' requests still wait here; hold their blocks one more
     lease (`kv_lease_duration` from receipt). Sent at a bounded rate (a sixth of the lease), never waited on."""
 
-    transfer_ids: tuple[TransferIdText, ...]
+    transfer_ids: Annotated[tuple[TransferIdText, ...], msgspec.Meta(max_length=LEASE_IDS_PER_MESSAGE_MAX)]
+    """At most LEASE_IDS_PER_MESSAGE_MAX: a longer list is `Rejected` as malformed before its ids are decoded."""
     rank: Int64
     sender: RankAddress | None = None
     """The renewing consumer rank: a producer counts a renewal only from the consumer the transfer is bound

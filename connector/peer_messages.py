@@ -6,9 +6,12 @@ recorded, never raised."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from connector.limits import (
+    POLL_IDS_MAX,
     REMOTE_DIRECTORY_MAX,
+    UNMAPPED_SIDES_MAX,
 )
 from connector.messages import (
     LeaseRenew,
@@ -40,28 +43,59 @@ def consumer_of(address: RankAddress | PeerRef) -> str:
 class PeerMessages(DataMoves):
     """Messages from peers, turned into events."""
 
+    def _take_messages(self, now: float, events: list[Event]) -> None:
+        """Handle what peers said, POLL_IDS_MAX transfer ids at most (a lease renewal counts the ids it names,
+        every other message one): the rest waits in order for the next poll, a lease half handled in
+        `_carried` from where it stopped, so a flood of large messages costs each hook a bounded amount of
+        work and loses nothing. Messages are drained only as far as the ids left may reach (each names one
+        at least), so `_carried` never holds more than POLL_IDS_MAX of them."""
+        budget = POLL_IDS_MAX
+        carried = self._carried
+        self._unmapped_room = UNMAPPED_SIDES_MAX - len(self.state.unmapped)
+        while budget > 0:
+            if not carried:
+                carried.extend((message, 0) for message in self.channel.drain(budget))
+                if not carried:
+                    return
+            message, start = carried.popleft()
+            if isinstance(message, LeaseRenew):
+                ids = message.transfer_ids
+                end = min(len(ids), start + budget)
+                self._on_lease(message, ids[start:end], now, events)
+                budget -= max(1, end - start)
+                if end < len(ids):
+                    carried.appendleft((message, end))
+            else:
+                self._on_message(message, now, events)
+                budget -= 1
+
     def _on_message(self, message: Message, now: float, events: list[Event]) -> None:
         source = self.source
         if isinstance(message, ReleaseBlocks):
-            events.append(
-                Ack(ts=now, source=source, transfer_id=message.transfer_id, what="release", rank=message.rank)
-            )
-        elif isinstance(message, WriteDone):
-            events.append(Ack(ts=now, source=source, transfer_id=message.transfer_id, what="recv", rank=message.rank))
-        elif isinstance(message, WriteFailed):
-            events.append(
-                Fail(
-                    ts=now,
-                    source=source,
-                    transfer_id=message.transfer_id,
-                    reason=f"write_failed from rank {message.rank}: {message.reason}",
-                    code=message.code,
+            if self._may_record(message.transfer_id):
+                events.append(
+                    Ack(ts=now, source=source, transfer_id=message.transfer_id, what="release", rank=message.rank)
                 )
-            )
+        elif isinstance(message, WriteDone):
+            if self._may_record(message.transfer_id):
+                events.append(
+                    Ack(ts=now, source=source, transfer_id=message.transfer_id, what="recv", rank=message.rank)
+                )
+        elif isinstance(message, WriteFailed):
+            if self._may_record(message.transfer_id):
+                events.append(
+                    Fail(
+                        ts=now,
+                        source=source,
+                        transfer_id=message.transfer_id,
+                        reason=f"write_failed from rank {message.rank}: {message.reason}",
+                        code=message.code,
+                    )
+                )
         elif isinstance(message, RemoteBlocks):
             self._on_remote_blocks(message, now)
         elif isinstance(message, LeaseRenew):
-            self._on_lease(message, now, events)
+            self._on_lease(message, message.transfer_ids, now, events)
         elif isinstance(message, ReadIntent):
             self._on_read_intent(message, now, events)
         elif isinstance(message, ReadConfirm):
@@ -69,22 +103,48 @@ class PeerMessages(DataMoves):
         else:
             self.counters["unexpected_message"] += 1
 
-    def _on_lease(self, message: LeaseRenew, now: float, events: list[Event]) -> None:
-        """Producer: a consumer rank still waits for these transfers; each side this rank holds is held one
+    def _may_record(self, tid: TransferId) -> bool:
+        """Whether a peer's word about `tid` (a release, write_done, write_failed) may become an event. Always
+        for an id this rank knows (live, decided, compacted, or already waiting for its map: the fold judges
+        it, and a late or duplicate one is an audit finding); for an id it never mapped, while the poll's room
+        for never-mapped sides lasts (`_unmapped_room`: UNMAPPED_SIDES_MAX less those open). Each such event
+        opens a side that waits for its map and, should none come, expires as an `orphan_ack` finding. Past
+        the room it is counted, not recorded (`unknown_ids_refused`, in the figures' control_dropped): a
+        flood of unknown ids costs a lookup and a counter each, not a side and two events each."""
+        key = (self.source, tid)
+        state = self.state
+        if key in state.transfers or state.was_mapped(key):
+            return True
+        if self._unmapped_room > 0:
+            self._unmapped_room -= 1
+            return True
+        refused = self.counters["unknown_ids_refused"] = self.counters["unknown_ids_refused"] + 1
+        if refused & (refused - 1) == 0:  # the 1st, 2nd, 4th, ...: a flood is a few lines, not one per id
+            log.warning(
+                "%d messages named transfers this rank never mapped while %d never-mapped sides were open: "
+                "counted (unknown_ids_refused), not recorded",
+                refused,
+                UNMAPPED_SIDES_MAX,
+            )
+        return False
+
+    def _on_lease(self, message: LeaseRenew, ids: Sequence[str], now: float, events: list[Event]) -> None:
+        """Producer: a consumer rank still waits for these transfers (`ids`: the message's, or the part of
+        them this poll takes); each side this rank holds is held one
         lease from now (an `ack` what=lease the fold moves the deadline with), never past kv_lease_max from
         its map. Renewals for sides not held (decided, or never mapped here) are counted and not recorded: a
         renewal cannot create a side. A renewal counts only from the consumer the side is bound to
         (`_bound_consumer`): another peer, even one holding the key, cannot hold a transfer's blocks."""
         c = self.config
         if c.role != "producer" or not c.leases:
-            self.counters["lease_renewals_ignored"] += len(message.transfer_ids)
+            self.counters["lease_renewals_ignored"] += len(ids)
             return
         sender = message.sender
         if sender is None or sender.tp_rank != message.rank:
-            self.counters["lease_renewals_unbound"] += len(message.transfer_ids)
+            self.counters["lease_renewals_unbound"] += len(ids)
             return
         hold_max = max(c.defer_timeout_s, c.kv_lease_max_s) - c.defer_timeout_s
-        for tid in message.transfer_ids:
+        for tid in ids:
             t = self._live(TransferId(tid))
             m = t.map_event if t is not None else None
             if t is None or m is None or t.role != "producer":

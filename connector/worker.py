@@ -21,7 +21,7 @@ from typing import Any
 from connector.layout import LayerDescriptor, geometry_of
 from connector.limits import (
     LEASE_IDS_PER_MESSAGE_MAX,
-    POLL_MESSAGES_MAX,
+    POLL_DROPS_MAX,
 )
 from connector.mamba import MambaGroup, mamba_layer_groups, state_tensors
 from connector.maps import side_map
@@ -292,7 +292,7 @@ class WorkerCore(PeerMessages):
     def poll(self, now: float) -> None:
         self.linker.adopt(now)
         events: list[Event] = []
-        for dropped in self.channel.take_dropped(POLL_MESSAGES_MAX):
+        for dropped in self.channel.take_dropped(POLL_DROPS_MAX):
             # Unproven control messages: recorded (the audit's forged_message), never acted on.
             self.counters["forged_messages_dropped"] += 1
             events.append(
@@ -305,8 +305,7 @@ class WorkerCore(PeerMessages):
                     reason=dropped.reason,
                 )
             )
-        for message in self.channel.drain(POLL_MESSAGES_MAX):
-            self._on_message(message, now, events)
+        self._take_messages(now, events)
         self._collect(now, events)
         if events:
             self.ledger.extend(events)

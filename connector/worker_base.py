@@ -5,7 +5,7 @@ every part calls: sending to a peer, linking to one, recording a failure. Nothin
 from __future__ import annotations
 
 import logging
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from connector.channel import Channel, PeerNotAllowed
@@ -117,6 +117,12 @@ class WorkerBase:
         `confirmed` (the read may go), `after` (landed, asked whether the hold lasted). Dropped at release."""
         self._last_now = 0.0
         """The clock of the last call that had one (the forward's save_kv_layer has none)."""
+        self._carried: deque[tuple[Message, int]] = deque()
+        """Messages a poll took from the channel and has not handled all of, in order, each with the index of
+        its first id not yet handled (a lease renewal names many): the next poll starts with them
+        (`PeerMessages._take_messages`; at most POLL_IDS_MAX)."""
+        self._unmapped_room = 0
+        """How many more never-mapped sides this poll's messages may open (`PeerMessages._may_record`)."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited

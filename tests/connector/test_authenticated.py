@@ -198,7 +198,7 @@ def test_without_a_key_the_channel_says_at_start_that_control_messages_are_unaut
 def test_a_flood_of_forged_messages_is_taken_a_bounded_number_per_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     import connector.worker as worker_module
 
-    monkeypatch.setattr(worker_module, "POLL_MESSAGES_MAX", 2)
+    monkeypatch.setattr(worker_module, "POLL_DROPS_MAX", 2)
     p = free_loopback_ports(6)
     prod, cons = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
     producer = Side.build(make_config("producer", "read", prod, cons, control_key=KEY), fill=True, seed=1)
