@@ -169,10 +169,18 @@ class AuditSummary(BaseModel):
     )
     blocks_lost: int = Field(description="Blocks held by lost sources (part of blocks_held)")
     releases_by_cause: dict[str, int]
-    ack_latency_s: dict[str, float | None] = Field(description="Completed releases: first event to the ack")
-    release_latency_s: dict[str, float | None] = Field(description="All releases, any cause")
+    ack_latency_s: dict[str, float | None] = Field(
+        description="Completed-release latency (p50, p90, p99): first event to the ack, completed releases only; "
+        "the figure timeout_advice names"
+    )
+    release_latency_s: dict[str, float | None] = Field(
+        description="Release latency of all causes (p50, p90, p99): first event to the release, expired and "
+        "failed releases included, so its tail reaches the timeouts"
+    )
     defer_timeout_s: float
-    timeout_advice: str
+    timeout_advice: str = Field(
+        description="One sentence on defer_timeout, from the p99 completed-release latency (ack_latency_s)"
+    )
 
 
 class ReplayOut(BaseModel):

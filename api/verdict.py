@@ -1,8 +1,13 @@
-"""The page's first lines: what is wrong, in sentences, worst first; the all-clear only when it is one."""
+"""The page's first lines: what is wrong, in sentences, worst first; the all-clear only when it is one.
+
+`headline` is the same verdict in one line: the page's title, its favicon's colour and its first line all
+come from it, so a tab bar never reads "0 leaks" over a page that cannot vouch for its ledger.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from api.board import Board
 from api.trust import Problem
@@ -26,10 +31,66 @@ def _listed(counts: dict[str, int], severity: str) -> str:
     return ", ".join(f"{code} {n:,}" for code, n in counts.items() if n and CODES[code] == severity)
 
 
+@dataclass(frozen=True)
+class Headline:
+    level: str
+    """The worst of the verdict's levels: `bad`, `unknown`, `lost`, `warn` or `ok`."""
+    text: str
+
+    @property
+    def colour(self) -> str:
+        return LEVEL_COLOURS[self.level]
+
+    @property
+    def favicon(self) -> str:
+        """A filled circle in the level's colour, as a data URI: the tab shows the verdict before it is read."""
+        svg = (
+            "<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 16 16'>"
+            f"<circle cx='8' cy='8' r='7' fill='{self.colour}'/></svg>"
+        )
+        return "data:image/svg+xml," + quote(svg, safe="/:='")
+
+
+LEVEL_COLOURS = {"bad": "#dc2626", "unknown": "#ea580c", "lost": "#6b7280", "warn": "#d97706", "ok": "#16a34a"}
+"""One colour per level, for the favicon and the dot before the page's first line. Unknown is orange, apart
+from both red and green: the page can vouch for neither."""
+
+
+def _live_findings(board: Board) -> tuple[int, int, int]:
+    """(leaks, other errors, warnings) on live engines."""
+    counts = board.live_counts
+    leaks = counts["leak"]
+    errors = sum(n for code, n in counts.items() if CODES[code] == "error") - leaks
+    warnings = sum(n for code, n in counts.items() if CODES[code] == "warning")
+    return leaks, errors, warnings
+
+
+def headline(board: Board, problems: list[Problem]) -> Headline:
+    """The verdict in one line. With a problem, a count is of what could be read and the rest is not known:
+    a zero is never said then."""
+    leaks, errors, warnings = _live_findings(board)
+    found = ", ".join(
+        _plural(n, word) for n, word in ((leaks, "leak"), (errors, "other error"), (warnings, "warning")) if n
+    )
+    lost = f"{_plural(len(board.lost), 'engine')} lost" if board.lost else ""
+    said = "; ".join(part for part in (f"{found} on live engines" if found else "", lost) if part)
+    if problems:
+        if not said:
+            return Headline("unknown", "Not known whether anything is wrong")
+        return Headline("bad" if leaks or errors else "unknown", f"{said} in what could be read; the rest is not known")
+    if leaks or errors:
+        return Headline("bad", said)
+    if board.lost:
+        return Headline("lost", said if warnings else f"{said}; nothing wrong on live engines")
+    if warnings:
+        return Headline("warn", said)
+    return Headline("ok", "All clear: nothing leaked, stuck or out of order")
+
+
 def verdict(board: Board, problems: list[Problem]) -> list[Line]:
     lines: list[Line] = []
     counts = board.live_counts
-    leaks = counts["leak"]
+    leaks, errors, warnings = _live_findings(board)
     if leaks:
         blocks = sum(g.blocks for g in board.live_groups if g.code == "leak")
         lines.append(
@@ -39,7 +100,6 @@ def verdict(board: Board, problems: list[Problem]) -> list[Line]:
                 "deadline with no decision.",
             )
         )
-    errors = sum(n for code, n in counts.items() if CODES[code] == "error") - leaks
     if errors:
         lines.append(Line("bad", f"{_plural(errors, 'other error')} on live engines: {_listed(counts, 'error')}."))
     for engine in board.lost:
@@ -51,7 +111,6 @@ def verdict(board: Board, problems: list[Problem]) -> list[Line]:
                 f"{_plural(engine.sides, 'transfer side')} went with it: lost, not leaked.",
             )
         )
-    warnings = sum(n for code, n in counts.items() if CODES[code] == "warning")
     if warnings:
         lines.append(Line("warn", f"{_plural(warnings, 'warning')} on live engines: {_listed(counts, 'warning')}."))
     if leaks or errors or warnings:

@@ -198,7 +198,8 @@ def _print_replay(
     if findings:
         out.print(_findings_table(findings[:10], "worst findings"))
     table = Table(title=f"timeout advice: {advice['verdict']}", title_justify="left")
-    for column in ("role/mode", "releases", "p50", "p99", "max", "timeout", "late if timeout were"):
+    # Latencies of completed releases only (an expired side's is its timeout), as the first column says.
+    for column in ("role/mode", "completed releases", "p50", "p99", "max", "timeout", "late if timeout were"):
         table.add_column(column, justify="right" if column != "role/mode" else "left")
     for kind, row in advice["by_kind"].items():
         late = ", ".join(f"{duration(float(k))}: {v}" for k, v in row["late_if_timeout_s"].items())

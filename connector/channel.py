@@ -32,11 +32,18 @@ from connector.limits import (
     HANDSHAKE_TIMEOUT_S,
     MESSAGE_BYTES_HARD_MAX,
     MESSAGE_BYTES_MAX,
+    REFUSAL_SENDERS_LOGGED_MAX,
+    REFUSALS_LOGGED_PER_SENDER,
     STOP_JOIN_TIMEOUT_S,
 )
 from connector.messages import HandshakeMetadata, HandshakeRequest, Message, RankAddress, Rejected
 
 log = logging.getLogger(__name__)
+REFUSED_LOGGER = f"{__name__}.refused"
+refused_log = logging.getLogger(REFUSED_LOGGER)
+"""Refused (forged, replayed or unlisted) control messages, apart from the channel's other warnings: each is
+already a counter and a `drop` event the audit reports, so an operator (or the demo, whose storm forges them
+on purpose) can quiet this logger alone and lose nothing."""
 
 
 class PeerNotAllowed(PermissionError):
@@ -88,6 +95,8 @@ class Channel:
         self._may_receive_from = may_receive_from
         self.dropped: deque[Dropped] = deque(maxlen=FORGED_RECORDS_MAX)
         """Refused control messages not yet recorded by the worker (oldest forgotten past the bound)."""
+        self._refusals_by_sender: Counter[str] = Counter()
+        """Refusals logged so far for each sender (`REFUSALS_LOGGED_PER_SENDER` at most each)."""
         if key is None:
             log.warning(
                 "kvledger control messages (remote_blocks, release, handshake) are unauthenticated: "
@@ -182,7 +191,18 @@ class Channel:
     def _refuse(self, message: Message, sender: str, reason: str) -> None:
         self.counters[f"dropped_{reason}"] += 1
         self.dropped.append(Dropped(_type_of(message), messages.transfer_of(message), sender, reason))
-        log.warning("%s from %s dropped: %s", _type_of(message), sender, reason)
+        logged = self._refusals_by_sender
+        if sender not in logged and len(logged) >= REFUSAL_SENDERS_LOGGED_MAX:
+            return
+        logged[sender] += 1
+        if logged[sender] < REFUSALS_LOGGED_PER_SENDER:
+            refused_log.warning("%s from %s dropped: %s", _type_of(message), sender, reason)
+        elif logged[sender] == REFUSALS_LOGGED_PER_SENDER:
+            refused_log.warning(
+                "%s from %s dropped: %s; further refusals from %s are counted (dropped_<reason>) and recorded "
+                "as drop events, not logged",
+                _type_of(message), sender, reason, sender,
+            )  # fmt: skip
 
     def take_dropped(self, limit: int = FORGED_RECORDS_MAX) -> list[Dropped]:
         """The refused messages since the last call, `limit` at most (the worker records each as a `drop`)."""

@@ -168,12 +168,12 @@ def verdict(p99_s: float | None, defer_timeout_s: float, late_after_expire: int 
         return "no completed releases observed yet: no advice"
     if p99_s > 0.5 * defer_timeout_s:
         return (
-            f"p99 release latency {duration(p99_s)} is over half of defer_timeout {duration(defer_timeout_s)}: "
-            "slow releases will soon be expired; raise the timeout or find the slow peer"
+            f"p99 completed-release latency {duration(p99_s)} is over half of defer_timeout "
+            f"{duration(defer_timeout_s)}: slow releases will soon be expired; raise the timeout or find the slow peer"
         )
     return (
-        f"p99 release latency {duration(p99_s)} is well under defer_timeout {duration(defer_timeout_s)}: "
-        "the timeout is safe (a leak is held for the whole timeout before it is reclaimed)"
+        f"p99 completed-release latency {duration(p99_s)} is well under defer_timeout {duration(defer_timeout_s)}:"
+        " the timeout is safe (a leak is held for the whole timeout before it is reclaimed)"
     )
 
 

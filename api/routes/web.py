@@ -18,7 +18,7 @@ from api.params import Now, TransferIdPath
 from api.timeline_view import lay_out
 from api.transfer_events import transfer_events
 from api.trust import TrustChecks
-from api.verdict import activity, verdict
+from api.verdict import activity, headline, verdict
 from api.views import display_url
 from ledger import humanize
 from ledger.audit import CODES
@@ -70,6 +70,7 @@ async def index(request: Request, live: LiveDep, now: Now = None) -> HTMLRespons
         quiet_s = None  # written to lately: the cluster is running
     context |= {
         "problems": problems,
+        "head": headline(board, problems),
         "lines": verdict(board, problems),
         "activity": activity(board, problems),
         "quiet_s": quiet_s,

@@ -79,6 +79,8 @@ def test_the_demo_page_says_which_engine_died_and_that_nothing_leaked(
     live_leaks = result.findings.get("leak", 0) - dead_findings.get("leak", 0)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.goto(f"{base}/")
+    head = "1 engine lost; nothing wrong on live engines"
+    assert (page.title(), page.locator("h1#headline").inner_text()) == (f"{head} · kvledger", head)
     lost_line = page.locator("p.verdict.lost").first.inner_text()
     assert lost_line.startswith(f"Engine {result.dead_engine} is lost, known dead: killed by the demo's storm")
     assert number(page.locator("#card-leaks b").inner_text()) == live_leaks == 0
@@ -123,6 +125,7 @@ def test_an_sre_finds_a_live_leak_and_reads_its_timeline(browser: Any, tmp_path:
         page.goto(f"{base}/?now={NOW}")
         first = page.locator("details.group").first
         assert (first.get_attribute("data-code"), first.get_attribute("data-source")) == ("leak", LEAKY)
+        assert page.title() == "120 leaks, 1 warning on live engines; 1 engine lost · kvledger"
         assert page.locator("p.verdict.bad").first.inner_text().startswith("120 leaks on live engines")
         assert page.locator(f"tr.source[data-source='{DEAD}']").get_attribute("data-state") == "lost"
         assert page.locator("#plot-held g.leak-mark").count() > 0
@@ -142,6 +145,8 @@ def test_the_store_problem_page_has_no_all_clear(browser: Any, tmp_path: Path) -
     with ServerThread(create_app(settings_for(f"sqlite:///{broken}"))) as base:
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(f"{base}/")
+        assert page.title() == "Not known whether anything is wrong · kvledger"
+        assert page.locator("#card-leaks b").inner_text() == "not known"
         problem = page.locator("div.problem[data-kind='store']")
         assert problem.is_visible() and "cannot be read" in problem.inner_text()
         assert page.locator("div.problem").first.bounding_box()["y"] < 120, "the problem is the first thing seen"

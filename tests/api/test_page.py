@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import unquote
 
 import msgspec
 import pytest
@@ -206,3 +207,37 @@ def test_plots_are_drawn_from_the_ledger(stormy: TestClient) -> None:
     by_code = {bar.attrs["data-code"] for bar in findings.find_all("g.finding-bar")}
     assert by_code == {"leak", "late_event", "on lost engines"}
     assert "advice" in document.find("#advice").text.lower()
+
+
+def said(document: Element) -> tuple[str, str, str, str]:
+    """(title, the favicon's fill, the first line's text, its level): what a tab bar and the page say first."""
+    title = document.find("title").text.strip()
+    icon = unquote(next(link for link in document.find_all("link") if link.attrs.get("rel") == "icon").attrs["href"])
+    fill = re.search(r"fill='(#[0-9a-f]{6})'", icon)
+    assert icon.startswith("data:image/svg+xml,") and fill, icon
+    first = document.find("main").children[0]
+    assert first.attrs.get("id") == "headline", f"the page's first line is {first.tag}#{first.attrs.get('id')}"
+    return title, fill.group(1), first.text.strip(), first.attrs["data-level"]
+
+
+def test_the_title_the_favicon_and_the_first_line_say_the_same_verdict(tmp_path: Path, stormy: TestClient) -> None:
+    broken = tmp_path / "not-a-ledger.db"
+    broken.write_text("these are not the events you are looking for\n")
+    with TestClient(create_app(settings_for(f"sqlite:///{broken}"))) as client:
+        unknown = page(client)
+    with TestClient(create_app(settings_for(store_with(tmp_path / "clean.db", clean_events())))) as client:
+        healthy = page(client)
+    unhealthy = page(stormy, now=NOW)
+    expected = {
+        "unknown": (unknown, "Not known whether anything is wrong", "#ea580c"),
+        "ok": (healthy, "All clear: nothing leaked, stuck or out of order", "#16a34a"),
+        "bad": (unhealthy, f"{LEAKS} leaks, 1 warning on live engines; 1 engine lost", "#dc2626"),
+    }
+    for level, (document, text, colour) in expected.items():
+        assert said(document) == (f"{text} · kvledger", colour, text, level)
+    # Unknown is never a zero: the cards say "not known", not "0 leaks" or "0 engines lost".
+    figures = {card.attrs["id"]: card.find("b").text for card in unknown.find_all("div.card")}
+    assert figures["card-leaks"] == figures["card-lost"] == figures["card-held"] == "not known", figures
+    assert not any(re.fullmatch(r"0+", text.strip()) for text in figures.values()), figures
+    assert "0 leaks" not in unknown.text and "0 engines" not in unknown.text
+    assert healthy.find("#card-leaks").find("b").text == "0", "a zero the page can vouch for is shown as one"

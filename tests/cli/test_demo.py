@@ -35,6 +35,28 @@ def test_demo_leaves_nothing_held_where_naive_bookkeeping_strands_blocks(tmp_pat
     assert json.loads(replay.stdout)["events"] == figures["events"]
 
 
+def test_demo_counts_the_storms_forgeries_and_says_the_dead_engines_sides_were_lost(tmp_path: Path) -> None:
+    """The first screen: injected faults counted, not logged line by line; no finding read as its opposite."""
+    storm = ["--requests", "300", "--concurrency", "32", "--seed", "1", "--no-serve"]
+    figures_run = subprocess.run(
+        [KVLEDGER, "demo", *storm, "--dir", str(tmp_path / "a"), "--json"], capture_output=True, text=True, timeout=600
+    )
+    assert figures_run.returncode == 0, figures_run.stdout + figures_run.stderr
+    figures = json.loads(figures_run.stdout.strip().splitlines()[-1])
+    assert figures["forged_sent"] > 0 and figures["findings_on_dead_engine"].get("leak", 0) > 0, figures
+    result = subprocess.run(
+        [KVLEDGER, "demo", *storm, "--dir", str(tmp_path / "b")], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "dropped: bad_mac" not in result.stdout + result.stderr
+    screen = " ".join(result.stdout.split())  # the console wraps long lines at its width
+    assert f"forged releases: {figures['forged_sent']} sent, 0 accepted" in screen
+    dead = dict(figures["findings_on_dead_engine"])
+    assert f"the {dead.pop('leak')} transfer sides it held died with it (lost, not leaked" in screen
+    others = screen.split("other findings in its log before it died: ")[1].split(" offline replay")[0]
+    assert "leak" not in others and others == ", ".join(f"{code} {n}" for code, n in sorted(dead.items()))
+
+
 def test_demo_then_serves_the_ledger_it_wrote(tmp_path: Path) -> None:
     (port,) = free_loopback_ports(1)
     process = subprocess.Popen(
@@ -70,6 +92,7 @@ def test_demo_then_serves_the_ledger_it_wrote(tmp_path: Path) -> None:
         assert summary["blocks_held"] == offline["blocks_held"]
         assert summary["live_transfers"] == offline["live_transfers"]
         assert {k: v for k, v in summary["releases_by_cause"].items() if v} == offline["releases_by_cause"]
+        assert summary["timeout_advice"].startswith("p99 completed-release latency"), summary["timeout_advice"]
     finally:
         process.terminate()
         output, _ = process.communicate(timeout=30)

@@ -17,9 +17,9 @@ import pytest
 import zmq
 
 from connector import messages
-from connector.channel import Channel
+from connector.channel import REFUSED_LOGGER, Channel
 from connector.config import ConfigError, from_extra_config
-from connector.limits import MESSAGE_VERSION
+from connector.limits import MESSAGE_VERSION, REFUSALS_LOGGED_PER_SENDER
 from connector.messages import RankAddress, ReleaseBlocks
 from connector.params import parse_params
 from connector.ports import free_loopback_ports
@@ -87,6 +87,26 @@ def test_the_channel_drops_and_counts_unsigned_and_wrongly_signed_messages() -> 
     finally:
         for channel in (listener, friend, stranger):
             channel.close()
+
+
+def test_a_flood_of_forged_messages_logs_the_first_few_and_counts_and_records_them_all(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hs, notify = free_loopback_ports(2)
+    flood = REFUSALS_LOGGED_PER_SENDER + 4
+    with caplog.at_level(logging.WARNING, logger=REFUSED_LOGGER):
+        listener = Channel("127.0.0.1", hs, notify, lambda host, port: True, key=KEY, may_receive_from=lambda h: True)
+        try:
+            for i in range(flood):
+                _raw_send(notify, ReleaseBlocks(transfer_id=TransferId(f"tx-{i}"), rank=0, consumer_tp_size=1))
+            assert _wait_for(lambda: listener.counters["dropped_bad_mac"] == flood)
+            assert [d.transfer_id for d in listener.take_dropped()] == [f"tx-{i}" for i in range(flood)]
+        finally:
+            listener.close()
+    logged = [r.getMessage() for r in caplog.records if r.name == REFUSED_LOGGER]
+    assert len(logged) == REFUSALS_LOGGED_PER_SENDER, logged
+    assert all(line.startswith("release from 127.0.0.1 dropped: bad_mac") for line in logged)
+    assert "further refusals from 127.0.0.1 are counted" in logged[-1] and "not logged" in logged[-1]
 
 
 def test_a_sender_outside_the_allow_list_is_dropped_even_with_the_key() -> None:
