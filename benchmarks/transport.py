@@ -4,11 +4,13 @@ where torch sees CUDA, for CUDA tensors (staged: one gather, one copy and one sy
 
 Each round is a READ of the same blocks of every layer (one request per layer, all issued, then waited for, as
 the worker issues them): the serving side gathers and sends, the reading side receives and scatters, so both
-staging directions are timed. The baseline is the same ops as frames between a DEALER and a ROUTER from numpy
+staging directions are timed. The `_write` figures move the same blocks the other way as WRITE mode does: one
+push a layer, all issued, then waited for (on a staged region, layer n+1 is gathered and copied while layer n
+is on the wire). The baseline is the same ops as frames between a DEALER and a ROUTER from numpy
 arrays (zero-copy sends, recv_into a destination: one copy), pipelined the same way. Each figure is the best of
 TRIALS (a shared machine slows runs, never speeds them). `bytes_equal`: every run's destination blocks equal
 their source blocks, byte for byte, and no other block changed. The cuda fields are null without CUDA.
-Targets: ratio_cpu >= 1.0, ratio_cuda >= 0.8.
+Targets: ratio_cpu >= 1.0, ratio_cuda >= 0.8 (the ratios are all to the same raw pyzmq figure).
 
 Run: python benchmarks/transport.py [--quick]   (--quick: a few seconds, 4 MiB a round)
 """
@@ -26,6 +28,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -44,6 +47,11 @@ FIELDS: tuple[str, ...] = (
     "ratio_staged_cpu",
     "tcp_gb_s_cuda",
     "ratio_cuda",
+    "tcp_gb_s_cpu_write",
+    "ratio_cpu_write",
+    "tcp_staged_gb_s_cpu_write",
+    "tcp_gb_s_cuda_write",
+    "ratio_cuda_write",
     "bytes_equal",
     "layers",
     "blocks",
@@ -96,27 +104,32 @@ def moved_as_expected(size: Size, sources: list[torch.Tensor], targets: list[tor
     return True
 
 
-def tcp_bytes_per_s(size: Size, device: str, *, staged: bool) -> tuple[float, bool]:
+def tcp_bytes_per_s(size: Size, device: str, *, staged: bool, write: bool = False) -> tuple[float, bool]:
+    """b reads a's source blocks into its own (or, `write`, pushes its source blocks into a's), layer by layer."""
     a = TcpTransport("127.0.0.1", 0, stage_host_regions=staged)
     b = TcpTransport("127.0.0.1", 0, stage_host_regions=staged)
     try:
         sources, targets = caches(size, device, 1), caches(size, device, 2)
-        descriptors = [a.register(f"layer.{i}", source) for i, source in enumerate(sources)]
-        for i, target in enumerate(targets):
-            b.register(f"layer.{i}", target)
+        remote, local = (targets, sources) if write else (sources, targets)
+        descriptors = [a.register(f"layer.{i}", tensor) for i, tensor in enumerate(remote)]
+        for i, tensor in enumerate(local):
+            b.register(f"layer.{i}", tensor)
         session = b.connect(a.endpoint(), descriptors)
         ops = read_ops(size, sources[0])
+        if write:  # the same blocks, from b's source into a's target: local and remote offsets swap
+            ops = [(ro, lo, n) for lo, ro, n in ops]
+        move = b.write if write else b.read
         round_bytes = size.layers * sum(op[2] for op in ops)
 
         def one_round() -> None:
-            handles = [b.read(session, f"layer.{i}", f"layer.{i}", ops) for i in range(size.layers)]
-            assert b.wait_all(handles, WAIT_S), "a read did not finish"
+            handles = [move(session, f"layer.{i}", f"layer.{i}", ops) for i in range(size.layers)]
+            assert b.wait_all(handles, WAIT_S), "a request did not finish"
             for handle in handles:
                 assert handle.status().succeeded(), handle.status()
 
         one_round()  # warm-up: connections, staging buffers, page-ins
         if device == "cuda":
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # the caches' creation; a request's own copies are synchronised by it
         started = time.perf_counter()
         for _ in range(size.rounds):
             one_round()
@@ -183,39 +196,58 @@ def best(trials: list[tuple[float, bool]]) -> tuple[float, bool]:
     return max(rate for rate, _ in trials), all(equal for _, equal in trials)
 
 
+def gb_s(rate: float | None) -> float | None:
+    return None if rate is None else round(rate / 1e9, 3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few seconds (CI)")
     size = QUICK if parser.parse_args().quick else FULL
-    raw_runs: list[tuple[float, bool]] = []
-    cpu_runs: list[tuple[float, bool]] = []
-    staged_runs: list[tuple[float, bool]] = []
-    cuda_runs: list[tuple[float, bool]] = []
-    cuda = torch.cuda.is_available()
+    kinds: dict[str, Callable[[], tuple[float, bool]]] = {
+        "raw": lambda: raw_zmq_bytes_per_s(size),
+        "cpu": lambda: tcp_bytes_per_s(size, "cpu", staged=False),
+        "staged": lambda: tcp_bytes_per_s(size, "cpu", staged=True),
+        "cpu_write": lambda: tcp_bytes_per_s(size, "cpu", staged=False, write=True),
+        "staged_write": lambda: tcp_bytes_per_s(size, "cpu", staged=True, write=True),
+    }
+    if torch.cuda.is_available():
+        kinds["cuda"] = lambda: tcp_bytes_per_s(size, "cuda", staged=True)
+        kinds["cuda_write"] = lambda: tcp_bytes_per_s(size, "cuda", staged=True, write=True)
+    runs: dict[str, list[tuple[float, bool]]] = {kind: [] for kind in kinds}
     for _ in range(size.trials):  # interleaved, so a burst of load elsewhere slows each kind alike
-        raw_runs.append(raw_zmq_bytes_per_s(size))
-        cpu_runs.append(tcp_bytes_per_s(size, "cpu", staged=False))
-        staged_runs.append(tcp_bytes_per_s(size, "cpu", staged=True))
-        if cuda:
-            cuda_runs.append(tcp_bytes_per_s(size, "cuda", staged=True))
-    (raw, raw_equal), (cpu, cpu_equal), (staged, staged_equal) = best(raw_runs), best(cpu_runs), best(staged_runs)
-    gpu, gpu_equal = best(cuda_runs) if cuda else (None, True)
+        for kind, run in kinds.items():
+            runs[kind].append(run())
+    rates = {kind: best(trials)[0] for kind, trials in runs.items()}
+    bytes_equal = all(best(trials)[1] for trials in runs.values())
+    raw = rates["raw"]
+
+    def ratio(kind: str) -> float | None:
+        return round(rates[kind] / raw, 3) if kind in rates else None
+
     ops = read_ops(size, caches(Size(1, size.blocks, 1, 1), "cpu", 0)[0])
     block_bytes = 2 * ops[0][2]
-    cuda_text = "n/a (no CUDA here)" if gpu is None else f"{gpu / 1e9:.2f} GB/s (ratio {gpu / raw:.2f})"
-    print(f"raw pyzmq {raw / 1e9:.2f} GB/s; tcp: CPU tensors {cpu / 1e9:.2f} GB/s (ratio {cpu / raw:.2f}), ", end="")
-    print(f"CPU tensors staged {staged / 1e9:.2f} GB/s (ratio {staged / raw:.2f}), CUDA tensors {cuda_text}")
+    print(
+        f"raw pyzmq {raw / 1e9:.2f} GB/s; tcp ratios to it, read / write: CPU tensors {ratio('cpu')} / "
+        f"{ratio('cpu_write')}, CPU tensors staged {ratio('staged')} / {ratio('staged_write')}, CUDA tensors "
+        + (f"{ratio('cuda')} / {ratio('cuda_write')}" if "cuda" in rates else "n/a (no CUDA here)")
+    )
     print(
         json.dumps(
             {
-                "tcp_gb_s_cpu": round(cpu / 1e9, 3),
-                "tcp_staged_gb_s_cpu": round(staged / 1e9, 3),
-                "raw_zmq_gb_s": round(raw / 1e9, 3),
-                "ratio_cpu": round(cpu / raw, 3),
-                "ratio_staged_cpu": round(staged / raw, 3),
-                "tcp_gb_s_cuda": None if gpu is None else round(gpu / 1e9, 3),
-                "ratio_cuda": None if gpu is None else round(gpu / raw, 3),
-                "bytes_equal": raw_equal and cpu_equal and staged_equal and gpu_equal,
+                "tcp_gb_s_cpu": gb_s(rates["cpu"]),
+                "tcp_staged_gb_s_cpu": gb_s(rates["staged"]),
+                "raw_zmq_gb_s": gb_s(raw),
+                "ratio_cpu": ratio("cpu"),
+                "ratio_staged_cpu": ratio("staged"),
+                "tcp_gb_s_cuda": gb_s(rates.get("cuda")),
+                "ratio_cuda": ratio("cuda"),
+                "tcp_gb_s_cpu_write": gb_s(rates["cpu_write"]),
+                "ratio_cpu_write": ratio("cpu_write"),
+                "tcp_staged_gb_s_cpu_write": gb_s(rates["staged_write"]),
+                "tcp_gb_s_cuda_write": gb_s(rates.get("cuda_write")),
+                "ratio_cuda_write": ratio("cuda_write"),
+                "bytes_equal": bytes_equal,
                 "layers": size.layers,
                 "blocks": size.blocks,
                 "block_bytes": block_bytes,

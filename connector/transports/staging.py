@@ -4,7 +4,8 @@ Sending (a write's payload, a served read's reply): the request's ops are gather
 contiguous buffer by one `index_select` over the region's bytes viewed as units (the largest size dividing
 every offset and size: no Python loop over ops, no per-op copy), copied once into a reusable pinned host
 buffer (`non_blocking`, on the transport's own stream, never the compute stream), synchronised once, and
-sent as zero-copy slices of that buffer (one zmq frame per op, as a CPU region sends). Receiving: each frame
+sent as slices of that buffer (one zmq frame per op, as a CPU region sends): zero-copy from pyzmq's copy
+threshold (zmq.COPY_THRESHOLD, 64 KiB) up, copied into zmq's messages below it. Receiving: each frame
 is copied once from zmq's message into a reusable pinned buffer, then the buffer goes to the device in one
 copy and into the blocks in one device-side scatter (`index_copy_`).
 
@@ -12,7 +13,7 @@ Bounds (connector/limits.py): each I/O thread has one `_Lane` per device: a devi
 buffers of TRANSPORT_STAGING_BYTES each, allocated on first use. A request larger than that is staged in
 chunks through them (its reply is then assembled in one host buffer of the request's size, since a zmq
 multipart message is handed to the wire only once its last frame is queued). A pinned send buffer is reused
-only once zmq has released every frame of it (its MessageTracker): with TRANSPORT_STAGING_BUFFERS of them,
+only once zmq has released every zero-copy frame of it (its MessageTracker): with TRANSPORT_STAGING_BUFFERS,
 the next request (a WRITE's next layer) is staged while the previous one is on the wire.
 
 The same code runs on CPU tensors (a region flagged `staged`): CI checks the gather, chunking and scatter
@@ -213,7 +214,11 @@ class Staging:
             place += size
         if whole is not host or slot is None:
             return list(views)  # the frames keep `whole` alive until zmq has sent them
-        frames = [zmq.Frame(view, copy=False, track=True) for view in views]
+        # Below pyzmq's copy threshold a frame is copied into its zmq message here, as pyzmq copies such a frame
+        # anywhere: copying a few KiB costs less than a zero-copy frame's bookkeeping (an event and a tracker,
+        # and a message to pyzmq's gc thread once zmq frees it, which takes the GIL), which made a served read
+        # of 16 KiB ops cost a third more CPU per byte. Larger frames are zero-copy slices, tracked.
+        frames = [zmq.Frame(view, track=True, copy_threshold=zmq.COPY_THRESHOLD) for view in views]
         lane.lend(slot, zmq.MessageTracker(*frames))
         return list(frames)
 

@@ -87,25 +87,42 @@ def test_a_request_larger_than_the_buffer_goes_in_chunks() -> None:
 
 
 def test_the_next_request_is_staged_while_the_last_is_on_the_wire() -> None:
-    """Frames zmq still holds keep their pinned buffer busy: the next request takes the other one (the
-    overlap of a WRITE's layer n+1 copy with layer n's send), a third overflows into a one-off buffer rather
-    than wait, and a buffer is reused once zmq let go of every frame of it."""
-    staging = Staging(capacity=4096, buffers=2)
-    region = TensorRegion(torch.arange(4096, dtype=torch.int32), staged=True)
-    first = staging.gather(region, [(0, 1024), (4096, 1024)])
-    second = staging.gather(region, [(8192, 2048)])
+    """Zero-copy frames zmq still holds keep their pinned buffer busy: the next request takes the other one
+    (the overlap of a WRITE's layer n+1 copy with layer n's send), a third overflows into a one-off buffer
+    rather than wait, and a buffer is reused once zmq let go of every frame of it."""
+    op = zmq.COPY_THRESHOLD  # the smallest frame pyzmq sends zero-copy
+    staging = Staging(capacity=4 * op, buffers=2)
+    region = TensorRegion(torch.randint(0, 250, (16 * op,), dtype=torch.uint8), staged=True)
+    first = staging.gather(region, [(0, op), (4 * op, op)])
+    second = staging.gather(region, [(8 * op, 2 * op)])
     assert all(isinstance(frame, zmq.Frame) for frame in first + second)
     assert _buffer_of(first[0]) != _buffer_of(second[0]) and staging.counts.overflows == 0
-    third = staging.gather(region, [(0, 512)])
+    third = staging.gather(region, [(0, op)])
     assert staging.counts.overflows == 1 and not isinstance(third[0], zmq.Frame)
-    assert bytes(third[0]) == region.flat[:512].numpy().tobytes()
-    assert bytes(first[1]) == region.flat[4096:5120].numpy().tobytes()
+    assert bytes(third[0]) == region.flat[:op].numpy().tobytes()
+    assert bytes(first[1]) == region.flat[4 * op : 5 * op].numpy().tobytes()
     first_buffer = _buffer_of(first[0])
     del first
     gc.collect()
-    fourth = staging.gather(region, [(1024, 256)])
+    fourth = staging.gather(region, [(op, op)])
     assert staging.counts.overflows == 1 and _buffer_of(fourth[0]) == first_buffer
-    assert bytes(fourth[0]) == region.flat[1024:1280].numpy().tobytes()
+    assert bytes(fourth[0]) == region.flat[op : 2 * op].numpy().tobytes()
+
+
+def test_frames_below_the_copy_threshold_are_copies_that_hold_no_buffer() -> None:
+    """Frames smaller than pyzmq's copy threshold are copied into their zmq messages when staged, so however
+    many such requests wait for the wire, none holds a pinned buffer (none overflows) and each keeps the bytes
+    the region had when it was staged."""
+    staging = Staging(capacity=4096, buffers=2)
+    region = TensorRegion(torch.zeros(4096, dtype=torch.uint8), staged=True)
+    requests = []
+    for value in range(5):
+        region.flat[:2048] = value
+        requests.append(staging.gather(region, [(0, 1024), (1024, 1024)]))
+    assert staging.counts.overflows == 0 and staging.counts.to_host == 5
+    for value, frames in enumerate(requests):
+        assert all(isinstance(frame, zmq.Frame) and frame.tracker.done for frame in frames)
+        assert [bytes(frame) for frame in frames] == [bytes([value]) * 1024] * 2
 
 
 def test_per_layer_write_pushes_stage_the_next_layer_before_the_last_is_answered(
