@@ -27,7 +27,7 @@ from ledger.store.url import StoreUrl, parse_url
 SQLITE_SYNCHRONOUS = "NORMAL"
 """WAL + NORMAL: a commit survives a crash of the process (SIGKILL) but the last commits
 may be lost on power failure or an OS crash; the database is never corrupted.
-FULL would fsync the WAL on every commit (one fsync per batch). See ledger/store/README.md."""
+FULL would fsync the WAL on every commit (one fsync per batch). See docs/store.md, "SQLite durability"."""
 
 
 def _sqlite_engine(url: URL) -> Engine:
