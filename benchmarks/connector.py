@@ -2,15 +2,18 @@
 hook bound is about) and per step (`step_hooks_us_*`, the figure this benchmark reported as `hook_us_*`
 before issue 13); the longest single hook call
 of a WRITE producer whose consumer died with 512 transfers live (each waits for a handshake the dead peer
-never answers); forged control messages accepted (a `release` without the key from the loopback); and the
-tcp transport's throughput against raw pyzmq moving the same bytes in the same run. Prints one JSON line last.
+never answers); the longest single hook call of a READ producer holding 512 transfers under a flood of
+maximal lease messages and releases for unknown ids (`hook_us_max_flood`); forged control messages accepted
+(a `release` without the key from the loopback); the tcp transport's in-flight requests after a silent peer's
+deadline passed (`inflight_after_silent_peer`: each slot must come back); and the tcp transport's throughput
+against raw pyzmq moving the same bytes in the same run. Prints one JSON line last.
 
 The hook figures are measured on both builds of the hooks and the fold (connector/compiled.py,
 ledger/compiled.py), HOOK_TRIALS fresh processes each, alternating: `compiled` says whether the first
 is the compiled build, and `*_interpreted` are the same figures with every module interpreted
 (`KVLEDGER_INTERPRETED=1`), the baseline of the same run. Each figure is the median trial's.
 
-Run: python benchmarks/connector.py (about 30 s).
+Run: python benchmarks/connector.py (about 40 s).
 """
 
 from __future__ import annotations
@@ -39,15 +42,17 @@ import zmq  # noqa: E402
 
 from benchmarks.quick import parse_args, quick  # noqa: E402
 from connector.assemble import build_scheduler, build_worker  # noqa: E402
+from connector.channel import Channel  # noqa: E402
 from connector.compiled import compiled  # noqa: E402
 from connector.config import ConnectorConfig, PeerEngine  # noqa: E402
 from connector.groups import flatten_groups  # noqa: E402
-from connector.limits import HOOK_CALL_BOUND_S  # noqa: E402
-from connector.messages import ReleaseBlocks, encode  # noqa: E402
+from connector.limits import HOOK_CALL_BOUND_S, LEASE_IDS_PER_MESSAGE_MAX  # noqa: E402
+from connector.messages import LeaseRenew, Message, ReleaseBlocks, encode  # noqa: E402
 from connector.params import TransferParams, parse_params  # noqa: E402
 from connector.ports import free_loopback_ports  # noqa: E402
 from connector.reasons import REASON_PEER_UNLINKED  # noqa: E402
 from connector.scheduler import SchedulerCore  # noqa: E402
+from connector.transports.base import Code, RegionDescriptor, TransportEndpoint  # noqa: E402
 from connector.transports.tcp import TcpTransport  # noqa: E402
 from connector.worker import WorkerCore  # noqa: E402
 from ledger.compiled import INTERPRETED_ENV  # noqa: E402
@@ -76,7 +81,9 @@ FIELDS: tuple[str, ...] = (
     "hook_us_median_interpreted",
     "step_hooks_us_median_interpreted",
     "hook_us_max_dead_peer",
+    "hook_us_max_flood",
     "forged_messages_accepted",
+    "inflight_after_silent_peer",
     "live_transfers",
     "transport_bytes_per_s",
     "raw_zmq_bytes_per_s",
@@ -190,8 +197,10 @@ def hook_trial(interpreted: bool) -> dict[str, float]:
 def _shrink_when_quick() -> None:
     """--quick (here or in the parent of a hook trial): a few steps, trials and rounds of everything."""
     global STEPS, ROUNDS, TRIALS, HOOK_TRIALS, DEAD_PEER_TRIALS, REGION_BYTES
+    global FLOOD_LEASES, FLOOD_RELEASES, FLOOD_TRIALS
     if quick():
         STEPS, ROUNDS, TRIALS, HOOK_TRIALS, DEAD_PEER_TRIALS, REGION_BYTES = 60, 1, 1, 1, 1, 8 << 20
+        FLOOD_LEASES, FLOOD_RELEASES, FLOOD_TRIALS = 2, 400, 1
 
 
 def _serve_hook_trial() -> None:
@@ -362,6 +371,95 @@ def _producer_step(
         timer(scheduler.on_worker_output, sorted(sending), sorted(recving), sorted(failed), now)
 
 
+FLOOD_LEASES = 12
+"""Maximal lease messages (LEASE_IDS_PER_MESSAGE_MAX ids each) in the flood: 49,152 ids, ~100 polls' worth."""
+FLOOD_RELEASES = 3000
+"""Releases for ids the producer never mapped, sent after the leases."""
+FLOOD_TRIALS = 3
+"""Best of, as for the dead consumer: a maximum over hundreds of calls also measures whoever else ran then."""
+FLOOD_SEND_BATCH = 200
+"""Messages sent before waiting for them to arrive (under ZMQ's high-water mark of 1000)."""
+
+
+def flood_hook_max() -> tuple[float, int, int]:
+    """The longest single hook call (us) of a READ producer (leases on) stepping LIVE_TRANSFERS held transfers
+    while its channel holds a flood: FLOOD_LEASES maximal lease messages from the consumer the transfers are
+    bound to (naming every held transfer, the rest ids never mapped), then FLOOD_RELEASES releases for ids never
+    mapped. Stepped in vLLM's order until every message was handled and every side the unknown releases opened
+    expired (the flood's aftermath: UNMAPPED_SIDES_MAX of them at most). Returns (max us, hook calls, steps)."""
+    producer_config, consumer_config = _pair_configs("read")
+    worker = build_worker(producer_config)
+    scheduler = build_scheduler(producer_config)
+    sender = Channel("127.0.0.1", 0, 0, lambda host, port: True, key=CONTROL_KEY)
+    try:
+        worker.register_kv_caches(_caches(LIVE_TRANSFERS), LIVE_TRANSFERS)
+        now = 1000.0
+        for i in range(LIVE_TRANSFERS):
+            params = parse_params({"transfer_id": f"tx-{i}", "do_remote_decode": True})
+            scheduler.on_request_finished(ReqId(f"p-{i}"), params, (i,), now)
+        worker.bind(scheduler.build_meta(now), now)
+        names = [f"tx-{i}" for i in range(LIVE_TRANSFERS)]
+        names += [f"unheld-{i}" for i in range(FLOOD_LEASES * LEASE_IDS_PER_MESSAGE_MAX - LIVE_TRANSFERS)]
+        me = consumer_config.rank_address
+        flood: list[Message] = [
+            LeaseRenew(transfer_ids=tuple(TransferId(n) for n in names[k : k + LEASE_IDS_PER_MESSAGE_MAX]), rank=0,
+                       sender=me)
+            for k in range(0, len(names), LEASE_IDS_PER_MESSAGE_MAX)
+        ]  # fmt: skip
+        flood += [ReleaseBlocks(transfer_id=TransferId(f"gone-{i}"), rank=0, consumer_tp_size=1)
+                  for i in range(FLOOD_RELEASES)]  # fmt: skip
+        port = producer_config.my_port(producer_config.notify_port)
+        for start in range(0, len(flood), FLOOD_SEND_BATCH):
+            batch = flood[start : start + FLOOD_SEND_BATCH]
+            expected = worker.channel.counters["received"] + len(batch)
+            for message in batch:
+                assert sender.send("127.0.0.1", port, message), "the flood's sender queue was full"
+            _wait(lambda expected=expected: worker.channel.counters["received"] >= expected)
+        gc.collect()
+        timer = Timer()
+        steps = 0
+        while not worker.channel.inbox.empty() or worker._carried or worker.state.unmapped:
+            now += DEAD_PEER_STEP_S
+            _producer_step(worker, scheduler, timer, now, [], lambda: None)
+            steps += 1
+        counters = worker.counters
+        handled = counters["lease_renewals"] + counters["lease_renewals_for_unheld"]
+        assert handled == len(names), f"{handled} of {len(names)} lease ids handled"
+        assert counters["lease_renewals"] == LIVE_TRANSFERS, counters
+        return timer.max_us, timer.calls, steps
+    finally:
+        sender.close()
+        worker.close()
+        scheduler.ledger.close()
+
+
+SILENT_REQUESTS = 64
+SILENT_DEADLINE_S = 0.2
+
+
+def inflight_after_silent_peer() -> int:
+    """The tcp transport's in-flight requests once SILENT_REQUESTS reads to a peer that takes them and never
+    answers (a real ROUTER on the loopback) have all passed their deadline: every slot must be back (0)."""
+    context: zmq.Context[Any] = zmq.Context()
+    silent = context.socket(zmq.ROUTER)
+    silent.setsockopt(zmq.LINGER, 0)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    client = TcpTransport(request_timeout_s=SILENT_DEADLINE_S)
+    try:
+        client.register("kv", torch.zeros(64))
+        endpoint = TransportEndpoint(backend="tcp", host="127.0.0.1", port=port)
+        session = client.connect(endpoint, [RegionDescriptor(name="kv", size=256)])
+        handles = [client.read(session, "kv", "kv", [(0, 0, 4)]) for _ in range(SILENT_REQUESTS)]
+        assert client.inflight() == SILENT_REQUESTS, "a read to the silent peer was refused a slot"
+        assert client.wait_all(handles, WAIT_S), "reads to a silent peer never failed"
+        assert {h.status().code for h in handles} == {Code.TIMEOUT}
+        return client.inflight()  # read at once: a slot is given back before its handle fails
+    finally:
+        client.close()
+        silent.close(linger=0)
+        context.term()
+
+
 def forged_messages_accepted(attempts: int = 64) -> int:
     """A READ producer holding `attempts` transfers gets a `release` for each from the loopback (an
     allow-listed address) without the key: how many freed their transfer."""
@@ -491,8 +589,18 @@ def main() -> None:
         f"dead consumer, {LIVE_TRANSFERS} live WRITE transfers: longest of {calls} hook calls {dead_max_us:.0f} us "
         f"(bound {bound_us:.0f} us{'' if dead_max_us <= bound_us else ': OVER'})"
     )
+    flood_trials = [flood_hook_max() for _ in range(FLOOD_TRIALS)]
+    flood_max_us, flood_calls, flood_steps = min(flood_trials)
+    print("flood trials, longest hook call each: " + ", ".join(f"{us:.0f} us" for us, _, _ in flood_trials))
+    print(
+        f"flood of {FLOOD_LEASES} maximal leases and {FLOOD_RELEASES} unknown releases, {LIVE_TRANSFERS} held: "
+        f"longest of {flood_calls} hook calls over {flood_steps} steps {flood_max_us:.0f} us "
+        f"(bound {bound_us:.0f} us{'' if flood_max_us <= bound_us else ': OVER'})"
+    )
     forged = forged_messages_accepted()
     print(f"forged releases accepted: {forged}")
+    silent_inflight = inflight_after_silent_peer()
+    print(f"tcp in-flight after {SILENT_REQUESTS} reads to a silent peer passed their deadline: {silent_inflight}")
     raw_trials, moved_trials = [], []
     for _ in range(TRIALS):
         raw_trials.append(raw_zmq_throughput())
@@ -510,7 +618,9 @@ def main() -> None:
                 "hook_us_median_interpreted": round(interpreted["hook_us_median"], 2),
                 "step_hooks_us_median_interpreted": round(interpreted["step_hooks_us_median"], 2),
                 "hook_us_max_dead_peer": round(dead_max_us, 1),
+                "hook_us_max_flood": round(flood_max_us, 1),
                 "forged_messages_accepted": forged,
+                "inflight_after_silent_peer": silent_inflight,
                 "live_transfers": LIVE_TRANSFERS,
                 "transport_bytes_per_s": round(moved),
                 "raw_zmq_bytes_per_s": round(raw),
