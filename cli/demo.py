@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -35,7 +36,7 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the figures as one J
 def _table(result: Any) -> Table:
     table = Table(title=f"seed {result.seed}: {result.requests} requests, concurrency {result.concurrency}, "
                   f"{result.mode.upper()} mode, faults injected {sum(result.faults_injected.values())}",
-                  title_justify="left")  # fmt: skip
+                  title_justify="left", box=box.SIMPLE_HEAD)  # fmt: skip
     table.add_column("after every deadline passed")
     table.add_column("kvledger (the fold decides)", justify="right")
     table.add_column("naive bookkeeping, same seed", justify="right")
@@ -77,7 +78,6 @@ def demo_command(
         out.print(f"simulated clock: {utc(config.start_ts)} to {utc(config.start_ts + result.sim_seconds)} "
                   f"({duration(result.sim_seconds)} simulated in {duration(result.wall_seconds)})")  # fmt: skip
         out.print(_table(result))
-        out.print(f"faults injected: {_counts(result.faults_injected)}")
         out.print(f"forged releases: {result.forged_sent} sent, {result.forged_messages_accepted} accepted "
                   "(refusals go to the ledger as drop events, not to the log)")  # fmt: skip
         dead = dict(result.findings_on_dead_engine)
@@ -91,7 +91,8 @@ def demo_command(
                       "(lost, not leaked: no live engine holds them)")  # fmt: skip
             out.print(f"  other findings in its log before it died: {_counts(dead)}")
         out.print(f"offline replay reproduces the live decisions: {'yes' if result.replay_matches else 'NO'}")
-        out.print(f"ledger: {db}   incident log: {log}   (try: kvledger replay {log})")
+        out.print(f"ledger: {db}   incident log: {log}")
+        out.print(f"try: kvledger replay {log}")
         for problem in result.problems:
             out.print(f"[bold red]problem:[/] {problem}")
     if result.problems:
