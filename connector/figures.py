@@ -2,7 +2,10 @@
 
 What #58004 asks for and what an SRE pages on: requests and blocks held waiting
 on transfers, live transfers by phase, releases by cause (cumulative), findings
-by code (the audit at `now`), and the ack and release latencies of the events
+by code (the audit at `now`: what is open in the ledger's memory), findings by
+code counted when first found (cumulative: what a decided side showed stays
+counted after the ledger forgot the side), what the memory bounds changed
+(cumulative), and the ack and release latencies of the events
 appended since the last call (read back from the log: a side's map to its
 completion ack, and to its decision). Control messages dropped come from the
 process that drops them (a worker's channel) as counts since the last report.
@@ -18,12 +21,20 @@ from connector.limits import FIGURES_AUDIT_INTERVAL_S, FIGURES_LATENCY_SAMPLES_M
 from ledger.audit import audit, counts_by_code
 from ledger.events import Ack
 from ledger.ledger import Ledger
+from ledger.summary import compaction_report
 
 REQUESTS_HELD = "requests_held"
 BLOCKS_HELD = "blocks_held"
 LIVE_BY_PHASE = "live_by_phase"
 RELEASED = "released"
 FINDINGS = "findings"
+FINDINGS_FOUND = "findings_found"
+"""Findings by code counted when first found (`LedgerState.found_by_code`): cumulative, never lowered by the
+ledger forgetting decided sides."""
+MEMORY_BOUND = "memory_bound"
+"""What the ledger's memory bounds evicted and the events they left unjudged (`compaction_report` less the
+tombstones held): cumulative; a nonzero `late_after_eviction`, `reused_after_eviction` or `sides_unchecked`
+means some decisions or findings are not exact (`ledger.summary.compaction_warning` says which)."""
 ACK_LATENCY = "ack_latency_s"
 RELEASE_LATENCY = "release_latency_s"
 CONTROL_DROPPED = "control_dropped"
@@ -59,6 +70,8 @@ class LedgerFigures:
             LIVE_BY_PHASE: dict(phases),
             RELEASED: dict(state.releases_by_cause),
             FINDINGS: self._audited(now),
+            FINDINGS_FOUND: dict(state.found_by_code),
+            MEMORY_BOUND: {what: n for what, n in compaction_report(state).items() if what != "tombstones"},
             **latencies,
         }
 

@@ -175,6 +175,8 @@ class Fold(Upkeep):
         key: Key = (event.source, event.transfer_id)
         if event.source not in self.sources:
             self.sources[event.source] = None
+        if self.orphans_evicted:
+            self.sides_unchecked += 1  # it may name an evicted orphan (ledger/upkeep.py)
         t = TransferState(
             last=event, source=event.source, transfer_id=event.transfer_id, first=event,
         )  # fmt: skip
@@ -186,6 +188,8 @@ class Fold(Upkeep):
         """The common case, a map before any other event of its side: the side is made mapped."""
         if e.source not in self.sources:
             self.sources[e.source] = None
+        if self.orphans_evicted:
+            self.sides_unchecked += 1  # it may name an evicted orphan (ledger/upkeep.py)
         # Positional on purpose (msgspec parses keywords ~8x slower, and this runs once per side),
         # in field order: last, events, closed, role, phase, mode, the five masks and counts,
         # acks_expected, recv, whole_acked, whole_scheduled, decision, source, transfer_id, map, then `first`
@@ -391,6 +395,7 @@ class Fold(Upkeep):
             del self.unmapped[key]
             self.decided.append((e.ts, e.source, e.transfer_id, t))
             self.orphans_expired[key] = None
+            self._found("orphan_ack")
             if self.retrying:
                 self.retrying.pop(key, None)
             return None

@@ -27,6 +27,7 @@ cdef class Indexes:
     cdef public dict sources
     cdef public object decided
     cdef public Py_ssize_t blocks_held
+    cdef public dict found_by_code
 
     @cython.locals(by_id=dict)
     cdef _put_side(self, tuple key, Side t)
@@ -37,6 +38,8 @@ cdef class Indexes:
     cpdef put_decided(self, list entries, list sides)
     cdef _claim_blocks(self, Side t, tuple key)
     cdef _free_blocks(self, Side t, tuple key)
+    @cython.locals(found=dict)
+    cdef _found(self, str code)
     cdef _duplicate(self, Side t, object seq)
     cdef _late(self, Side t, object seq)
     cdef _refused_map(self, Side t, object seq, object request_id)

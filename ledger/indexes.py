@@ -71,6 +71,13 @@ class Indexes:
         the nested key tuple kept every entry tracked (four times the full collections in a long replay)."""
         self.blocks_held = 0
         """Blocks held by live sides, each claim counted once."""
+        self.found_by_code: dict[str, int] = {}
+        """Findings counted when first found, by audit code: a side's first late, duplicate, over-ack and
+        reused-id event (`late_event`, `duplicate`, `over_ack`, `id_reuse`) and a never-mapped side's expiry
+        (`orphan_ack`). Forgetting a side never lowers them, and a side compacted and then recalled by another
+        such event is not counted again (its tombstone keeps which it had: ledger/tombstone.py), so a running
+        ledger that forgets decided sides counts what an audit of its whole log reports. Past the tombstone
+        bounds the events on evicted sides are counted apart instead (ledger/upkeep.py)."""
 
     def grown_containers(self) -> list[object]:
         """The containers that grow with the fold, each holding only atomic values (keys, numbers, sides
@@ -179,11 +186,20 @@ class Indexes:
 
     # -- evidence ----------------------------------------------------------
 
+    def _found(self, code: str) -> None:
+        """A finding of `code` found for the first time on its side (`found_by_code`)."""
+        found = self.found_by_code
+        found[code] = found.get(code, 0) + 1
+
     def _duplicate(self, t: TransferState, seq: int) -> None:
+        if t.duplicate_seqs is None:
+            self._found("duplicate")
         t.duplicate_seqs = _note(t.duplicate_seqs, seq)
         self.anomalous[t.key] = None
 
     def _late(self, t: TransferState, seq: int) -> None:
+        if t.late_seqs is None:
+            self._found("late_event")
         t.late_seqs = _note(t.late_seqs, seq)
         self.anomalous[t.key] = None
 
@@ -191,8 +207,12 @@ class Indexes:
         """A second map of a mapped side, whatever its phase (a transfer id is single-use per side): a
         duplicate when it names the same request, else a reused id naming the request refused."""
         if t.request_id == request_id:
+            if t.duplicate_seqs is None:
+                self._found("duplicate")
             t.duplicate_seqs = _note(t.duplicate_seqs, seq)
         else:
+            if t.reuse_seqs is None:
+                self._found("id_reuse")
             t.reuse_seqs = _note(t.reuse_seqs, seq)
             if t.reused_by is None:
                 t.reused_by = [request_id]
@@ -201,6 +221,8 @@ class Indexes:
         self.anomalous[t.key] = None
 
     def _over_ack(self, t: TransferState, seq: int) -> None:
+        if t.over_ack_seqs is None:
+            self._found("over_ack")
         t.over_ack_seqs = _note(t.over_ack_seqs, seq)
         self.anomalous[t.key] = None
 

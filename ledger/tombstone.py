@@ -20,6 +20,7 @@ import msgspec
 
 from ledger.decisions import Cause, Release, Why
 from ledger.events import Map, Mode, ReqId, Role, TransferId
+from ledger.transfer_state import TransferState
 
 _NUMBERS = struct.Struct("<ddddqqqqq")
 """deadline, map ts, decision ts, arrived ts (NaN: none), acks expected, map seq, decision seq,
@@ -35,6 +36,41 @@ class Compacted(msgspec.Struct, frozen=True, gc=False, array_like=True):
     why: Why
     packed: bytes
     """`_NUMBERS`, then the block ids as signed 64-bit ints."""
+    found: int = 0
+    """The kinds of evidence the side had (`FOUND_*` bits): the seqs go, but a side recalled by another late,
+    duplicate, over-ack or reused-id event is known to have had that finding, so it is not counted as found
+    again (`found_by_code`, ledger/indexes.py)."""
+
+
+FOUND_LATE, FOUND_DUPLICATE, FOUND_OVER_ACK, FOUND_REUSE = 1, 2, 4, 8
+
+
+def found_bits(t: TransferState) -> int:
+    """The `FOUND_*` bits of the evidence `t` holds (0 nearly always)."""
+    return (
+        (FOUND_LATE if t.late_seqs is not None else 0)
+        | (FOUND_DUPLICATE if t.duplicate_seqs is not None else 0)
+        | (FOUND_OVER_ACK if t.over_ack_seqs is not None else 0)
+        | (FOUND_REUSE if t.reuse_seqs is not None else 0)
+    )
+
+
+def with_found(tomb: Compacted, found: int) -> Compacted:
+    """`tomb` remembering the `found` bits of its side (`found_bits`)."""
+    return msgspec.structs.replace(tomb, found=found)
+
+
+def mark_found(t: TransferState, found: int) -> None:
+    """`t`, rebuilt from a tombstone of `found` bits, with an empty list of seqs for each kind it had: no
+    finding until a new event of that kind comes, and that one is not found for the first time."""
+    if found & FOUND_LATE:
+        t.late_seqs = []
+    if found & FOUND_DUPLICATE:
+        t.duplicate_seqs = []
+    if found & FOUND_OVER_ACK:
+        t.over_ack_seqs = []
+    if found & FOUND_REUSE:
+        t.reuse_seqs = []
 
 
 def compacted(m: Map, decision: Release, arrived_ts: float | None, arrived_seq: int, events: int) -> Compacted:

@@ -16,6 +16,7 @@ cdef class Upkeep(Indexes):
     cdef public dict orphan_tombstones_old
     cdef public object orphan_tombstones_max
     cdef public Py_ssize_t orphans_evicted
+    cdef public Py_ssize_t sides_unchecked
     cdef public object id_memory
     cdef public Py_ssize_t late_after_eviction
     cdef public Py_ssize_t reused_after_eviction

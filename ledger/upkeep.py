@@ -15,7 +15,7 @@ from ledger.indexes import Indexes
 from ledger.lifecycle import CAUSE_PHASE
 from ledger.limits import ORPHAN_TOMBSTONES_MAX, TOMBSTONES_MAX
 from ledger.side import TransferState
-from ledger.tombstone import Compacted, compacted, map_of, release_of, unpack
+from ledger.tombstone import Compacted, compacted, found_bits, map_of, mark_found, release_of, unpack, with_found
 
 
 class Upkeep(Indexes):
@@ -51,7 +51,12 @@ class Upkeep(Indexes):
         self.orphan_tombstones_max = ORPHAN_TOMBSTONES_MAX
         self.orphans_evicted = 0
         """Compacted orphans evicted by their bound: a map for one is then taken for a fresh transfer
-        (held until released or expired: safe), and a replay says so."""
+        (held until released or expired: safe, but not what the whole history decides: released at once,
+        as expired before its map), and a replay says so."""
+        self.sides_unchecked = 0
+        """Sides first seen (by their map or any other event) after an orphan was evicted: each may be an
+        evicted orphan's, which the fold can no longer tell (no id of an evicted orphan is kept), so its
+        decision and findings may differ from the whole history's (`ledger.summary.compaction_warning`)."""
         self.id_memory: IdMemory | None = None
         """Keys of mapped sides ever compacted (created at the first compaction), consulted only
         once a tombstone was evicted, so that below the bound every answer is exact."""
@@ -124,6 +129,13 @@ class Upkeep(Indexes):
                 tomb = compacted(m, decision, t.arrived_ts, t.arrived_seq, t.events)
             except (OverflowError, struct.error):
                 return False  # integers past 64 bits (no valid event has them): kept whole, as evidence
+            if (
+                t.late_seqs is not None
+                or t.duplicate_seqs is not None
+                or t.over_ack_seqs is not None
+                or t.reuse_seqs is not None
+            ):
+                tomb = with_found(tomb, found_bits(t))  # its findings stay found (`found_by_code`)
         self._drop_side(key)
         # The evidence indexes are usually empty: skip hashing the key into them.
         if self.anomalous:
@@ -236,7 +248,7 @@ def _rebuilt(key: Key, tomb: Compacted) -> TransferState:
     """A decided side from its tombstone: what audits and later events read is as it was."""
     numbers = unpack(tomb)
     m = map_of(key[0], key[1], tomb, numbers)
-    return TransferState(
+    t = TransferState(
         last=m,
         events=numbers.events,
         closed=True,
@@ -251,3 +263,6 @@ def _rebuilt(key: Key, tomb: Compacted) -> TransferState:
         arrived_ts=numbers.arrived_ts,
         arrived_seq=numbers.arrived_seq,
     )
+    if tomb.found:
+        mark_found(t, tomb.found)
+    return t

@@ -24,22 +24,23 @@ from ledger.limits import FORGED_KEPT_MAX
 from ledger.side import TransferState, copies, wide_masks
 from ledger.tombstone import Compacted
 
-FORMAT = 11
+FORMAT = 12
 """Bumped whenever the encoding below changes (9: the id memory's bits are set by `key_hash`, no longer
 blake2b, so an older snapshot's filter would answer wrongly; 10: sides written as `TransferState` arrays;
-11: `forged_recent` written, so that the audit's forged_message findings survive a restart)."""
+11: `forged_recent` written, so that the audit's forged_message findings survive a restart; 12: findings
+counted when found (`found_by_code`, and the kinds a tombstone's side had), `sides_unchecked`)."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
     "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
     "tombstones_max", "tombstones_evicted", "id_memory", "orphan_tombstones", "orphan_tombstones_old",
-    "orphan_tombstones_max", "orphans_evicted", "late_after_eviction", "reused_after_eviction",
+    "orphan_tombstones_max", "orphans_evicted", "sides_unchecked", "late_after_eviction", "reused_after_eviction",
     "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent", "sides_of",
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `layer_masks` and `sides_of` (`transfers` by source) are
 rebuilt, not written. `forged_recent` (the drops the audit's forged_message findings name) is written whole:
 a finding that lives in the fold's state must read the same after a snapshot round trip."""
-_COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason", "lease_counts")
+_COUNTER_FIELDS = ("compacted_by_phase", "compacted_by_mode", "forged_by_reason", "lease_counts", "found_by_code")
 """Plain str -> int counters, written as (key, count) lists to keep their order."""
 
 
@@ -123,6 +124,7 @@ class Document(msgspec.Struct, kw_only=True):
     orphan_tombstones_old: _Sides
     orphan_tombstones_max: int
     orphans_evicted: int
+    sides_unchecked: int
     tombstones_max: int
     tombstones_evicted: int
     id_memory: _IdMemoryPlain | None
@@ -204,6 +206,7 @@ def take(state: LedgerState) -> Document:
         orphan_tombstones_old=_stored(state.orphan_tombstones_old.values()),
         orphan_tombstones_max=state.orphan_tombstones_max,
         orphans_evicted=state.orphans_evicted,
+        sides_unchecked=state.sides_unchecked,
         tombstones_max=state.tombstones_max,
         tombstones_evicted=state.tombstones_evicted,
         id_memory=state.id_memory.to_plain() if state.id_memory is not None else None,
@@ -275,6 +278,7 @@ def decode(body: bytes | memoryview) -> LedgerState:
     state.orphan_tombstones_old = {t.key: t for t in _restored(doc.orphan_tombstones_old)}
     state.orphan_tombstones_max = doc.orphan_tombstones_max
     state.orphans_evicted = doc.orphans_evicted
+    state.sides_unchecked = doc.sides_unchecked
     state.tombstones_max = doc.tombstones_max
     state.tombstones_evicted = doc.tombstones_evicted
     try:
