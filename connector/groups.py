@@ -7,7 +7,7 @@ groups. What the core records is their concatenation plus each group's count
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import chain
 
 NULL_BLOCK_ID = 0
@@ -28,3 +28,27 @@ def flatten_groups(per_group: Sequence[Sequence[int]]) -> tuple[tuple[int, ...],
     if len(kept) < 2:
         return (kept[0] if kept else ()), None
     return tuple(chain.from_iterable(kept)), tuple(map(len, kept))
+
+
+def window_blocks(
+    per_group: Sequence[Sequence[int]], windows: Mapping[int, tuple[int, int]], computed_tokens: int
+) -> list[Sequence[int]]:
+    """Each sliding-window group's block list cut to the blocks its window still covers once `computed_tokens`
+    are computed; other groups unchanged. `windows[group]`: (window tokens, block size).
+
+    A WRITE producer is given its blocks when they are allocated, before the prompt's forward: a window group
+    then lists every block of the prompt, and vLLM frees those left behind by the window right after that
+    step (vLLM's null block takes their place). The producer holds, and so records, only those that stay:
+    what a consumer that loads `computed_tokens` allocates for the same group, at the list's tail."""
+    if not windows:
+        return list(per_group)
+    kept: list[Sequence[int]] = []
+    for index, blocks in enumerate(per_group):
+        window = windows.get(index)
+        if window is None:
+            kept.append(blocks)
+            continue
+        tokens, block_size = window
+        behind = max(0, computed_tokens - tokens + 1) // block_size  # blocks wholly before the window
+        kept.append(blocks[min(behind, len(blocks)) :])
+    return kept

@@ -48,9 +48,9 @@ well-known services such as PostgreSQL on 5432)."""
 EPHEMERAL_PORT_LOW_DEFAULT = 32_768
 """Linux's default start of the ephemeral range, where `ip_local_port_range` cannot be read."""
 
-MESSAGE_VERSION = 4
+MESSAGE_VERSION = 5
 """Wire version of every notification message; a message with another version is dropped (3: the `mac`; 4: the
-`receiver` every message is signed for, a lease renewal's `sender`)."""
+`receiver` every message is signed for, a lease renewal's `sender`; 5: remote_blocks' `block_groups`)."""
 
 FORGED_RECORDS_MAX = 1024
 """Dropped (forged or unlisted) control messages a channel keeps for the worker's next poll to record."""

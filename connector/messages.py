@@ -74,6 +74,15 @@ class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):
     prompt_digest: str | None = None
     """The consumer request's prompt digest (`params.prompt_digest`): a producer holding the id for a
     request with another prompt answers write_failed instead of writing that request's KV here."""
+    block_groups: tuple[Int64, ...] | None = None
+    """Hybrid models: `block_ids` per KV cache group, as counts (`ledger.events.Map.block_groups`); the
+    producer writes each layer into the blocks of its own group. None: one group."""
+
+    def __post_init__(self) -> None:
+        # Raised inside decode, so such bytes are `Rejected` as malformed, naming the counts.
+        groups = self.block_groups
+        if groups is not None and (any(count < 0 for count in groups) or sum(groups) != len(self.block_ids)):
+            raise ValueError(f"block_groups {list(groups)} do not split {len(self.block_ids)} block ids")
 
 
 class WriteDone(_Message, frozen=True, tag="write_done"):

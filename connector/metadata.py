@@ -64,6 +64,8 @@ class SaveItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     deadline: float
     prompt_digest: str | None = None
     """The request's prompt digest: remote_blocks naming another prompt are refused."""
+    block_groups: tuple[int, ...] | None = None
+    """Hybrid models: `block_ids` per KV cache group, as counts (`ledger.events.Map.block_groups`)."""
 
 
 class AbortItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -196,16 +196,29 @@ class DataMoves(WorkerBase):
         if remote_geometry is None:
             self._fail(tid, f"{REASON_LAYOUT}: consumer has no layer {name!r}", now)
             return False
-        if len(target.block_ids) > len(t.block_ids):
+        m = t.map_event
+        assert m is not None, "a live transfer has its map"
+        # Hybrid models: each layer (a Mamba layer's state regions too) writes the blocks of its own KV cache
+        # group, as a READ consumer reads them.
+        group = self.layer_groups.get(name, 0)
+        local_groups = block_groups_of(m.block_ids, m.block_groups)
+        remote_groups = block_groups_of(target.block_ids, target.block_groups)
+        if group >= min(len(local_groups), len(remote_groups)):
             self._fail(
                 tid,
-                f"{REASON_LAYOUT}: consumer has {len(target.block_ids)} blocks, producer {len(t.block_ids)}",
+                f"{REASON_LAYOUT}: layer {name!r} is in KV cache group {group}; the producer has "
+                f"{len(local_groups)} groups, the consumer {len(remote_groups)}",
                 now,
             )
             return False
+        mine, theirs = local_groups[group], remote_groups[group]
+        if len(theirs) > len(mine):
+            where = f" (KV cache group {group})" if len(local_groups) > 1 else ""
+            self._fail(tid, f"{REASON_LAYOUT}: consumer has {len(theirs)} blocks, producer {len(mine)}{where}", now)
+            return False
         try:
             # Paired from the consumer's side (its list may be shorter: a prefix hit), then turned round.
-            ops = _cached_ops(remote_geometry, self.layers[name].geometry, target.block_ids, t.block_ids)
+            ops = _cached_ops(remote_geometry, self.layers[name].geometry, theirs, mine)
             swapped = [(producer, consumer, size) for consumer, producer, size in ops]
             handle = self.transport.write(link.session, name, name, swapped)
         except LayoutError as error:

@@ -246,9 +246,11 @@ class SchedulerCore:
         now: float,
         *,
         prompt_digest: str | None = None,
+        block_groups: tuple[int, ...] | None = None,
     ) -> None:
         """Producer, WRITE: the request's prompt completes in this step; its workers write every layer
-        (only to a consumer whose remote_blocks carry the same `prompt_digest`, where both have one)."""
+        (only to a consumer whose remote_blocks carry the same `prompt_digest`, where both have one), each
+        from the blocks of its own KV cache group (`block_groups`: the counts, None for one group)."""
         if self.config.role != "producer" or self.config.mode != "write":
             return
         if params is None or not params.do_remote_decode or self._refused(params.transfer_id):
@@ -262,6 +264,7 @@ class SchedulerCore:
                 peer=peer if self._allowed_peer(peer) else None,
                 deadline=now + self.config.defer_timeout_s,
                 prompt_digest=prompt_digest,
+                block_groups=block_groups,
             )
         )
 

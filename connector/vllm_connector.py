@@ -35,7 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from connector.assemble import build_scheduler, build_worker
 from connector.config import ConnectorConfig, from_extra_config
 from connector.figures import CONTROL_DROPPED, LedgerFigures, dropped_since, merge_figures
-from connector.groups import flatten_groups
+from connector.groups import flatten_groups, window_blocks
 from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
 from connector.hooks import ReceivedKvHook, load_hook
 from connector.incident_log import IncidentLog
@@ -109,11 +109,13 @@ def _prefill_handed_over(request: Request, mode: str) -> bool:
     return mode == "write" and request.num_computed_tokens >= request.num_prompt_tokens
 
 
-def _write_prompt_digest(request: Request, mode: str, params: TransferParams | None) -> str | None:
-    """WRITE only (a READ consumer reads the blocks its own params name): what binds the two requests."""
+def _write_prompt_digest(request: Request, mode: str, params: TransferParams | None, tokens: int) -> str | None:
+    """WRITE only (a READ consumer reads the blocks its own params name): what binds the two requests, the
+    digest of the `tokens` prompt tokens whose KV moves. A Mamba model's producer prefills its prompt one token
+    short (`_truncate_for_prefill`) and its consumer loads as many (`loadable_tokens`): both digest that prefix."""
     if mode != "write" or params is None or request.prompt_token_ids is None:
         return None
-    return prompt_digest(request.prompt_token_ids)
+    return prompt_digest(request.prompt_token_ids[:tokens])
 
 
 def _layer_groups(kv_cache_config: KVCacheConfig | None) -> dict[str, int]:
@@ -123,16 +125,17 @@ def _layer_groups(kv_cache_config: KVCacheConfig | None) -> dict[str, int]:
     return {name: i for i, group in enumerate(kv_cache_config.kv_cache_groups) for name in group.layer_names}
 
 
-def _check_groups(kv_cache_config: KVCacheConfig | None, mode: str) -> None:
-    """What this version cannot move is refused at start, by name, rather than mis-moved later."""
+def _windows(kv_cache_config: KVCacheConfig | None) -> dict[int, tuple[int, int]]:
+    """Each sliding-window KV cache group's (window tokens, block size): what `window_blocks` cuts to."""
     if kv_cache_config is None:
-        return
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) > 1 and mode == "write":
-        raise ValueError(
-            "LedgerConnector: WRITE mode moves one KV cache group only; this model has "
-            f"{len(groups)} (a hybrid model): use read_mode"
-        )
+        return {}
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    return {
+        index: (int(group.kv_cache_spec.sliding_window), int(group.kv_cache_spec.block_size))
+        for index, group in enumerate(kv_cache_config.kv_cache_groups)
+        if isinstance(group.kv_cache_spec, SlidingWindowSpec)
+    }
 
 
 def _mamba_groups(kv_cache_config: KVCacheConfig | None) -> tuple[MambaGroup, ...]:
@@ -246,10 +249,11 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)  # type: ignore[arg-type]
         self.config = engine_config(vllm_config, role)
-        _check_groups(kv_cache_config, self.config.mode)
         self._mamba = _mamba_groups(kv_cache_config)
         self._state_scratch = {g.group: g.speculative_blocks for g in self._mamba}
         """Each Mamba group's scratch slots: its block lists are cut to the running state (`clip_state_blocks`)."""
+        self._windows = _windows(kv_cache_config)
+        """Each sliding-window group's window: a WRITE producer's blocks are cut to it (`window_blocks`)."""
         self._backoff = PREFILL_BACKOFF_TOKENS if self._mamba else 0
         """Prompt tokens the producer leaves to the consumer (1 for a Mamba model, as vLLM's NIXL connector)."""
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
@@ -357,7 +361,8 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         request_id = ReqId(request.request_id)
         if self.config.role == "consumer":
             # Hashed only where on_alloc reads it: an allocation for an external load.
-            digest = _write_prompt_digest(request, self.config.mode, params) if num_external_tokens > 0 else None
+            loaded = loadable_tokens(request.num_prompt_tokens, self._backoff)
+            digest = _write_prompt_digest(request, self.config.mode, params, loaded) if num_external_tokens else None
             # Every KV cache group's new blocks (not prefix-cache hits, not null placeholders), as NIXL.
             per_group = blocks.get_unhashed_block_ids_all_groups() if num_external_tokens > 0 else []
             block_ids, groups = flatten_groups(clip_state_blocks(per_group, self._state_scratch) if per_group else ())
@@ -367,10 +372,14 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
             if taken and request.kv_transfer_params:
                 remote_prefill_taken(request.kv_transfer_params)
         elif self.config.mode == "write" and params is not None and params.do_remote_decode:
-            # The whole prompt runs in this step (chunked prefill is not supported for WRITE producers yet);
-            # WRITE serves one KV cache group (`_check_groups`).
-            digest = _write_prompt_digest(request, self.config.mode, params)
-            core.on_save(request_id, params, blocks.get_block_ids()[0], now, prompt_digest=digest)
+            # The whole prompt runs in this step (chunked prefill is not supported for WRITE producers yet):
+            # every KV cache group's blocks are written, a Mamba group's running state among them (its
+            # prompt was cut one token short in on_new_request, as for READ), a window group's that it keeps.
+            computed = request.num_prompt_tokens
+            digest = _write_prompt_digest(request, self.config.mode, params, computed)
+            kept = window_blocks(blocks.get_block_ids(), self._windows, computed)
+            flat, groups = flatten_groups(clip_state_blocks(kept, self._state_scratch))
+            core.on_save(request_id, params, flat, now, prompt_digest=digest, block_groups=groups)
 
     @guarded(lambda: LedgerConnectorMetadata(StepMetadata()))
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:

@@ -125,6 +125,7 @@ class WorkerCore(PeerMessages):
                     deadline=save.deadline,
                     peer=save.peer,
                     acks_expected=fan_in,
+                    block_groups=save.block_groups,
                 )
             )
             self._step_saves[save.transfer_id] = []
@@ -207,7 +208,10 @@ class WorkerCore(PeerMessages):
             else:
                 digest = self.digests.get(tid)
                 me = self.config.rank_address
-                message = RemoteBlocks(transfer_id=tid, block_ids=t.block_ids, sender=me, prompt_digest=digest)
+                groups = t.map_event.block_groups if t.map_event is not None else None
+                message = RemoteBlocks(
+                    transfer_id=tid, block_ids=t.block_ids, sender=me, prompt_digest=digest, block_groups=groups
+                )
                 if not self._tell_holders(self.peers[tid], message):
                     # The producer will never learn where to write: waiting out the recv timeout helps nobody.
                     self.ledger.append(

@@ -50,6 +50,8 @@ class RemoteTarget:
     block_ids: tuple[int, ...]
     sender: RankAddress
     prompt_digest: str | None = None
+    block_groups: tuple[int, ...] | None = None
+    """Hybrid models: `block_ids` per KV cache group, as counts (None: one group)."""
 
 
 @dataclass

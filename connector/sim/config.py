@@ -45,7 +45,8 @@ class StormConfig:
     mamba_layers: int = 0
     """Hybrid Mamba requests: this many Mamba layers beside the attention ones, each request holding one Mamba
     state block (its own KV cache group, from the same pool) moved, held and released with its attention blocks.
-    READ only, as the connector (WRITE with several KV cache groups is refused at start)."""
+    In WRITE mode the forward saves the attention layers only (vLLM calls save_kv_layer for attention layers):
+    the state is written after it, from wait_for_save."""
     num_blocks: int = 0
     """KV blocks per engine; 0 picks concurrency x blocks a request holds x 2."""
     step_s: float = 0.01
@@ -80,8 +81,8 @@ class StormConfig:
             raise ValueError("requests and concurrency must be >= 1")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate}")
-        if self.mamba_layers < 0 or (self.mamba_layers and self.mode != "read"):
-            raise ValueError(f"mamba_layers needs read mode and >= 0, got {self.mamba_layers} in {self.mode} mode")
+        if self.mamba_layers < 0:
+            raise ValueError(f"mamba_layers must be >= 0, got {self.mamba_layers}")
         if self.num_blocks and self.num_blocks < self.concurrency * self.blocks_held:
             raise ValueError("num_blocks must hold concurrency x the blocks a request holds")
         if not self.transfer_timeout_s < self.defer_timeout_s < self.recv_abort_timeout_s:

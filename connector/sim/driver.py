@@ -243,7 +243,12 @@ class Storm:
             request.checksums = prefill(engine.caches, blocks, cfg.seed, request.number, cfg.state_blocks)
             if cfg.mode == "write":
                 engine.scheduler.on_save(
-                    side.request_id, request.producer_params, blocks, now, prompt_digest=request.prompt_digest
+                    side.request_id,
+                    request.producer_params,
+                    blocks,
+                    now,
+                    prompt_digest=request.prompt_digest,
+                    block_groups=cfg.block_groups,
                 )
             if request.faults.lag_rounds:
                 # READ maps at request_finished, whose metadata goes out with the next step.

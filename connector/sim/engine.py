@@ -23,7 +23,7 @@ from connector.sim.config import StormConfig
 from connector.sim.errors import SimulationError
 from connector.sim.faulty_channel import FaultyChannel
 from connector.sim.faulty_transport import FaultyTransport
-from connector.sim.integrity import block_stride_bytes, make_caches, sim_mamba_groups
+from connector.sim.integrity import MAMBA_SUFFIX, block_stride_bytes, make_caches, sim_mamba_groups
 from connector.sim.network import SimNetwork
 from connector.sim.pool import BlockPool
 from connector.store import open_ledger
@@ -94,6 +94,8 @@ class SimEngine:
             storm.layers, storm.blocks, storm.block_size, storm.kv_heads, storm.head_dim, storm.mamba_layers
         )
         self._strides = {name: block_stride_bytes(t) for name, t in self.caches.items()}
+        self._saved_layers = [name for name in self.caches if not name.endswith(MAMBA_SUFFIX)]
+        """The layers the forward saves: vLLM calls save_kv_layer for attention layers, never a Mamba mixer."""
         self.events: dict[str, list[Event]] = previous.events if previous else {}
         self.releases: dict[str, list[Release]] = previous.releases if previous else {}
         self.lagged: dict[TransferId, int] = {}
@@ -218,7 +220,7 @@ class SimEngine:
         if self.load_before_forward:
             timed(worker.start_load, now)
         if meta.save:
-            for name in self.caches:  # the forward: one save per layer
+            for name in self._saved_layers:  # the forward: one save per attention layer
                 timed(worker.save_layer, name)
         if not self.load_before_forward:
             timed(worker.start_load, now)  # vLLM starts asynchronous loads after launching the forward

@@ -45,7 +45,7 @@ def _wait_for(condition: Callable[[], bool]) -> bool:
 def test_a_signed_message_verifies_and_any_change_breaks_it() -> None:
     release = ReleaseBlocks(transfer_id=TransferId("tx-1"), rank=0, consumer_tp_size=1)
     signed = messages.sign(release, KEY)
-    assert signed.mac and signed.version == MESSAGE_VERSION == 4
+    assert signed.mac and signed.version == MESSAGE_VERSION == 5
     assert messages.authentic(signed, KEY)
     assert not messages.authentic(release, KEY)  # no MAC
     assert not messages.authentic(signed, OTHER_KEY)  # another key

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connector.groups import NULL_BLOCK_ID, flatten_groups
+from connector.groups import NULL_BLOCK_ID, flatten_groups, window_blocks
 
 block_ids = st.lists(st.one_of(st.just(NULL_BLOCK_ID), st.integers(min_value=1, max_value=10_000)), max_size=12)
 
@@ -25,3 +25,14 @@ def test_one_group_without_a_null_block_is_its_blocks_and_no_counts() -> None:
     assert flatten_groups(([0, 5, 0],)) == ((5,), None)
     assert flatten_groups(()) == ((), None)
     assert flatten_groups(([1, 0], [0], [3])) == ((1, 3), (1, 0, 1))
+
+
+def test_a_window_group_keeps_the_blocks_its_window_covers_after_the_prompt() -> None:
+    # A 32-token window over blocks of 16: once 99 tokens are computed, tokens 67.. are in it, so blocks 0-3
+    # (tokens 0-63) are wholly behind it and vLLM frees them; block 4 (64-79) holds tokens it still covers.
+    per_group = ([1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15])
+    kept = window_blocks(per_group, {1: (32, 16)}, 99)
+    assert kept == [[1, 2, 3, 4, 5, 6, 7], [12, 13, 14], [15]]
+    assert window_blocks(per_group, {1: (32, 16)}, 20) == list(per_group)  # all of it still in the window
+    assert window_blocks(per_group, {}, 99) == list(per_group)
+    assert window_blocks(([0, 0, 5],), {0: (4, 4)}, 1000) == [[]]  # never more than the list holds

@@ -76,14 +76,14 @@ def _blocks(per_group: list[list[int]]) -> Any:
 
 
 class Pair:
-    def __init__(self, consumer_ssm: tuple[int, ...] = SSM) -> None:
+    def __init__(self, consumer_ssm: tuple[int, ...] = SSM, mode: str = "read") -> None:
         p = free_loopback_ports(6)
         prod, cons = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])
         p_view, self.p_raw = _mamba_cache(True, seed=3)
         c_view, self.c_raw = _mamba_cache(False, seed=4)
         self.producer = Engine(
             "kv_producer",
-            "read",
+            mode,
             prod,
             cons,
             fill=True,
@@ -93,7 +93,7 @@ class Pair:
         try:
             self.consumer = Engine(
                 "kv_consumer",
-                "read",
+                mode,
                 cons,
                 prod,
                 fill=False,
@@ -103,6 +103,8 @@ class Pair:
         except BaseException:
             self.producer.close()
             raise
+        for engine in (self.producer, self.consumer):
+            engine.saved_layers.remove(MAMBA_LAYER)  # vLLM calls save_kv_layer for attention layers only
 
     def close(self) -> None:
         self.producer.close()
@@ -117,6 +119,34 @@ class Pair:
         count, is_async = self.consumer.scheduler.get_num_new_matched_tokens(c_req, 0)
         assert (count, is_async) == (len(PROMPT) - 1, True)  # h(N-1): the consumer computes the last token
         self.consumer.scheduler.update_state_after_alloc(c_req, _blocks(c_groups), count)
+        self.producer.finished.add("p-0")
+
+    def start_write(self, tid: str, p_groups: list[list[int]], c_groups: list[list[int]]) -> None:
+        """WRITE: the consumer allocates first and says where to write; the producer's prompt runs in one step."""
+        p_cfg, c_cfg = self.producer.scheduler.config, self.consumer.scheduler.config  # type: ignore[attr-defined]
+
+        def params(flag: str, ports: Any) -> dict[str, Any]:
+            return {
+                "transfer_id": tid,
+                flag: True,
+                "remote_host": "127.0.0.1",
+                "remote_handshake_port": ports.handshake_port,
+                "remote_notify_port": ports.notify_port,
+            }
+
+        p_req, c_req = (
+            _request("p-0", params("do_remote_decode", c_cfg)),
+            _request("c-0", params("do_remote_prefill", p_cfg)),
+        )
+        count, is_async = self.consumer.scheduler.get_num_new_matched_tokens(c_req, 0)
+        assert (count, is_async) == (len(PROMPT) - 1, True)  # h(N-1), as in READ
+        self.consumer.scheduler.update_state_after_alloc(c_req, _blocks(c_groups), count)
+        self.consumer.step()  # remote_blocks goes out before the producer's forward
+        self.producer.scheduler.on_new_request(p_req)  # the prompt cut one token short: h(N-1) is what it leaves
+        self.producer.scheduler.update_state_after_alloc(p_req, _blocks(p_groups), 0)
+        self.producer.step()  # the forward: attention layers saved; the Mamba state pushed from wait_for_save
+        keep, _ = self.producer.scheduler.request_finished_all_groups(p_req, tuple(p_groups))
+        assert keep
         self.producer.finished.add("p-0")
 
     def run(self, steps: int) -> None:
@@ -185,6 +215,81 @@ def test_a_failed_mamba_read_fails_the_whole_transfer(pair: Pair) -> None:
     assert consumer.scheduler.scheduler.stats()["released"] == {"completed": 0, "failed": 1, "expired": 0}
     # The producer is still told to let go, and frees every group's blocks at once.
     assert pair.producer.sent["p-0"] == 1
+
+
+@pytest.fixture
+def write_pair(patched_rank: None) -> Iterator[Pair]:  # noqa: F811
+    made = Pair(mode="write")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+# WRITE: the producer is given its blocks at allocation, before the forward: the window group still lists every
+# block of the prompt (the first one it leaves behind is cut), the Mamba group a block per 4 tokens, the last
+# one the running state.
+P_WRITE_GROUPS = [[1, 2, 3, 4], [20, 21, 5, 6], [22, 23, 24, 7]]
+
+
+def test_write_moves_the_mamba_state_with_the_attention_blocks_as_one_transfer(write_pair: Pair) -> None:
+    pair = write_pair
+    pair.start_write("tx-mamba-w", P_WRITE_GROUPS, C_GROUPS)
+    pair.run(3000)
+    producer, consumer = pair.producer, pair.consumer
+    assert producer.sent["p-0"] == 1 and consumer.received["c-0"] == 1 and not consumer.invalid
+    for name in FULL_LAYERS:
+        for pb, cb in zip(P_WRITE_GROUPS[0], C_GROUPS[0], strict=True):
+            assert block_bytes(consumer.caches, name, cb) == block_bytes(producer.caches, name, pb)
+    for pb, cb in ((5, 14), (6, 15)):  # the window's blocks, paired at the tail, from the window's own group
+        assert block_bytes(consumer.caches, WINDOW_LAYERS[0], cb) == block_bytes(producer.caches, WINDOW_LAYERS[0], pb)
+    # The running state's page landed byte for byte (pushed after the forward: vLLM never saves a Mamba layer),
+    # its padding untouched; no other page was written.
+    assert _page(pair.c_raw, 16)[:CONTENT_BYTES] == _page(pair.p_raw, 7)[:CONTENT_BYTES]
+    assert not _page(pair.c_raw, 16)[CONTENT_BYTES:].strip(b"\x00")
+    assert not pair.c_raw[: 16 * PAGE_BYTES].any() and not pair.c_raw[17 * PAGE_BYTES :].any()
+    # One map per side names every group's blocks, the Mamba state among them; one release freed them all.
+    p_worker = producer.worker.worker
+    (p_side,) = p_worker.state.transfers.values()
+    m = p_side.map_event
+    assert m is not None and block_groups_of(m.block_ids, m.block_groups) == ((1, 2, 3, 4), (21, 5, 6), (7,))
+    mamba_index = p_worker.layer_index[MAMBA_LAYER]
+    assert p_side.expected == len(p_worker.layer_names) and p_side.acked_mask >> mamba_index & 1
+    (c_side,) = consumer.worker.worker.state.transfers.values()
+    assert c_side.map_event is not None and block_groups_of(c_side.block_ids, c_side.map_event.block_groups)[2] == (16,)
+    for core in (producer.scheduler.scheduler, consumer.scheduler.scheduler):
+        assert core.stats()["released"] == {"completed": 1, "failed": 0, "expired": 0}
+    assert {d.cause for d in (p_side.decision, c_side.decision) if d is not None} == {"completed"}
+
+
+def test_a_failed_mamba_write_fails_the_whole_transfer(write_pair: Pair) -> None:
+    from connector.transports.base import Code, TransferHandle, failed
+
+    pair = write_pair
+    transport = pair.producer.worker.worker.transport
+    real_write = transport.write
+
+    def write(session: Any, local: str, remote: str, ops: Any, **kw: Any) -> Any:
+        if local == MAMBA_LAYER:
+            return TransferHandle(failed(Code.REMOTE_ERROR, "mamba page lost"))
+        return real_write(session, local, remote, ops, **kw)
+
+    transport.write = write
+    pair.start_write("tx-mamba-w-fail", P_WRITE_GROUPS, C_GROUPS)
+    pair.run(3000)
+    producer, consumer = pair.producer, pair.consumer
+    p_worker = producer.worker.worker
+    worker_fails = [e for e in p_worker.ledger.log.since(0) if isinstance(e, Fail)]
+    assert worker_fails and "mamba page lost" in worker_fails[0].reason
+    # The attention layers landed, yet the transfer failed on both sides: write_failed, never a partial success.
+    (p_side,) = p_worker.state.transfers.values()
+    (c_side,) = consumer.worker.worker.state.transfers.values()
+    assert p_side.decision is not None and p_side.decision.cause == "failed"
+    assert c_side.decision is not None and c_side.decision.cause == "failed"
+    assert consumer.scheduler.scheduler.stats()["released"] == {"completed": 0, "failed": 1, "expired": 0}
+    assert not pair.c_raw.any()  # the state never arrived
+    # The producer frees every group's blocks at once.
+    assert producer.sent["p-0"] == 1
 
 
 def test_a_peer_with_other_mamba_state_is_refused_at_handshake_naming_both(patched_rank: None) -> None:  # noqa: F811

@@ -67,6 +67,8 @@ class Engine:
         self.worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
         self.caches = {**make_caches(fill, seed=1 if fill else 2), **(more_caches or {})}
         self.worker.register_kv_caches(self.caches)
+        self.saved_layers = list(self.caches)
+        """The layers whose save_kv_layer the forward calls (vLLM: attention layers, never a Mamba mixer)."""
         self.finished: set[str] = set()
         self.sent: Counter[str] = Counter()
         self.received: Counter[str] = Counter()
@@ -78,7 +80,7 @@ class Engine:
         meta = self.scheduler.build_connector_meta(None)  # type: ignore[arg-type]
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv(None)  # type: ignore[arg-type]
-        for name in self.caches:
+        for name in self.saved_layers:
             self.worker.save_kv_layer(name, self.caches[name], None)
         self.worker.wait_for_save()
         finished, self.finished = self.finished, set()

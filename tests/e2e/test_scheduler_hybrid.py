@@ -3,7 +3,8 @@ cache manager on, and every KV cache group's blocks (full attention, a sliding w
 a Mamba state) are mapped, held, handed to the consumer and freed together, by the transfer's one release.
 
 A model with a Mamba group is served as vLLM's NIXL connector serves it: the producer prefills the prompt one
-token short (its Mamba state is h(N-1)), the consumer loads that much and computes the last token itself.
+token short (its Mamba state is h(N-1)), the consumer loads that much and computes the last token itself. WRITE
+mode does the same: the producer's one prefill step writes every group's blocks, the Mamba state among them.
 
 No engine, no weights: the workers' reports are written by hand, as in test_scheduler_contract.py.
 """
@@ -33,6 +34,7 @@ from tests.e2e.sched_harness import (
     make_request,
     make_scheduler,
     make_vllm_config,
+    model_output,
     step,
 )
 from tests.e2e.test_scheduler_contract import PRODUCER_PORTS
@@ -56,12 +58,20 @@ def hybrid_groups(*, mamba: bool = True) -> list[KVCacheGroupSpec]:
     return groups if mamba else groups[:2]
 
 
+CONSUMER_PORTS = {"handshake_port": 17400, "notify_port": 17500, "transport_port": 17600}
+"""A WRITE producer's peer (it dials the consumer); the scheduler half opens no socket."""
+
+
 def hybrid(model: str, role: str, policy: str = "fail", *, mode: str = "read", mamba: bool = True, **more: Any) -> Any:
     extra: dict[str, Any] = {"read_mode": mode == "read", "defer_timeout": DEFER_TIMEOUT_S, **more}
     if role == "kv_producer":
         extra.update(PRODUCER_PORTS)
+        if mode == "write":
+            extra["peers"] = [{"host": "127.0.0.1", **CONSUMER_PORTS}]
     else:
         extra["peers"] = [{"host": "127.0.0.1", **PRODUCER_PORTS}]
+        if mode == "write":
+            extra.update(CONSUMER_PORTS)
     config = make_vllm_config(model, role, extra, kv_load_failure_policy=policy)
     return make_scheduler(config, hybrid_groups(mamba=mamba), scheduler_block_size=WINDOW_BLOCK)
 
@@ -220,9 +230,94 @@ def test_the_connector_names_a_failed_hybrid_load_by_request_never_by_block(mode
     assert not report.invalid_block_ids  # vLLM raises on any for a model with several KV cache groups
 
 
-def test_write_mode_refuses_a_hybrid_model_at_start(model: str) -> None:
-    with pytest.raises(ValueError, match="WRITE mode moves one KV cache group only"):
-        hybrid(model, "kv_producer", mode="write")
+def write_params(tid: str, side: str) -> dict[str, Any]:
+    """WRITE: what the proxy hands each side before either runs (the other side's address, no block ids)."""
+    ports, flag = (CONSUMER_PORTS, "do_remote_decode") if side == "producer" else (PRODUCER_PORTS, "do_remote_prefill")
+    return {
+        flag: True,
+        "transfer_id": tid,
+        "remote_host": "127.0.0.1",
+        "remote_handshake_port": ports["handshake_port"],
+        "remote_notify_port": ports["notify_port"],
+    }
+
+
+def test_a_write_producer_writes_every_groups_blocks_from_its_one_prefill_step(model: str, clock: Clock) -> None:
+    scheduler = hybrid(model, "kv_producer", mode="write")
+    request = make_request(PROMPT_TOKENS, write_params("tx-hw-save", "producer"), max_tokens=5)
+    scheduler.add_request(request)
+    out = scheduler.schedule()
+    # One token short, as in READ: the Mamba state written is h(N-1), and the consumer computes the last token.
+    assert out.num_scheduled_tokens == {request.request_id: PROMPT_TOKENS - 1} and request.max_tokens == 1
+    allocated = [blocks_of(scheduler, request.request_id, g) for g in range(len(GROUPS))]
+    assert [len(g) for g in allocated] == [7, 4, 4]  # before the forward: every block of the 99 tokens
+    (save,) = out.kv_connector_metadata.step.save
+    scheduler.update_from_output(out, model_output([request]))
+    held = live_blocks(scheduler, request.request_id)
+    assert [len(g) for g in held] == [7, 2, 1]  # after it, the window's older blocks and the older states are gone
+    # The workers write from, and their map holds, exactly what vLLM holds for the transfer after the step: the
+    # window's blocks it keeps and the Mamba group's running state (the last of its list), each layer from its
+    # own group. A block vLLM freed after the step is never written from, nor claimed by the workers' ledger.
+    assert block_groups_of(save.block_ids, save.block_groups) == tuple(map(tuple, held))
+    assert held[2] == [allocated[2][-1]] and held[1] == allocated[1][2:]
+    mapped = the_map(scheduler)
+    assert mapped.mode == "write" and (mapped.block_ids, mapped.block_groups) == (save.block_ids, save.block_groups)
+    clock.now += 1
+    step(scheduler)
+    assert live_blocks(scheduler, request.request_id) == held
+    step(scheduler, finished_sending={request.request_id})
+    assert_empty(scheduler)  # one release freed every group's blocks
+    assert scheduler.connector.scheduler.stats()["released"] == {"completed": 1, "failed": 0, "expired": 0}
+
+
+def test_a_write_consumer_loads_every_group_one_token_short(model: str, clock: Clock) -> None:
+    producer = hybrid(model, "kv_producer", mode="write")
+    p_request = make_request(PROMPT_TOKENS, write_params("tx-hw-load", "producer"), max_tokens=1)
+    scheduler = hybrid(model, "kv_consumer", mode="write")
+    request = make_request(PROMPT_TOKENS, write_params("tx-hw-load", "consumer"), max_tokens=3)
+    request.prompt_token_ids[:] = p_request.prompt_token_ids  # one prompt, handed to both sides by the proxy
+    request._all_token_ids[:] = p_request.prompt_token_ids
+    assert scheduler.connector.get_num_new_matched_tokens(request, 0) == (PROMPT_TOKENS - 1, True)
+    scheduler.add_request(request)
+    out, _ = step(scheduler)
+    assert request.status == RequestStatus.WAITING_FOR_REMOTE_KVS and not out.num_scheduled_tokens
+    local = live_blocks(scheduler, request.request_id)
+    assert [len(g) for g in local] == [7, 2, 1]
+    (recv,) = out.kv_connector_metadata.step.recv
+    # remote_blocks carries every group's blocks and counts: the producer writes each layer into its own group.
+    assert recv.mode == "write" and block_groups_of(recv.block_ids, recv.block_groups) == tuple(map(tuple, local))
+    # Both sides bind the request by the digest of the N-1 tokens whose state moves (the producer's cut prompt).
+    producer.add_request(p_request)
+    (save,) = producer.schedule().kv_connector_metadata.step.save
+    assert save.prompt_digest is not None and recv.prompt_digest == save.prompt_digest
+    step(scheduler, finished_recving={request.request_id})
+    out, _ = step(scheduler)
+    assert out.num_scheduled_tokens == {request.request_id: 1}  # the last prompt token only, from h(N-1)
+    while scheduler.requests:
+        step(scheduler)
+    assert_empty(scheduler)
+    assert scheduler.connector.scheduler.stats()["released"] == {"completed": 1, "failed": 0, "expired": 0}
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_a_failed_hybrid_write_fails_the_request_by_its_policy(model: str, clock: Clock, policy: str) -> None:
+    scheduler = hybrid(model, "kv_consumer", policy, mode="write")
+    request = make_request(PROMPT_TOKENS, write_params(f"tx-hw-fail-{policy}", "consumer"), max_tokens=2)
+    scheduler.add_request(request)
+    step(scheduler)
+    # The producer's Mamba write failed (write_failed): the workers report the request in failed_recving only.
+    _, outputs = step(scheduler, finished_recving={request.request_id}, failed_recving={request.request_id})
+    core = scheduler.connector.scheduler
+    assert not core.state.live and core.stats()["released"]["failed"] == 1
+    if policy == "fail":
+        finished = [o for o in outputs[0].outputs if o.request_id == request.request_id] if outputs else []
+        assert finished and finished[0].finish_reason == FinishReason.ERROR
+    else:
+        out, _ = step(scheduler)
+        assert out.num_scheduled_tokens == {request.request_id: PROMPT_TOKENS}  # recomputed, nothing trusted
+    while scheduler.requests:
+        step(scheduler)
+    assert_empty(scheduler)
 
 
 def test_a_mamba_producer_prefills_one_token_short_once(model: str, clock: Clock) -> None:

@@ -12,13 +12,15 @@ from connector.sim.check import evaluate
 from connector.sim.config import StormConfig
 from connector.sim.driver import Storm
 from connector.sim.integrity import MAMBA_SUFFIX, checksums
-from ledger.events import block_groups_of
+from ledger.events import Mode, block_groups_of
 
 CONFIG = StormConfig(seed=7, mode="read", requests=200, concurrency=48, mamba_layers=2, fault_rate=0.05)
 
 
-def test_a_hybrid_storm_under_faults_holds_nothing_and_moves_the_state() -> None:
-    storm = Storm(CONFIG)
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_a_hybrid_storm_under_faults_holds_nothing_and_moves_the_state(mode: Mode) -> None:
+    # WRITE: the forward saves the attention layers only, as vLLM's does; the state goes from wait_for_save.
+    storm = Storm(dataclasses.replace(CONFIG, mode=mode))
     result = evaluate(storm, storm.run())
     assert result.ok, result.problems
     assert result.leaked_blocks == 0 and result.double_releases == 0 and result.premature_releases == 0
@@ -29,6 +31,10 @@ def test_a_hybrid_storm_under_faults_holds_nothing_and_moves_the_state() -> None
     assert loaded and all(m.block_groups == (CONFIG.blocks_per_request, 1) for m in loaded)
     for m in loaded:
         assert len(block_groups_of(m.block_ids, m.block_groups)[1]) == 1
+    # The producer workers' maps too: in WRITE they are what each layer writes from, its own group's blocks.
+    produced = [t.map_event for t in storm.producer.worker.state.transfers.values() if t.map_event is not None]
+    assert any(m.block_ids for m in produced)
+    assert all(m.block_groups == (CONFIG.blocks_per_request, 1) for m in produced if m.block_ids)
 
 
 def test_the_checksums_cover_the_mamba_state() -> None:
@@ -61,6 +67,8 @@ def test_a_state_block_freed_before_the_read_is_caught() -> None:
     assert not result.ok
 
 
-def test_hybrid_requests_need_read_mode() -> None:
-    with pytest.raises(ValueError, match="mamba_layers needs read mode"):
-        StormConfig(mode="write", mamba_layers=1)
+@pytest.mark.parametrize("mode", ["read", "write"])
+def test_hybrid_requests_run_in_both_modes_and_a_negative_count_is_refused(mode: Mode) -> None:
+    assert StormConfig(mode=mode, mamba_layers=1).block_groups == (StormConfig().blocks_per_request, 1)
+    with pytest.raises(ValueError, match="mamba_layers must be >= 0, got -1"):
+        StormConfig(mode=mode, mamba_layers=-1)
