@@ -247,3 +247,12 @@ class DataMoves(WorkerBase):
             self.ledger.append(
                 Schedule(ts=now, source=self.source, transfer_id=tid, op="write", layers=tuple(issued), attempt=attempt)
             )
+
+    def _give_up(self, tid: TransferId) -> None:
+        """`tid` is decided: its outstanding batches are given up (`TransferHandle.cancel`), so a transport that
+        keeps per-request state (tcp) frees their in-flight slots now rather than at their deadline, and drops
+        whatever the peer answers later instead of landing it in blocks that may hold another request's KV."""
+        flight = self.inflight.pop(tid, None)
+        if flight is not None:
+            for _, handle in flight.handles:
+                handle.cancel()

@@ -328,7 +328,7 @@ class WorkerCore(PeerMessages):
         for release in self.ledger.take_releases():
             tid = release.transfer_id
             self.index.forget(release.request_id, tid)
-            self.inflight.pop(tid, None)
+            self._give_up(tid)
             self._confirming.pop(tid, None)
             self.waiting.drop(tid)
             self._step_saves.pop(tid, None)

@@ -85,6 +85,7 @@ def evaluate(storm: Storm, tally: Tally) -> StormResult:
     faulted = {q.transfer_id for q in storm.requests if q.faults is not NO_FAULTS} | tally.death_touched
     judge_findings(storm, findings, faulted, {("forged_message", tid) for tid in tally.forged}, r)
     vllm_view(storm, tally, r)
+    transport_view(storm, tally, r)
 
     engines = storm.engines
     lost = {(e.worker.source, q.transfer_id) for q in storm.requests for e, s in
@@ -94,6 +95,28 @@ def evaluate(storm: Storm, tally: Tally) -> StormResult:
     r.naive_dropped_acks = naive.dropped_acks
     r.problems.extend(problems(storm, tally, r, mismatched))
     return r
+
+
+def transport_view(storm: Storm, tally: Tally, r: StormResult) -> None:
+    """The tcp transports' side of the run (silent_peer): requests sent to the silent peer, slots still held at
+    the end, transfers starved."""
+    r.silent_requests = sum(e.transport.silent_sent for e in (*storm.engines, *storm.retired))
+    r.inflight_leaked = storm.inflight_leaked
+    r.starved_transfers = len(starved(storm, tally))
+
+
+def starved(storm: Storm, tally: Tally) -> list[TransferId]:
+    """Transfers no fault touched (nor a death) that the tcp transport refused an in-flight slot and whose receive
+    then failed: other requests held the slots."""
+    refused = {tid for e in (*storm.engines, *storm.retired) for tid in e.transport.slots_refused}
+    return [
+        q.transfer_id
+        for q in storm.requests
+        if q.transfer_id in refused
+        and q.faults is NO_FAULTS
+        and q.transfer_id not in tally.death_touched
+        and q.consumer.failed
+    ]
 
 
 def recorded(storm: Storm, tally: Tally, r: StormResult) -> tuple[dict[str, list[Event]], dict[str, list[Release]]]:
@@ -207,6 +230,10 @@ def problems(storm: Storm, tally: Tally, r: StormResult, mismatched: list[str]) 
         out.append(f"{len(r.unexplained_findings)} findings no injected fault explains")
     if r.forged_messages_accepted:
         out.append(f"{r.forged_messages_accepted} forged releases not dropped")
+    if r.starved_transfers:
+        out.append(f"transfers refused in-flight slots held for others, then failed: {_names(starved(storm, tally))}")
+    if r.inflight_leaked:
+        out.append(f"{r.inflight_leaked} tcp in-flight slots never came back")
     if r.late_faults_unreported:
         out.append(f"late notifications without a late_event finding: {_names(r.late_faults_unreported)}")
     if tally.horizon_reached:

@@ -7,15 +7,18 @@ from pathlib import Path
 from typing import Literal, TypeAlias
 
 from connector.config import ConnectorConfig, PeerEngine
+from connector.limits import TRANSPORT_INFLIGHT_MAX
 from ledger.events import Mode, Role
 
 FaultKind: TypeAlias = Literal[
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
     "forged_release", "late_reader",
+    "silent_peer",
 ]  # fmt: skip
 FAULT_KINDS: tuple[FaultKind, ...] = (
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
     "forged_release", "late_reader",
+    "silent_peer",
 )  # fmt: skip
 """sq_full: a burst of send-queue-full (transient) transport failures; transfer_fail: a terminal transport
 failure; drop / duplicate / reorder / late: a notification lost, delivered twice, held a few rounds, or held
@@ -25,7 +28,10 @@ consumer that never reads, a WRITE consumer that never sends remote_blocks); pee
 mid-run (its worker closes; its scheduler stops); forged_release: someone on an allow-listed address (the
 loopback) sends the producer a `release` for the transfer without the storm's control key; late_reader: the
 consumer request waits in a decode backlog and starts its read (READ) or sends remote_blocks (WRITE) after
-the producer's defer deadline (leases must keep the blocks held, or the read must be refused)."""
+the producer's defer deadline (leases must keep the blocks held, or the read must be refused);
+silent_peer: the transfer's transport requests go to a peer that takes them and never answers (`sim/silent.py`):
+each holds an in-flight slot of the real tcp transport until the transfer is decided; no other transfer may be
+refused a slot for it, and every slot must come back."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,11 @@ class StormConfig:
     after its last renewal."""
     kv_lease_max_s: float = 8.0
     """Longer than the latest late reader waits (defer + proxy delay + 4 s)."""
+    transport_inflight_max: int = TRANSPORT_INFLIGHT_MAX
+    """In-flight requests each engine's tcp transport allows, to all peers together (a quarter of it per peer, as
+    the limits' are). With `protections` off the transport is as it was (one bound over every peer, no deadline)
+    and the connector never gives a request up: silent_peer's negative control runs this small, so that the
+    slots the silent peer keeps starve every other transfer."""
     protections: bool = True
     """False: the negative control. No leases and reads of released blocks served (the connector as it was):
     late readers then receive other requests' KV (checksums) and the audit finds premature releases."""
@@ -81,6 +92,8 @@ class StormConfig:
             raise ValueError("requests and concurrency must be >= 1")
         if not 0.0 <= self.fault_rate <= 1.0:
             raise ValueError(f"fault_rate must be in [0, 1], got {self.fault_rate}")
+        if self.transport_inflight_max < 1:
+            raise ValueError(f"transport_inflight_max must be >= 1, got {self.transport_inflight_max}")
         if self.mamba_layers < 0:
             raise ValueError(f"mamba_layers must be >= 0, got {self.mamba_layers}")
         if self.num_blocks and self.num_blocks < self.concurrency * self.blocks_held:
@@ -170,6 +183,14 @@ class StormResult:
     """Lease renewals the producer worker folded."""
     lease_expiries: int = 0
     """Producer sides expired after a missed lease."""
+    silent_requests: int = 0
+    """Transport requests sent to the silent peer (silent_peer)."""
+    starved_transfers: int = 0
+    """Transfers no fault touched that the tcp transport refused an in-flight slot and whose receive then
+    failed: another peer's requests held the slots (must be 0)."""
+    inflight_leaked: int = 0
+    """In-flight slots of live engines' tcp transports still held at the end, when every request was answered or
+    given up (must be 0)."""
     hook_us_max: float = 0.0
     """The longest wall time any one hook call took, in microseconds (a peer never makes a hook wait)."""
     problems: list[str] = field(default_factory=list)

@@ -43,6 +43,7 @@ from connector.sim.limits import (
 )
 from connector.sim.network import SimNetwork
 from connector.sim.requests import SideRecord, SimRequest
+from connector.sim.silent import SilentPeer
 from connector.sim.tally import Tally
 from ledger.events import ReqId, TransferId
 
@@ -57,7 +58,18 @@ class Storm:
         self.config = config
         self.rng = random.Random(config.seed)
         self.network = SimNetwork()
-        self.producer, self.consumer = self._build_engines()
+        self.silent: SilentPeer | None = SilentPeer() if "silent_peer" in config.faults else None
+        """Where silent_peer transfers' transport requests go (never answered)."""
+        if self.silent is not None:
+            self.network.silent = self.silent.endpoint()
+        try:
+            self.producer, self.consumer = self._build_engines()
+        except BaseException:
+            if self.silent is not None:
+                self.silent.close()
+            raise
+        self.inflight_leaked = 0
+        """In-flight slots of live engines' tcp transports still held after the last round (`_await_inflight`)."""
         self.engines = (self.producer, self.consumer)
         self.retired: list[SimEngine] = []
         """Engines that died and were replaced by a restart (their pools still count double frees)."""
@@ -110,6 +122,7 @@ class Storm:
         started = time.perf_counter()
         try:
             self._loop()
+            self._await_inflight()
             for engine in self.engines:
                 if engine.alive:
                     for ledger in engine.ledgers:
@@ -118,6 +131,8 @@ class Storm:
             for engine in self.engines:
                 if engine.alive:
                     engine.close()
+            if self.silent is not None:
+                self.silent.close()
             tally.wall_seconds = time.perf_counter() - started
         return tally
 
@@ -489,9 +504,22 @@ class Storm:
     def _peer_dead(self, peer: tuple[str, int]) -> bool:
         return self.network.is_dead(*peer)
 
+    def _await_inflight(self) -> None:
+        """After the last round every request was answered or given up (each transfer is decided); a given-up
+        one's slot comes back at its transport's next sweep, in real time: wait for that (bounded by
+        SETTLE_TIMEOUT_S), then count what live engines still hold. The negative control never gives a request
+        up and sets no deadline: what it holds now it holds for good, so it is not waited for."""
+        transports = [e.transport for e in self.engines if e.alive]
+        deadline = time.monotonic() + (SETTLE_TIMEOUT_S if self.config.protections else 0.0)
+        while any(t.inflight() for t in transports) and time.monotonic() < deadline:
+            time.sleep(SETTLE_POLL_S)
+        self.inflight_leaked = sum(t.inflight() for t in transports)
+
     def _settle(self, next_round: int) -> None:
         """End the round: send what is due, wait until every real byte and message landed, then show them."""
         alive = [e for e in self.engines if e.alive]
+        if self.silent is not None:
+            self.silent.drain()  # takes what reached it, answers nothing
         for engine in alive:
             engine.channel.release_due(next_round - 1)  # a message held d rounds is seen d rounds late
             engine.channel.round = next_round

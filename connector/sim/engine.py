@@ -22,7 +22,7 @@ from connector.scheduler import SchedulerCore, WorkerOutcome
 from connector.sim.config import StormConfig
 from connector.sim.errors import SimulationError
 from connector.sim.faulty_channel import FaultyChannel
-from connector.sim.faulty_transport import FaultyTransport
+from connector.sim.faulty_transport import FaultyTransport, tcp_limits
 from connector.sim.integrity import MAMBA_SUFFIX, block_stride_bytes, make_caches, sim_mamba_groups
 from connector.sim.network import SimNetwork
 from connector.sim.pool import BlockPool
@@ -134,13 +134,13 @@ class SimEngine:
                 ledger.close()
             raise
         try:
-            tcp = TcpTransport(config.host, config.my_port(config.transport_port))
+            tcp = TcpTransport(config.host, config.my_port(config.transport_port), **tcp_limits(storm))
         except BaseException:
             self.channel.close()
             for ledger in ledgers:
                 ledger.close()
             raise
-        self.transport = FaultyTransport(tcp, network, self._owner_at)
+        self.transport = FaultyTransport(tcp, network, self._owner_at, forward_cancel=storm.protections)
         self.worker = WorkerCore(config, ledgers[1], self.transport, self.channel, gated_links=True)
         mamba = sim_mamba_groups(self.caches)
         groups = {layer: g.group for g in mamba for layer in g.layers}

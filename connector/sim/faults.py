@@ -59,6 +59,9 @@ class TransferFaults:
     late_reader_rounds: int = 0
     """The consumer request waits this many rounds (a decode backlog) before vLLM schedules it: past the
     producer's defer deadline."""
+    silent: bool = False
+    """The transfer's transport requests (READ: the consumer's reads; WRITE: the producer's writes) go to a peer
+    that takes them and never answers (`SilentPeer`)."""
 
     def kinds(self) -> list[FaultKind]:
         out: list[FaultKind] = []
@@ -75,6 +78,8 @@ class TransferFaults:
             out.append("forged_release")
         if self.late_reader_rounds:
             out.append("late_reader")
+        if self.silent:
+            out.append("silent_peer")
         return out
 
 
@@ -142,11 +147,13 @@ def draw_faults(rng: random.Random, config: StormConfig) -> TransferFaults:
         late_reader_rounds = late_reader_base_rounds(config) + rng.randint(
             LATE_READER_PAST_DEADLINE_ROUNDS_MIN, LATE_READER_PAST_DEADLINE_ROUNDS_MAX
         )
-    if not (sq_full_ops or terminal or messages or lag_rounds or never_ready or forged_release or late_reader_rounds):
-        return NO_FAULTS
-    return TransferFaults(
-        sq_full_ops, terminal, tuple(messages), lag_rounds, never_ready, forged_release, late_reader_rounds
+    silent = hit("silent_peer")  # drawn last: the other kinds' draws stay as they were for a seed
+    if silent:
+        sq_full_ops, terminal = 0, False  # every op goes to the silent peer: none reaches a fault of the transport
+    plan = TransferFaults(
+        sq_full_ops, terminal, tuple(messages), lag_rounds, never_ready, forged_release, late_reader_rounds, silent
     )
+    return NO_FAULTS if plan == NO_FAULTS else plan
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""What the simulated network knows: which endpoints died, and each transfer's fault plan."""
+"""What the simulated network knows: which endpoints died, where the silent peer listens, and each transfer's fault
+plan."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from connector.sim.faults import NO_FAULTS, TransferFaults
+from connector.transports.base import TransportEndpoint
 from ledger.events import TransferId
 
 
@@ -16,6 +18,9 @@ class SimNetwork:
         self.transfers: set[TransferId] = set()
         """Every transfer this storm issued: a message naming another came from outside the simulation."""
         self._dead: set[tuple[str, int]] = set()
+        self.silent: TransportEndpoint | None = None
+        """Where the transport requests of a transfer with the `silent_peer` fault go (`SilentPeer`): taken,
+        never answered."""
 
     def faults(self, transfer_id: TransferId | None) -> TransferFaults:
         if transfer_id is None:
@@ -31,3 +36,7 @@ class SimNetwork:
 
     def is_dead(self, host: str, port: int) -> bool:
         return (host, port) in self._dead
+
+    def is_silent(self, host: str, port: int) -> bool:
+        silent = self.silent
+        return silent is not None and (silent.host, silent.port) == (host, port)

@@ -20,6 +20,7 @@ from connector.sim.check import (
     mismatched_sources,
     problems,
     recorded,
+    transport_view,
     vllm_view,
 )
 from connector.sim.faults import NO_FAULTS
@@ -64,6 +65,7 @@ def evaluate_soak(soak: Soak, tally: SoakTally) -> SoakResult:
     expected = {("id_reuse", tid) for tid in reused} | {("forged_message", tid) for tid in tally.forged}
     judge_findings(soak, findings["default"], faulted, expected, r)
     vllm_view(soak, tally, r)
+    transport_view(soak, tally, r)
     r.unserved_requests = sum(1 for q in soak.requests if not (q.producer.needed or q.consumer.needed))
     _soak_figures(soak, tally, r)
     r.problems.extend(problems(soak, tally, r, mismatched))

@@ -144,6 +144,10 @@ class MoriHandle(TransferHandle):
                 return False
             self._block(min(remaining_s, MORI_WAIT_SLICE_S))
 
+    def cancel(self) -> None:
+        """Nothing: the NIC finishes a posted batch whatever the caller wants, so it stays in flight (counted
+        against MORI_INFLIGHT_MAX, waited for at close) until mori reports it; the caller just stops reading it."""
+
     def _refresh(self) -> None:
         if not super().status().in_progress():
             return  # the first outcome wins, a close's included

@@ -119,10 +119,14 @@ class TcpTransport:
         staging_bytes: int = TRANSPORT_STAGING_BYTES,
         stage_host_regions: bool = False,
         request_timeout_s: float = TRANSPORT_REQUEST_TIMEOUT_S,
+        inflight_max: int = TRANSPORT_INFLIGHT_MAX,
+        inflight_per_peer_max: int = TRANSPORT_INFLIGHT_PER_PEER_MAX,
     ) -> None:
         """`staging_bytes`: the size of each staging buffer (limits.TRANSPORT_STAGING_BYTES says why).
         `stage_host_regions`: move CPU regions through the staging path too, as device regions are (tests and
-        the benchmark run the device path's gather and scatter on CPU tensors with it)."""
+        the benchmark run the device path's gather and scatter on CPU tensors with it).
+        `inflight_max`, `inflight_per_peer_max`: the bounds on requests outstanding, in total and to one peer
+        (the limits' by default; the simulator scales them to its storms)."""
         self._own_context = context is None
         self._stage_host_regions = stage_host_regions
         self._client_staging = Staging(staging_bytes)
@@ -138,7 +142,7 @@ class TcpTransport:
         self._wake_read, self._wake_write = os.pipe()
         self.request_timeout_s = request_timeout_s
         """Every request's deadline from its submission (the worker gives its transfer timeout)."""
-        self._slots = _Slots(TRANSPORT_INFLIGHT_MAX, TRANSPORT_INFLIGHT_PER_PEER_MAX)
+        self._slots = _Slots(inflight_max, inflight_per_peer_max)
         server = self._context.socket(zmq.ROUTER)
         server.setsockopt(zmq.LINGER, 0)
         if port == 0:

@@ -60,6 +60,10 @@ def test_one_fault_kind(kind: FaultKind, mode: Mode) -> None:
         # Every forged release was dropped and shows in the audit; none freed a producer early.
         assert result.forged_sent == result.faults_injected[kind] == result.findings["forged_message"]
         assert result.forged_messages_accepted == 0 and result.premature_releases == 0
+    elif kind == "silent_peer":
+        # Its requests held slots until their transfers were decided (then given up): none starved another.
+        assert result.silent_requests > 0 and result.failed_recving == result.faults_injected[kind]
+        assert result.starved_transfers == 0 and result.inflight_leaked == 0
     if kind in ("sq_full", "transfer_fail", "drop", "never_ready", "peer_death"):
         assert result.naive_leaked_blocks > 0
 
