@@ -8,6 +8,7 @@ import zmq
 
 from connector.channel import Channel
 from connector.config import ConnectorConfig
+from connector.generation import draw_generation
 from connector.scheduler import SchedulerCore
 from connector.store import open_ledger
 from connector.transports import make_transport
@@ -19,7 +20,9 @@ def build_scheduler(config: ConnectorConfig) -> SchedulerCore:
 
 
 def build_worker(config: ConnectorConfig, *, context: zmq.Context[Any] | None = None) -> WorkerCore:
-    """A worker core with its own ZMQ context (one per connector, closed by `close`) unless given one."""
+    """A worker core with its own ZMQ context (one per connector, closed by `close`) unless given one, and a
+    generation drawn for this life of the rank (its channel and tcp transport say it to peers)."""
+    generation = draw_generation()
     channel = Channel(
         config.host,
         config.my_port(config.handshake_port),
@@ -29,10 +32,12 @@ def build_worker(config: ConnectorConfig, *, context: zmq.Context[Any] | None = 
         key=config.control_key,
         may_receive_from=config.may_receive_from,
         next_key=config.control_key_next,
+        generation=generation,
     )
     try:
         # A tcp request lives no longer than its transfer (a silent peer's requests free their slots then).
-        options = {"request_timeout_s": config.transfer_timeout_s} if config.backend == "tcp" else {}
+        tcp = {"request_timeout_s": config.transfer_timeout_s, "generation": generation}
+        options = tcp if config.backend == "tcp" else {}
         transport = make_transport(config.backend, config.host, config.my_port(config.transport_port), **options)
     except BaseException:
         channel.close()

@@ -86,8 +86,11 @@ class Channel:
         key: bytes | None = None,
         may_receive_from: Callable[[str], bool] | None = None,
         next_key: bytes | None = None,
+        generation: int = 0,
     ) -> None:
         self._key = key
+        self.generation = generation
+        """This rank's life (`connector/generation.py`): every message it sends says it, under the MAC."""
         self._next_key = next_key if key is not None else None
         """Also accepted, never signed with: the second key of a rotation (docs/security.md)."""
         self._host = host
@@ -136,7 +139,8 @@ class Channel:
 
     def set_metadata(self, metadata: HandshakeMetadata) -> None:
         """What this rank answers handshakes with (after its KV caches are registered)."""
-        self._metadata = messages.encode(messages.sign(metadata, self._key))
+        stamped = msgspec.structs.replace(metadata, generation=self.generation)
+        self._metadata = messages.encode(messages.sign(stamped, self._key))
 
     # -- the worker's side ----------------------------------------------------
 
@@ -150,7 +154,7 @@ class Channel:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(f"tcp://{host}:{port}")
             self._dealers[(host, port)] = sock
-        addressed = msgspec.structs.replace(message, receiver=f"{host}:{port}")
+        addressed = msgspec.structs.replace(message, receiver=f"{host}:{port}", generation=self.generation)
         try:
             sock.send(messages.encode(messages.sign(addressed, self._key)), zmq.NOBLOCK)
         except zmq.Again:
@@ -171,7 +175,7 @@ class Channel:
         sock.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES_HARD_MAX)
         try:
             sock.connect(f"tcp://{host}:{port}")
-            request = HandshakeRequest(sender=sender, receiver=f"{host}:{port}")
+            request = HandshakeRequest(sender=sender, receiver=f"{host}:{port}", generation=self.generation)
             sock.send(messages.encode(messages.sign(request, self._key)))
             if not sock.poll(int(timeout_s * 1000)):
                 self.counters["handshake_timeout"] += 1

@@ -48,9 +48,10 @@ well-known services such as PostgreSQL on 5432)."""
 EPHEMERAL_PORT_LOW_DEFAULT = 32_768
 """Linux's default start of the ephemeral range, where `ip_local_port_range` cannot be read."""
 
-MESSAGE_VERSION = 5
+MESSAGE_VERSION = 6
 """Wire version of every notification message; a message with another version is dropped (3: the `mac`; 4: the
-`receiver` every message is signed for, a lease renewal's `sender`; 5: remote_blocks' `block_groups`)."""
+`receiver` every message is signed for, a lease renewal's `sender`; 5: remote_blocks' `block_groups`; 6: every
+message's `generation`, its sender's life)."""
 
 FORGED_RECORDS_MAX = 1024
 """Dropped (forged or unlisted) control messages a channel keeps for the worker's next poll to record."""
@@ -198,6 +199,11 @@ at its timeout; never a release too early."""
 
 LINK_WAIT_MAX = 65536
 """Transfers that may wait at once for their peer to link; beyond this a new one fails at once."""
+
+LINK_GENERATIONS_ENDED_MAX = 16
+"""Per peer rank, the generations the linker saw end (a handshake answered with another): a transfer naming
+one fails at once instead of handshaking again. Older ones are forgotten: a transfer naming one then costs
+one more handshake before it fails."""
 
 HMAC_KEY_BYTES_MIN = 16
 """The shortest control-message key accepted (a shorter one is a configuration error)."""

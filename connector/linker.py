@@ -7,7 +7,11 @@ thread only runs the channel's handshake (which may block for the handshake
 timeout on a dead or silent peer) and leaves its result; `adopt(now)`, called
 from the worker's thread at each poll, checks the result (`accept` raises to
 refuse it: a redirected endpoint, a bad MAC, a connect that threw) and caches
-success and failure alike. A failure is retried with a backoff doubling from
+success and failure alike. A link is kept until the worker `forget`s it: a
+transport failure that means the peer is gone, or a transfer naming another life
+(generation) of the peer than the link's; the next use handshakes again. A
+handshake answered by another generation than the last link's marks that one
+ended (`LinkState.ended`). A failure is retried with a backoff doubling from
 `LINK_BACKOFF_MIN_S` to `LINK_BACKOFF_MAX_S`, never longer than the transfer
 timeout. Transfers waiting for a link are the worker's (`waiting.py`); their
 deadline, not the linker, decides when they fail.
@@ -89,12 +93,25 @@ class Linker:
                 self._failed(state, f"{type(error).__name__}: {error}", now)
                 continue
             state.failures, state.reason = 0, "linked"
+            state.serial += 1
+            if state.generation and outcome.generation != state.generation:
+                state.ended.append(state.generation)  # the peer answered as another life: the last one is over
+                log.warning(
+                    "%s:%s restarted (generation %d, was %d): transfers of its previous life fail",
+                    peer[0], peer[1], outcome.generation, state.generation,
+                )  # fmt: skip
+            state.generation = outcome.generation
 
-    def forget(self, peer: PeerKey) -> None:
-        """Drop a link that stopped working (its next use handshakes again)."""
+    def forget(self, peer: PeerKey, link: PeerLink | None = None) -> bool:
+        """Drop a link that stopped working (the peer is gone, or restarted): its next use handshakes again, off
+        the step. With `link`, only if it is still the current one (a failure of an older session must not drop
+        a link handshaken since). True if a link was dropped."""
         state = self.states.get(peer)
-        if state is not None and state.link is not None:
-            state.link = None
+        if state is None or state.link is None or (link is not None and state.link is not link):
+            return False
+        state.link = None
+        state.reason = "forgotten: the peer is gone or restarted"
+        return True
 
     def _failed(self, state: LinkState, reason: str, now: float) -> None:
         state.failures += 1

@@ -8,9 +8,11 @@ worker only ever reads this state; it never waits for it to change.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from connector.layout import Geometry
+from connector.limits import LINK_GENERATIONS_ENDED_MAX
 from connector.messages import HandshakeMetadata
 from connector.transports.base import Session
 
@@ -26,6 +28,11 @@ class PeerLink:
     session: Session
     geometry: dict[str, Geometry] = field(default_factory=dict)
 
+    @property
+    def generation(self) -> int:
+        """The life of the peer this link's layout belongs to (0: the peer named none)."""
+        return self.metadata.generation
+
 
 @dataclass
 class LinkState:
@@ -38,6 +45,13 @@ class LinkState:
     retry_at: float = 0.0
     """The earliest `now` at which another handshake may start after a failure (the backoff)."""
     attempts: int = 0
+    serial: int = 0
+    """Links adopted so far: a transfer that asked for a new handshake tells the link it brought from the
+    one it doubted."""
+    generation: int = 0
+    """The generation of the last link adopted (kept when that link is forgotten)."""
+    ended: deque[int] = field(default_factory=lambda: deque(maxlen=LINK_GENERATIONS_ENDED_MAX))
+    """Generations of this peer rank that a later handshake showed over (the newest last)."""
 
     def describe(self) -> str:
         if self.link is not None:

@@ -63,6 +63,10 @@ class _Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", forb
     receiver: str = ""
     """The `host:port` the sender addressed (`Channel.send` fills it in before signing): covered by the MAC,
     so a message recorded on its way to one rank is refused by every other (`Channel` checks it)."""
+    generation: int = 0
+    """The sending rank's generation (`connector/generation.py`; its channel fills it in before signing, so the
+    MAC covers it): which life of the sender said this. A WRITE producer writes only over a link to that life
+    of the consumer; a handshake's is the life its layout belongs to. 0: none named."""
 
 
 class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):

@@ -20,6 +20,13 @@ class PeerRef(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     notify_port: int
     tp_size: int = 1
     dp_rank: int = 0
+    generations: tuple[int, ...] = ()
+    """Each TP rank's generation (`connector/generation.py`), as the engine's scheduler learnt them from its
+    workers: the life whose layout a transfer's reads may use. Empty: not named (nothing to check)."""
+
+    def generation_of(self, tp_rank: int) -> int:
+        """The generation these params name for rank `tp_rank` (0: none named)."""
+        return self.generations[tp_rank] if tp_rank < len(self.generations) else 0
 
     @property
     def label(self) -> str:

@@ -20,7 +20,7 @@ from connector.reasons import (
     REASON_TRANSIENT_TIMEOUT,
     REASON_TRANSPORT,
 )
-from connector.transports.base import Code, Op, TransferHandle
+from connector.transports.base import PEER_GONE, Code, Op, TransferHandle
 from connector.worker_base import Inflight, WorkerBase
 from ledger.events import Ack, Event, Fail, FailCode, Schedule, TransferId, block_groups_of
 from ledger.side import TransferState, awaits_data
@@ -59,6 +59,10 @@ class DataMoves(WorkerBase):
                     flight.read_failed = flight.read_failed or layer is None
                     if layer is None and not status.transient:
                         flight.read_failed_terminally = True
+                    went = flight.peer
+                    # The peer the link was made with is gone (or restarted): the next use handshakes again.
+                    if status.code in PEER_GONE and went is not None and self.linker.forget(went, flight.link):
+                        self.counters["links_forgotten_peer_gone"] += 1
                     reason = f"{status.code.name}: {status.message}"
                     code: FailCode = "error"
                     if status.code == Code.REFUSED:
@@ -140,14 +144,14 @@ class DataMoves(WorkerBase):
             self._fail(tid, f"{REASON_LAYOUT}: only equal TP sizes move data yet", now)
             return
         key = (peer.host, rank_port(peer.handshake_port, peer.dp_rank, holders[0], peer.tp_size))
-        link = self._link(tid, key, now)
+        link = self._link(tid, key, now, peer.generation_of(holders[0]))
         if link is None:
-            return  # parked until the peer links (or failed: not allow-listed)
+            return  # parked until the peer links as the life the params name (or failed: not allowed, or over)
         if self._must_confirm() and self._confirming.get(tid) != "confirmed":
             if tid not in self._confirming:
                 self._ask_holders(tid, peer, after=False, now=now)
             return  # the read goes when the producer confirms it holds the transfer
-        flight = Inflight()
+        flight = Inflight(peer=key, link=link)
         m = t.map_event
         assert m is not None, "a live transfer has its map"
         # Hybrid models: each layer moves the blocks of its own KV cache group.
@@ -188,7 +192,7 @@ class DataMoves(WorkerBase):
             return False
         sender = target.sender
         key = (sender.host, sender.port(sender.handshake_port))
-        link = self._link(tid, key, now)
+        link = self._link(tid, key, now, target.generation)
         if link is None:
             return False
         name = self.layer_names[layer]
@@ -227,7 +231,7 @@ class DataMoves(WorkerBase):
         except Exception as error:  # the transport raised instead of returning a failed status
             self._fail(tid, f"{REASON_TRANSPORT}: write: {type(error).__name__}: {error}", now)
             return False
-        self.inflight.setdefault(tid, Inflight()).handles.append((layer, handle))
+        self.inflight.setdefault(tid, Inflight(peer=key, link=link)).handles.append((layer, handle))
         return True
 
     def _write_missing_layers(self, t: TransferState, attempt: int, now: float) -> None:

@@ -37,6 +37,9 @@ class TransferParams(msgspec.Struct, frozen=True, kw_only=True):
     remote_notify_port: int | None = None
     remote_tp_size: int = 1
     remote_dp_rank: int = 0
+    remote_generations: tuple[int, ...] | None = None
+    """The producer's generation per TP rank (`connector/generation.py`): the lives whose layout this transfer's
+    KV is in. A consumer whose link to a rank names another life handshakes again before it reads."""
 
     def taken(self) -> TransferParams:
         """These params once the request's one remote load was claimed (see `remote_prefill_taken`)."""
@@ -53,6 +56,7 @@ class TransferParams(msgspec.Struct, frozen=True, kw_only=True):
             notify_port=self.remote_notify_port,
             tp_size=self.remote_tp_size,
             dp_rank=self.remote_dp_rank,
+            generations=self.remote_generations or (),
         )
 
 
@@ -82,6 +86,12 @@ def parse_params(raw: Mapping[str, Any] | None) -> TransferParams | None:
         raise ParamsError(f"kv_transfer_params.remote_block_groups: must add up to remote_block_ids, got {groups}")
     if params.remote_tp_size < 1:
         raise ParamsError(f"kv_transfer_params.remote_tp_size: must be >= 1, got {params.remote_tp_size}")
+    lives = params.remote_generations
+    if lives is not None and (len(lives) != params.remote_tp_size or min(lives, default=0) < 0):
+        raise ParamsError(
+            f"kv_transfer_params.remote_generations: one non-negative number per remote TP rank "
+            f"({params.remote_tp_size}), got {list(lives)}"
+        )
     return params
 
 
@@ -110,6 +120,9 @@ class ConsumerParams:
     and two keys set cost half of a ten-key literal, on every request_finished."""
 
     def __init__(self, producer: PeerRef) -> None:
+        # The producer's ranks' generations, once its scheduler learnt them (`SchedulerCore.set_generations`).
+        # A tuple: every copy of the template shares it, so it must not be mutable.
+        lives = {"remote_generations": producer.generations} if producer.generations else {}
         self._template: dict[str, Any] = {
             "do_remote_prefill": True,
             "do_remote_decode": False,
@@ -121,6 +134,7 @@ class ConsumerParams:
             "remote_notify_port": producer.notify_port,
             "remote_tp_size": producer.tp_size,
             "remote_dp_rank": producer.dp_rank,
+            **lives,
         }
 
     def __call__(

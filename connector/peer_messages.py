@@ -246,7 +246,9 @@ class PeerMessages(DataMoves):
                 port,
             )
             return
-        target = RemoteTarget(message.block_ids, sender, message.prompt_digest, message.block_groups)
+        target = RemoteTarget(
+            message.block_ids, sender, message.prompt_digest, message.block_groups, generation=message.generation
+        )
         tid = message.transfer_id
         if self.config.refuse_released_reads and self._released_unread(tid):
             # Released (expired, failed, completed) before the consumer said where to write: its blocks may

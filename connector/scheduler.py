@@ -72,6 +72,15 @@ class SchedulerCore:
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
 
+    def set_generations(self, generations: dict[int, int]) -> None:
+        """This engine's workers' generations by TP rank (vLLM hands them over once the workers registered
+        their KV caches): from now on the params handed to consumers name them, so a consumer whose link to a
+        rank is from another life of it handshakes again before it reads. A rank missing names none."""
+        ranks = self.config.tp_size
+        lives = tuple(generations.get(rank, 0) for rank in range(ranks))
+        address = msgspec.structs.replace(self.config.address, generations=lives if any(lives) else ())
+        self._consumer_params = ConsumerParams(address).__call__
+
     # -- the peer allow-list ------------------------------------------------
 
     def _allowed_peer(self, peer: PeerRef | None) -> bool:

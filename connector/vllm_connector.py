@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
@@ -59,6 +60,14 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class LedgerHandshakeMetadata(KVConnectorHandshakeMetadata):
+    """A worker rank's generation (`connector/generation.py`): vLLM gathers every worker's after their KV caches
+    are registered and hands them to the scheduler half, whose params then name them."""
+
+    generation: int
 
 
 class LedgerConnectorMetadata(KVConnectorMetadata):
@@ -454,7 +463,17 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
             return observed_stats_from(data)
         return LedgerStats(data=data)
 
+    @guarded(nothing)
+    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        """The workers' generations by TP rank (vLLM's EngineCore calls this once, at start)."""
+        lives = {rank: m.generation for rank, m in metadata.items() if isinstance(m, LedgerHandshakeMetadata)}
+        self._sched().set_generations(lives)
+
     # -- worker side --------------------------------------------------------------
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        """This rank's generation, for the scheduler half (`set_xfer_handshake_metadata`)."""
+        return LedgerHandshakeMetadata(generation=self._work().generation) if self.worker is not None else None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._work().register_kv_caches(kv_caches, self._num_blocks, self._layer_groups, mamba=self._mamba)

@@ -286,11 +286,13 @@ class WorkerCore(PeerMessages):
         return errors
 
     def _producing(self, request_id: ReqId) -> bool:
-        """Whether `request_id` is a live producer side of this rank (whose finished notice must be kept)."""
+        """Whether `request_id` is a producer side of this rank whose finished notice must be kept: live, or
+        decided in this step before the poll acted on its release (a write that failed at once in
+        wait_for_save: its release is reported by the poll right after, and needs the notice)."""
         tid = self.index.get(request_id)
         if tid is None:
             return False
-        t = self._live(tid)
+        t = self.state.transfers.get((self.source, tid))
         return t is not None and t.role == "producer"
 
     def poll(self, now: float) -> None:
@@ -330,6 +332,7 @@ class WorkerCore(PeerMessages):
             self.index.forget(release.request_id, tid)
             self._give_up(tid)
             self._confirming.pop(tid, None)
+            self._relinking.pop(tid, None)
             self.waiting.drop(tid)
             self._step_saves.pop(tid, None)
             peer = self.peers.pop(tid, None)

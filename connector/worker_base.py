@@ -27,7 +27,7 @@ from connector.messages import (
 )
 from connector.metadata import PeerRef
 from connector.ports import holder_ranks, rank_port
-from connector.reasons import REASON_NOT_SENT, REASON_PEER_NOT_ALLOWED, REASON_WAIT_FULL
+from connector.reasons import REASON_NOT_SENT, REASON_PEER_NOT_ALLOWED, REASON_PEER_RESTARTED, REASON_WAIT_FULL
 from connector.store import abandon_inherited
 from connector.transports.base import TransferHandle, Transport
 from connector.waiting import WaitingRoom
@@ -52,6 +52,8 @@ class RemoteTarget:
     prompt_digest: str | None = None
     block_groups: tuple[int, ...] | None = None
     """Hybrid models: `block_ids` per KV cache group, as counts (None: one group)."""
+    generation: int = 0
+    """The consumer rank's life that sent them (the message's `generation`): written only over a link to it."""
 
 
 @dataclass
@@ -62,6 +64,9 @@ class Inflight:
     read_failed: bool = False
     read_failed_terminally: bool = False
     """A terminal failure of this read was recorded (a second one would be a late event)."""
+    peer: PeerKey | None = None
+    link: PeerLink | None = None
+    """The peer rank and the link its batches went over: a failure meaning the peer is gone forgets that link."""
 
 
 class WorkerBase:
@@ -125,11 +130,22 @@ class WorkerBase:
         (`PeerMessages._take_messages`; at most POLL_IDS_MAX)."""
         self._unmapped_room = 0
         """How many more never-mapped sides this poll's messages may open (`PeerMessages._may_record`)."""
+        self._relinking: dict[TransferId, int] = {}
+        """Transfers that found their peer's link from another life than they name and asked for a new
+        handshake: the link serial they doubted (a link adopted since that still differs fails them). Dropped
+        at release."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
         if config.role == "producer" and config.refuse_released_reads:
             transport.set_hold_check(self._holds)
+
+    @property
+    def generation(self) -> int:
+        """This rank's life (`connector/generation.py`): its channel stamps every message and the handshake
+        metadata with it, and its tcp transport's endpoint carries the same (`assemble.build_worker` draws it
+        once for both)."""
+        return self.channel.generation
 
     def _live(self, tid: TransferId) -> TransferState | None:
         t = self.state.live.get((self.source, tid))
@@ -181,13 +197,19 @@ class WorkerBase:
         session = self.transport.connect(endpoint, [layer.region for layer in metadata.layers])
         return PeerLink(metadata, session, {layer.name: layer.geometry for layer in metadata.layers})
 
-    def _link(self, tid: TransferId, peer: PeerKey, now: float | None) -> PeerLink | None:
-        """The link with `peer` if its handshake completed, else None with `tid` parked until it does (or
-        failed at once, for a peer outside the allow-list). Never waits. `now` None: the forward's hot
-        path, which records nothing (the transfer is parked with the next poll's clock)."""
+    def _link(self, tid: TransferId, peer: PeerKey, now: float | None, generation: int = 0) -> PeerLink | None:
+        """The link with `peer` if its handshake completed and it is of the life `generation` names (0: any),
+        else None with `tid` parked until it is (or failed: a peer outside the allow-list, a life that is
+        over). Never waits. `now` None: the forward's hot path, which records nothing (the transfer is parked
+        with the next poll's clock)."""
         link = self.linker.link(peer, now if now is not None else self._last_now)
         if link is not None:
-            return link
+            if not generation or link.generation == generation:
+                if self._relinking:
+                    self._relinking.pop(tid, None)
+                return link
+            if not self._relink(tid, peer, link, generation, now):
+                return None
         if not self.config.may_dial(*peer):
             self._fail(tid, f"{REASON_PEER_NOT_ALLOWED}: {peer[0]}:{peer[1]}", now)
             return None
@@ -195,6 +217,25 @@ class WorkerBase:
         if not self.waiting.park(tid, peer, at + self.config.transfer_timeout_s):
             self._fail(tid, f"{REASON_WAIT_FULL} ({LINK_WAIT_MAX})", now)
         return None
+
+    def _relink(self, tid: TransferId, peer: PeerKey, link: PeerLink, generation: int, now: float | None) -> bool:
+        """`tid` names another life of `peer` than its link: True when it should wait for a new handshake (the
+        link is forgotten and one starts, off the step); False when it failed, because the life it names is
+        over (a handshake since showed another), so no link will ever have its layout."""
+        state = self.linker.states[peer]
+        asked = self._relinking.get(tid)
+        if generation in state.ended or (asked is not None and state.serial > asked):
+            self._relinking.pop(tid, None)
+            self.counters["transfers_peer_restarted"] += 1
+            # The linker logged the restart once (`Linker.adopt`); each transfer it ends is an event, not a line.
+            detail = f"the peer is generation {link.generation}, the transfer names {generation}"
+            self._fail(tid, f"{REASON_PEER_RESTARTED}: {detail}", now)
+            return False
+        self.counters["links_stale"] += 1
+        self.linker.forget(peer, link)
+        self._relinking[tid] = state.serial
+        self.linker.link(peer, now if now is not None else self._last_now)  # the new handshake starts now
+        return True
 
     def _fail(self, tid: TransferId, reason: str, now: float | None, *, retryable: bool = False) -> None:
         at = now if now is not None else self._last_now

@@ -153,7 +153,7 @@ def judge_findings(
     """Findings by code, those on a dead engine, those no injected fault explains (a non-error finding on a
     transfer in `faulted`, or an error `(code, transfer)` in `expected_errors`, is explained), and late
     notifications without their late_event."""
-    dead_sources = {source for e in storm.engines if not e.alive for source in e.events}
+    dead_sources = _dead_sources(storm)
     r.findings = {code: n for code, n in counts_by_code(findings).items() if n}
     r.findings_on_dead_engine = dict(Counter(f.code for f in findings if f.source in dead_sources))
     r.premature_releases = r.findings.get("premature_release", 0)
@@ -167,6 +167,14 @@ def judge_findings(
     r.late_faults_unreported = sorted(
         tid for tid in late_sent if tid not in late_tids and _late_message(storm, tid) in LATE_CHECKED_MESSAGES
     )
+
+
+def _dead_sources(storm: Storm) -> set[str]:
+    """The sources of processes that died (a dead engine's, a restarted engine's earlier lives' when they wrote
+    logs of their own), not those a live process continues (a restart that reopened its store)."""
+    own = {e: {ledger.source for ledger in e.ledgers} for e in (*storm.engines, *storm.retired)}
+    live = {source for e, sources in own.items() if e.alive for source in sources}
+    return {source for e, sources in own.items() if not e.alive for source in sources} - live
 
 
 def vllm_view(storm: Storm, tally: Tally, r: StormResult) -> None:
@@ -185,14 +193,18 @@ def vllm_view(storm: Storm, tally: Tally, r: StormResult) -> None:
     r.failed_reported_as_received = len(tally.failed_reported_as_received)
     r.faults_injected = _faults_injected(storm, tally)
     r.hook_us_max = round(max(e.hook_s_max for e in engines) * 1e6, 1)
+    r.stale_links = sum(e.worker.counters["links_stale"] for e in engines)
     r.forged_sent = len(tally.forged)
+    producers = [e for e in engines if e.name == storm.producer.name]  # every life of the producer
     dropped = {
         e.transfer_id
-        for e in storm.producer.events.get(storm.producer.worker.source, [])
+        for worker_source in {p.worker.source for p in producers}
+        for e in storm.producer.events.get(worker_source, [])
         if isinstance(e, Drop) and e.reason == "bad_mac"
     }
     # A producer that died before its next poll never recorded the drop (nor acted on anything).
-    unseen = tally.death_touched if tally.dead == storm.producer.name else set()
+    died = tally.dead == storm.producer.name or storm.producer.name in tally.restarted
+    unseen = tally.death_touched if died else set()
     r.forged_messages_accepted = len(tally.forged - dropped - unseen)
 
 
@@ -268,4 +280,6 @@ def _faults_injected(storm: Storm, tally: Tally) -> dict[str, int]:
         planned.update(q.faults.kinds())
     if tally.dead is not None:
         planned["peer_death"] = 1
+    if tally.restarted:
+        planned["peer_restart_layout"] = len(tally.restarted)
     return dict(sorted(planned.items()))

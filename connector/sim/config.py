@@ -13,11 +13,13 @@ from ledger.events import Mode, Role
 FaultKind: TypeAlias = Literal[
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
     "forged_release", "late_reader",
+    "peer_restart_layout",
     "silent_peer",
 ]  # fmt: skip
 FAULT_KINDS: tuple[FaultKind, ...] = (
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",
     "forged_release", "late_reader",
+    "peer_restart_layout",
     "silent_peer",
 )  # fmt: skip
 """sq_full: a burst of send-queue-full (transient) transport failures; transfer_fail: a terminal transport
@@ -29,6 +31,9 @@ mid-run (its worker closes; its scheduler stops); forged_release: someone on an 
 loopback) sends the producer a `release` for the transfer without the storm's control key; late_reader: the
 consumer request waits in a decode backlog and starts its read (READ) or sends remote_blocks (WRITE) after
 the producer's defer deadline (leases must keep the blocks held, or the read must be refused);
+peer_restart_layout: once, the engine whose KV the other moves (READ: the producer; WRITE: the consumer) dies and
+comes back on the same ports with another KV layout (twice the blocks: every V run moves): no transfer may move
+bytes with the layout the other engine learnt from its first life;
 silent_peer: the transfer's transport requests go to a peer that takes them and never answers (`sim/silent.py`):
 each holds an in-flight slot of the real tcp transport until the transfer is decided; no other transfer may be
 refused a slot for it, and every slot must come back."""
@@ -74,8 +79,9 @@ class StormConfig:
     and the connector never gives a request up: silent_peer's negative control runs this small, so that the
     slots the silent peer keeps starve every other transfer."""
     protections: bool = True
-    """False: the negative control. No leases and reads of released blocks served (the connector as it was):
-    late readers then receive other requests' KV (checksums) and the audit finds premature releases."""
+    """False: the negative control. No leases, reads of released blocks served, and engines that name no
+    generation (the connector as it was): late readers then receive other requests' KV (checksums) and the
+    audit finds premature releases; after peer_restart_layout the new life's KV is moved with the old layout."""
     start_load_before_forward: bool = False
     """vLLM (0.33) calls start_load_kv after launching the forward when no load is synchronous, as here;
     True steps the workers in the older order (start_load_kv first)."""
@@ -193,6 +199,9 @@ class StormResult:
     given up (must be 0)."""
     hook_us_max: float = 0.0
     """The longest wall time any one hook call took, in microseconds (a peer never makes a hook wait)."""
+    stale_links: int = 0
+    """Links a transfer found to be of another life of its peer than it names (peer_restart_layout), forgotten
+    and handshaken again before any byte moved."""
     problems: list[str] = field(default_factory=list)
 
     @property

@@ -16,6 +16,7 @@ takes in real time.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import Counter
@@ -29,7 +30,16 @@ from connector.ports import free_loopback_ports
 from connector.sim.config import StormConfig, engine_config
 from connector.sim.engine import SimEngine, StepReport
 from connector.sim.errors import SimulationError
-from connector.sim.faults import NO_FAULTS, DeathPlan, TransferFaults, draw_death, draw_faults, horizon_s
+from connector.sim.faults import (
+    NO_FAULTS,
+    DeathPlan,
+    RestartPlan,
+    TransferFaults,
+    draw_death,
+    draw_faults,
+    draw_restart,
+    horizon_s,
+)
 from connector.sim.integrity import checksums, prefill
 from connector.sim.limits import (
     ARRIVALS_PER_ROUND_MAX,
@@ -77,6 +87,9 @@ class Storm:
         """Per listening address: messages sent to it before its current listener started (a restart's
         listener counts what it receives from zero)."""
         self.death: DeathPlan | None = draw_death(self.rng, config)
+        self.restart: RestartPlan | None = draw_restart(self.rng, config)
+        self._restarting: SimEngine | None = None
+        """peer_restart_layout: the engine that died at the last round boundary, to come back at the next round."""
         self.requests: list[SimRequest] = []
         self.unresolved: dict[int, SimRequest] = {}
         self.by_request: dict[ReqId, SimRequest] = {}
@@ -90,9 +103,11 @@ class Storm:
     def _new_tally(self) -> Tally:
         return Tally()
 
-    def _engine(self, config: ConnectorConfig, previous: SimEngine | None = None) -> SimEngine:
+    def _engine(
+        self, config: ConnectorConfig, previous: SimEngine | None = None, *, new_layout: bool = False
+    ) -> SimEngine:
         """One engine's process on `config` (a restart passes the engine it replaces)."""
-        return SimEngine(config, self.config, self.network, previous=previous)
+        return SimEngine(config, self.config, self.network, previous=previous, new_layout=new_layout)
 
     def _build_engines(self) -> tuple[SimEngine, SimEngine]:
         """Both engines on free ports; another program may take a port between our choosing and binding it,
@@ -153,6 +168,9 @@ class Storm:
                 break
 
     def _round(self, round_number: int, now: float) -> None:
+        if self._restarting is not None:
+            self._revive(self._restarting, round_number, new_layout=True)
+            self._restarting = None
         self._arrivals(round_number, now)
         producer, consumer = self.producer, self.consumer
         if producer.alive:
@@ -164,6 +182,7 @@ class Storm:
             self._consumer_admissions(round_number, now)
             report = consumer.step(now, round_number, lambda failed: self._consumer_stopped(failed, now))
             self._on_consumer_report(report, now)
+        self._maybe_restart()
         self._maybe_die()
         self._settle(round_number + 1)
 
@@ -473,6 +492,39 @@ class Storm:
             self.unresolved.pop(request.number, None)
 
     # -- the round boundary -------------------------------------------------------------
+
+    def _maybe_restart(self) -> None:
+        """peer_restart_layout: the engine dies at this round boundary (its transfers in flight are lost with it)
+        and comes back at the start of the next round with another layout."""
+        plan = self.restart
+        if plan is None or self.tally.restarted or self.tally.dead is not None:
+            return
+        if self.tally.issued < plan.after_requests:
+            return
+        engine = self.producer if plan.role == "producer" else self.consumer
+        self.tally.restarted.append(engine.name)
+        self._kill(engine)
+        self._restarting = engine
+
+    def _revive(self, old: SimEngine, round_number: int, *, new_layout: bool = False) -> SimEngine:
+        """A new process on the same ports: fresh KV and pool, vLLM knows no request, a new generation. With a
+        store its ledgers reopen from it; without one it starts new logs, named apart (`<engine>.life<n>`) so
+        that the merged log keeps one log per source."""
+        config = old.config
+        if self.config.ledger_url is None:
+            config = dataclasses.replace(config, source_name=f"{config.engine_id}.life{old.incarnation + 1}")
+        new = self._engine(config, previous=old, new_layout=new_layout)
+        new.channel.round = round_number
+        self.retired.append(old)
+        if old is self.producer:
+            self.producer = new
+        else:
+            self.consumer = new
+        self.engines = (self.producer, self.consumer)
+        self.network.revive(old.endpoints())
+        self._sent_before[new.channel.address] = self._sent_to(new.channel.address)  # it counts from zero
+        self.tally.dead = None
+        return new
 
     def _maybe_die(self) -> None:
         death = self.death

@@ -11,6 +11,7 @@ it takes it, so the run can be replayed and compared afterwards.
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -42,6 +43,14 @@ class StepReport:
 
     outcome: WorkerOutcome
     load_errors: set[int] = field(default_factory=set)
+
+
+def sim_generation(storm: StormConfig, config: ConnectorConfig, incarnation: int) -> int:
+    """An engine's generation (`connector/generation.py`), drawn from the run's seed, the engine and its
+    incarnation so that a seed reproduces every message; 0 (none) in the negative control (`protections`)."""
+    if not storm.protections:
+        return 0
+    return zlib.crc32(f"{storm.seed}/{config.engine_id}/{incarnation}".encode()) + 1
 
 
 def _record(ledger: Ledger, events: list[Event], releases: list[Release]) -> None:
@@ -81,17 +90,29 @@ class SimEngine:
         clock: Callable[[], float] = time.time,
         previous: SimEngine | None = None,
         tombstones_max: int | None = None,
+        new_layout: bool = False,
     ) -> None:
+        """`new_layout` (peer_restart_layout): this life's KV cache has another layout than the first's: twice the
+        blocks, so every V run lies elsewhere (`integrity.make_caches`)."""
         self.config = config
+        self.incarnation: int = previous.incarnation + 1 if previous is not None else 0
+        """0 for the first process of this engine, then one more for each restart."""
+        self.generation = sim_generation(storm, config, self.incarnation)
         self.name = config.engine_id
         self.alive = True
         self.known: set[ReqId] = set()
         """vLLM's own request table (`Scheduler.requests`): a report naming another request would fail vLLM's
         `assert req_id in self.requests`. A restarted engine starts with none."""
         self.load_before_forward = storm.start_load_before_forward
-        self.pool = BlockPool(storm.blocks)
+        num_blocks = 2 * storm.blocks if new_layout else storm.blocks
+        self.pool = BlockPool(num_blocks)
         self.caches = make_caches(
-            storm.layers, storm.blocks, storm.block_size, storm.kv_heads, storm.head_dim, storm.mamba_layers
+            storm.layers,
+            num_blocks,
+            storm.block_size,
+            storm.kv_heads,
+            storm.head_dim,
+            storm.mamba_layers,
         )
         self._strides = {name: block_stride_bytes(t) for name, t in self.caches.items()}
         self._saved_layers = [name for name in self.caches if not name.endswith(MAMBA_SUFFIX)]
@@ -128,13 +149,16 @@ class SimEngine:
                 key=config.control_key,
                 may_receive_from=config.may_receive_from,
                 next_key=config.control_key_next,
+                generation=self.generation,
             )
         except BaseException:
             for ledger in ledgers:
                 ledger.close()
             raise
         try:
-            tcp = TcpTransport(config.host, config.my_port(config.transport_port), **tcp_limits(storm))
+            tcp = TcpTransport(
+                config.host, config.my_port(config.transport_port), generation=self.generation, **tcp_limits(storm)
+            )
         except BaseException:
             self.channel.close()
             for ledger in ledgers:
@@ -144,7 +168,9 @@ class SimEngine:
         self.worker = WorkerCore(config, ledgers[1], self.transport, self.channel, gated_links=True)
         mamba = sim_mamba_groups(self.caches)
         groups = {layer: g.group for g in mamba for layer in g.layers}
-        self.worker.register_kv_caches(self.caches, storm.blocks, groups, mamba=mamba)
+        self.worker.register_kv_caches(self.caches, num_blocks, groups, mamba=mamba)
+        # vLLM's EngineCore hands the workers' generations to the scheduler half once their caches are registered.
+        self.scheduler.set_generations({config.tp_rank: self.generation})
 
     def _owner_at(self, layer: str, offset: int) -> TransferId | None:
         return self.pool.owner.get(offset // self._strides[layer])

@@ -30,6 +30,11 @@ DEATH_AFTER_MIN_PERCENT = 70
 DEATH_AFTER_MAX_PERCENT = 95
 """peer_death strikes once this share of the requests was issued: late enough that most traffic ran."""
 
+RESTART_AFTER_MIN_PERCENT = 30
+RESTART_AFTER_MAX_PERCENT = 60
+"""peer_restart_layout strikes once this share of the requests was issued: transfers in flight with the old
+life, and enough after it to move many with the new one (and before peer_death's earliest)."""
+
 ENDLESS_BURST_FRACTION = 0.1
 """Of send-queue-full bursts, the share that outlasts transfer_timeout (the retries must then give up)."""
 
@@ -171,3 +176,21 @@ def draw_death(rng: random.Random, config: StormConfig) -> DeathPlan | None:
     low = max(1, config.requests * DEATH_AFTER_MIN_PERCENT // 100)
     high = max(low, config.requests * DEATH_AFTER_MAX_PERCENT // 100)
     return DeathPlan(role, rng.randint(low, high))
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """peer_restart_layout: the engine that comes back with another layout, after this many requests were issued."""
+
+    role: Literal["producer", "consumer"]
+    after_requests: int
+
+
+def draw_restart(rng: random.Random, config: StormConfig) -> RestartPlan | None:
+    """The engine whose KV the other moves restarts (READ: the producer, read from; WRITE: the consumer, written
+    to), before peer_death may strike, with traffic in flight and more to come."""
+    if "peer_restart_layout" not in config.faults:
+        return None
+    low = max(1, config.requests * RESTART_AFTER_MIN_PERCENT // 100)
+    high = max(low, config.requests * RESTART_AFTER_MAX_PERCENT // 100)
+    return RestartPlan("producer" if config.mode == "read" else "consumer", rng.randint(low, high))

@@ -48,6 +48,7 @@ class FaultyChannel(Channel):
         key: bytes | None = None,
         may_receive_from: Callable[[str], bool] | None = None,
         next_key: bytes | None = None,
+        generation: int = 0,
     ) -> None:
         super().__init__(
             host,
@@ -58,6 +59,7 @@ class FaultyChannel(Channel):
             key=key,
             may_receive_from=may_receive_from,
             next_key=next_key,
+            generation=generation,
         )
         self.address = (host, self.notify_port)
         self.network = network

@@ -19,12 +19,16 @@ MAMBA_SUFFIX = ".mamba"
 def make_caches(
     layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, mamba_layers: int = 0
 ) -> dict[str, torch.Tensor]:
-    """One block-major tensor per layer, `(num_blocks, 2, block_size, kv_heads, head_dim)` float32 (K and V
-    interleaved per block), zeroed. Block-major keeps a block's bytes in one run, so an op's first local
-    offset names its block. Mamba layers (hybrid requests) follow: one state page per block, conv then SSM
-    state, `(num_blocks, 1, 1, 3 * head_dim)`."""
+    """One tensor per layer, zeroed, laid out as vLLM's flash-attention backends lay a KV cache: K and V apart,
+    `(2, num_blocks, block_size, kv_heads, head_dim)` float32, seen block-first (a permuted view, shape
+    `(num_blocks, 2, ...)`) so that `tensor[block]` is one block's K and V. A block's V lies `num_blocks`
+    blocks after its K, so an engine that restarts with another `num_blocks` moves every V (peer_restart_layout);
+    an op's first local offset, a K run's, still names its block. Mamba layers (hybrid requests) follow: one
+    state page per block, conv then SSM state, `(num_blocks, 1, 1, 3 * head_dim)`."""
     caches = {
-        f"layers.{i}.attn": torch.zeros(num_blocks, 2, block_size, kv_heads, head_dim, dtype=torch.float32)
+        f"layers.{i}.attn": torch.zeros(2, num_blocks, block_size, kv_heads, head_dim, dtype=torch.float32).permute(
+            1, 0, 2, 3, 4
+        )
         for i in range(layers)
     }
     for i in range(layers, layers + mamba_layers):

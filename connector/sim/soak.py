@@ -159,7 +159,9 @@ class Soak(Storm):
     def _clock(self) -> float:
         return self.now
 
-    def _engine(self, config: ConnectorConfig, previous: SimEngine | None = None) -> SimEngine:
+    def _engine(
+        self, config: ConnectorConfig, previous: SimEngine | None = None, *, new_layout: bool = False
+    ) -> SimEngine:
         return SimEngine(
             config,
             self.config,
@@ -167,6 +169,7 @@ class Soak(Storm):
             clock=self._clock,
             previous=previous,
             tombstones_max=self.config.tombstones_max,
+            new_layout=new_layout,
         )
 
     def _role_engine(self, role: Role) -> SimEngine:
@@ -192,24 +195,14 @@ class Soak(Storm):
                 self._kill(engine)
                 self.timers.push("engine", now + self.rng.uniform(cfg.downtime_min_s, cfg.downtime_max_s), ("up", role))
             else:
-                self._revive(role, round_number, now)
+                self._come_back(role, round_number, now)
                 self._plan_death(now, "consumer" if role == "producer" else "producer")
 
-    def _revive(self, role: Role, round_number: int, now: float) -> None:
-        """A new process on the same config and ports: fresh KV and pool, vLLM knows no request, the ledgers
-        reopened from the store (the previous incarnation flushed them when it died)."""
-        old = self._role_engine(role)
-        new = self._engine(old.config, previous=old)
-        new.channel.round = round_number
-        self.retired.append(old)
-        if role == "producer":
-            self.producer = new
-        else:
-            self.consumer = new
-        self.engines = (self.producer, self.consumer)
-        self.network.revive(old.endpoints())
-        self._sent_before[new.channel.address] = self._sent_to(new.channel.address)  # it counts from zero
-        self.tally.dead = None
+    def _come_back(self, role: Role, round_number: int, now: float) -> None:
+        """A new process on the same config and ports (`Storm._revive`): fresh KV and pool, vLLM knows no
+        request, a new generation, the ledgers reopened from the store (the previous incarnation flushed them
+        when it died)."""
+        new = self._revive(self._role_engine(role), round_number)
         self.tally.restarts[role] += 1
         self.restarted_at[role] = now
         self.tally.refold_max = max(self.tally.refold_max, sum(new.tracked_sides().values()))

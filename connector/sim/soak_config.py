@@ -24,10 +24,13 @@ kv_load_failure_policy "recompute", so every failed load is asked again at once;
 a new request carrying a transfer id used seconds, minutes or hours before; restart: an engine dies and
 comes back, its ledgers reopened from `ledger_url`."""
 
-STORM_KINDS_IN_SOAK: tuple[FaultKind, ...] = tuple(k for k in FAULT_KINDS if k not in ("peer_death", "late_reader"))
+STORM_KINDS_IN_SOAK: tuple[FaultKind, ...] = tuple(
+    k for k in FAULT_KINDS if k not in ("peer_death", "late_reader", "peer_restart_layout")
+)
 """The storm's kinds a soak injects too. peer_death (an engine gone for good) is the storm's: a soak's
 engines come back (`restart`). late_reader is the storm's too: its waits (past the defer deadline) would
-stretch every burst's window, and the soak is about memory over hours, not about leases."""
+stretch every burst's window, and the soak is about memory over hours, not about leases. So is
+peer_restart_layout: the soak's restarts come back with the same layout (and a new generation each)."""
 
 LEDGERS = 4
 """Two engines, each a scheduler ledger and a worker ledger."""

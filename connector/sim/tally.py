@@ -26,4 +26,6 @@ class Tally:
     forged: set[TransferId] = field(default_factory=set)
     """Transfers whose producer got a forged release."""
     dead: str | None = None
+    restarted: list[str] = field(default_factory=list)
+    """Engines that died and came back with another layout (peer_restart_layout)."""
     horizon_reached: bool = False

@@ -29,6 +29,9 @@ class TransportEndpoint(msgspec.Struct, frozen=True, kw_only=True):
     host: str
     port: int
     extra: bytes = b""
+    generation: int = 0
+    """The serving rank's generation (`connector/generation.py`); 0: none. A tcp request names the one its
+    session was connected to, and a server of another life refuses it (PEER_RESTARTED)."""
 
 
 class RegionDescriptor(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +63,15 @@ class Code(IntEnum):
     another request's KV, so no byte of them was sent. Terminal: the consumer reports a load error."""
     NOT_HELD_YET = 8
     """The producer rank has not mapped the transfer yet (its metadata comes with its next step): transient."""
+    PEER_RESTARTED = 9
+    """The peer on the session's address is another life (another generation) than the one the session was
+    connected to: it restarted, maybe with another layout, so no byte was moved. Terminal; the link must be
+    handshaken again."""
+
+
+PEER_GONE: frozenset[Code] = frozenset({Code.PEER_UNREACHABLE, Code.TIMEOUT, Code.PEER_RESTARTED})
+"""Failures that mean the peer the session was made with is gone (unreachable, silent past the request's
+deadline, or restarted): the worker forgets that link, so the next transfer handshakes again."""
 
 
 @dataclass(frozen=True)

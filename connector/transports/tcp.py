@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 BACKEND = "tcp"
 
 _NOT_HELD = "transfer not held by the producer (released or expired): no bytes sent"
+_RESTARTED = "the peer restarted since the handshake (generation {} asked, {} here): no bytes moved"
 
 
 class _Request(msgspec.Struct, array_like=True):
@@ -65,6 +66,9 @@ class _Request(msgspec.Struct, array_like=True):
     spans: list[tuple[int, int]]  # (remote offset, size)
     transfer: str = ""
     """The transfer a read is for: a server with a hold check serves it only while that transfer is held."""
+    generation: int = 0
+    """The server's life the session was connected to (its endpoint's generation); 0: none named. A server of
+    another life answers PEER_RESTARTED: its regions may have another layout than the one the client read."""
 
 
 class _Reply(msgspec.Struct, array_like=True):
@@ -119,12 +123,14 @@ class TcpTransport:
         staging_bytes: int = TRANSPORT_STAGING_BYTES,
         stage_host_regions: bool = False,
         request_timeout_s: float = TRANSPORT_REQUEST_TIMEOUT_S,
+        generation: int = 0,
         inflight_max: int = TRANSPORT_INFLIGHT_MAX,
         inflight_per_peer_max: int = TRANSPORT_INFLIGHT_PER_PEER_MAX,
     ) -> None:
         """`staging_bytes`: the size of each staging buffer (limits.TRANSPORT_STAGING_BYTES says why).
-        `stage_host_regions`: move CPU regions through the staging path too, as device regions are (tests and
-        the benchmark run the device path's gather and scatter on CPU tensors with it).
+        `generation`: this rank's life (`connector/generation.py`), published in the endpoint; requests naming
+        another are refused. `stage_host_regions`: move CPU regions through the staging path too, as device
+        regions are (tests and the benchmark run the device path's gather and scatter on CPU tensors with it).
         `inflight_max`, `inflight_per_peer_max`: the bounds on requests outstanding, in total and to one peer
         (the limits' by default; the simulator scales them to its storms)."""
         self._own_context = context is None
@@ -149,7 +155,8 @@ class TcpTransport:
             port = server.bind_to_random_port(f"tcp://{host}")
         else:
             server.bind(f"tcp://{host}:{port}")
-        self._endpoint = TransportEndpoint(backend=BACKEND, host=host, port=port)
+        self._generation = generation
+        self._endpoint = TransportEndpoint(backend=BACKEND, host=host, port=port, generation=generation)
         self._server_thread = threading.Thread(
             target=self._serve, args=(server,), name=f"kvledger-tcp-server-{port}", daemon=True
         )
@@ -228,7 +235,8 @@ class TcpTransport:
             # Back-pressure is transient, like mori's send queue full: the caller retries later.
             return TransferHandle(failed(Code.SEND_QUEUE_FULL, refused, transient=True))
         op_list = list(ops)
-        request = _Request(next(self._ids), op, remote, [(ro, size) for _, ro, size in op_list], transfer_id)
+        spans = [(ro, size) for _, ro, size in op_list]
+        request = _Request(next(self._ids), op, remote, spans, transfer_id, session.endpoint.generation)
         frames: list[Any] = [_req_encoder.encode(request)]
         ready = ready_marker(region) if region.staged else None
         if op == "write" and not region.staged:
@@ -414,6 +422,10 @@ class TcpTransport:
             request = _req_decoder.decode(frames[1].buffer)
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             return [identity, msgspec.msgpack.encode(_Reply(0, Code.BAD_REQUEST, f"bad header: {error}"))]
+        if request.generation and request.generation != self._generation:
+            # Checked before anything else: the client's offsets and sizes are another life's layout.
+            message = _RESTARTED.format(request.generation, self._generation)
+            return [identity, msgspec.msgpack.encode(_Reply(request.id, Code.PEER_RESTARTED, message))]
         region = self._regions.get(request.region)
         if region is None:
             return [

@@ -94,6 +94,8 @@ class Side:
         worker = build_worker(config)
         caches = make_caches(fill, seed)
         worker.register_kv_caches(caches, NUM_BLOCKS)
+        # As vLLM's EngineCore hands the workers' handshake metadata to the scheduler half once they registered.
+        scheduler.set_generations({config.tp_rank: worker.generation})
         return cls(scheduler, worker, caches)
 
     def step(self, now: float) -> WorkerOutcome:

@@ -45,11 +45,12 @@ def _wait_for(condition: Callable[[], bool]) -> bool:
 def test_a_signed_message_verifies_and_any_change_breaks_it() -> None:
     release = ReleaseBlocks(transfer_id=TransferId("tx-1"), rank=0, consumer_tp_size=1)
     signed = messages.sign(release, KEY)
-    assert signed.mac and signed.version == MESSAGE_VERSION == 5
+    assert signed.mac and signed.version == MESSAGE_VERSION == 6
     assert messages.authentic(signed, KEY)
     assert not messages.authentic(release, KEY)  # no MAC
     assert not messages.authentic(signed, OTHER_KEY)  # another key
     assert not messages.authentic(msgspec.structs.replace(signed, rank=1), KEY)  # content changed
+    assert not messages.authentic(msgspec.structs.replace(signed, generation=7), KEY)  # the sender's life changed
     decoded = messages.decode(messages.encode(signed))
     assert isinstance(decoded, ReleaseBlocks) and messages.authentic(decoded, KEY)
     assert messages.authentic(release, None)  # without a key every message passes (and start says so)

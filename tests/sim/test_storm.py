@@ -39,7 +39,9 @@ def test_full_storm_holds_nothing_and_hangs_nothing(storms: list[StormResult]) -
         assert r.problems == [], f"seed {r.seed} {r.mode}: {r.problems}"
         assert r.leaked_blocks == 0 and r.double_releases == 0 and r.premature_releases == 0
         assert r.hung_requests == 0 and r.integrity_failures == 0 and r.failed_reported_as_received == 0
-        assert r.integrity_checked > 1000  # most transfers completed and were checked byte for byte
+        # Many transfers completed and were checked byte for byte: two engines die mid-run (peer_death, and
+        # peer_restart_layout's first life), each taking a concurrency's worth of transfers with it.
+        assert r.integrity_checked > r.requests // 3
         assert r.replay_matches
 
 
