@@ -56,7 +56,6 @@ message's `generation`, its sender's life)."""
 FORGED_RECORDS_MAX = 1024
 """Dropped (forged or unlisted) control messages a channel keeps for the worker's next poll to record."""
 
-MESSAGE_BYTES_MAX = 1 << 20
 REFUSALS_LOGGED_PER_SENDER = 3
 """Refused control messages a channel logs one by one for each sender; after these it only counts them (each is
 still a counter and a `drop` event): whoever can reach the port cannot flood the engine's log."""
@@ -64,6 +63,7 @@ still a counter and a `drop` event): whoever can reach the port cannot flood the
 REFUSAL_SENDERS_LOGGED_MAX = 1024
 """Senders a channel keeps a refusal count for; refusals from senders past these are counted, not logged."""
 
+MESSAGE_BYTES_MAX = 1 << 20
 """A notification larger than this is counted and dropped (a block list of 100k ids is ~500 KB)."""
 
 MESSAGE_BYTES_HARD_MAX = 4 * MESSAGE_BYTES_MAX
