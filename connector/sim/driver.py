@@ -243,9 +243,7 @@ class Storm:
                 "remote_engine_id": p.engine_id,
             })  # fmt: skip
             request.handed_over = True  # the decode engine allocates first and tells the prefill where to write
-        self.network.transfers.add(tid)
-        if faults is not NO_FAULTS:
-            self.network.plans[tid] = faults
+        self.network.issue(tid, None if faults is NO_FAULTS else faults)
         if self.tally.dead is not None:
             self.tally.death_touched.add(tid)
         self.requests.append(request)

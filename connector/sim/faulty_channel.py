@@ -114,7 +114,13 @@ class FaultyChannel(Channel):
         self._held = [h for h in self._held if h[0] > round_number]
         for _, host, port, message, kind in due:
             tid: TransferId | None = getattr(message, "transfer_id", None)
-            if kind == "late" and tid is not None and not self.network.is_dead(host, port):
+            # A receiver restarted since the transfer started never knew it: no late_event is due there.
+            if (
+                kind == "late"
+                and tid is not None
+                and not self.network.is_dead(host, port)
+                and self.network.knew(host, port, tid)
+            ):
                 self.late_sent[tid] = (host, port)
             self._transmit(host, port, message)
 
