@@ -194,6 +194,31 @@ def test_tcp_serves_a_read_only_while_its_transfer_is_held() -> None:
         consumer.close()
 
 
+def test_tcp_answers_a_request_whose_hold_check_raised_and_serves_on() -> None:
+    producer, consumer = TcpTransport("127.0.0.1", 0), TcpTransport("127.0.0.1", 0)
+    try:
+        src, dst = torch.arange(64, dtype=torch.float32), torch.zeros(64)
+        remote = producer.register("kv", src)
+        consumer.register("kv", dst)
+        session = consumer.connect(producer.endpoint(), [remote])
+
+        def held(tid: str) -> bool | None:
+            if tid == "broken":
+                raise KeyError(tid)
+            return True
+
+        producer.set_hold_check(held)
+        broken = consumer.read(session, "kv", "kv", [(0, 0, 64)], transfer_id="broken")
+        assert consumer.wait_all([broken], WAIT_S)
+        assert broken.status().code == Code.REMOTE_ERROR and "broken" in broken.status().message
+        served = consumer.read(session, "kv", "kv", [(0, 0, 64)], transfer_id="fine")
+        assert consumer.wait_all([served], WAIT_S)
+        assert served.status().succeeded() and torch.equal(dst[:16], src[:16])
+    finally:
+        producer.close()
+        consumer.close()
+
+
 # -- one-sided reads (mori, on the fake mori.io): confirmed with the producer before and after ------------------
 
 
