@@ -83,6 +83,12 @@ def demo_command(
         dead = dict(result.findings_on_dead_engine)
         alive = {k: v - dead.get(k, 0) for k, v in result.findings.items()}
         out.print(f"audit findings on the live engines (both sides' merged logs): {_counts(alive)}")
+        restarts = result.faults_injected.get("peer_restart_layout", 0)
+        if restarts:
+            out.print(f"engines restarted with a new layout: {restarts} (stale links made again: {result.stale_links})")
+        if result.silent_requests:
+            out.print(f"requests to a silent peer: {result.silent_requests}; other transfers starved of a slot: "
+                      f"{result.starved_transfers}; slots still held: {result.inflight_leaked}")  # fmt: skip
         if result.dead_engine is not None:
             # The audit's code for a side held past its deadline is `leak` wherever it is; on a lost engine
             # those sides died with it, so they are named for what they are, not listed as leaks.
@@ -108,7 +114,6 @@ def demo_command(
 def run_demo_storm(directory: Path, *, requests: int, concurrency: int, seed: int, mode: str) -> tuple[Any, Any]:
     """The demo's storm on a fresh SQLite ledger and incident log in `directory`: (StormResult, StormConfig)."""
     # The CLI is the one place that composes the packages: the simulator lives with the connector.
-    from kvledger.connector.channel import REFUSED_LOGGER
     from kvledger.connector.sim import StormConfig, run_storm
 
     if directory.exists():
@@ -121,15 +126,27 @@ def run_demo_storm(directory: Path, *, requests: int, concurrency: int, seed: in
         ledger_url=f"sqlite:///{directory / 'ledger.db'}", incident_log=directory / "incident.jsonl",
         start_ts=float(int(time.time())),
     )  # fmt: skip
-    # The storm forges messages on purpose; its summary counts them. A deployment keeps the channel's refusal
-    # log, since there a forged message is news (connector/channel.py logs the first few from each sender).
-    refused = logging.getLogger(REFUSED_LOGGER)
-    level = refused.level
-    refused.setLevel(logging.ERROR)
+    # The storm forges messages, restarts and kills engines on purpose; its summary counts each. A deployment keeps
+    # these warnings (a forged message, a peer's restart, transfers a restart failed), since there each is news.
+    quieted = storm_expected_loggers()
+    levels = [logger.level for logger in quieted]
+    for logger in quieted:
+        logger.setLevel(logging.ERROR)
     try:
         return run_storm(config), config
     finally:
-        refused.setLevel(level)
+        for logger, level in zip(quieted, levels, strict=True):
+            logger.setLevel(level)
+
+
+def storm_expected_loggers() -> list[logging.Logger]:
+    """The loggers whose warnings the demo's storm causes on purpose; its summary counts what they say: forged
+    releases (each a counter and a drop event), a peer restarted with a new layout (its link found stale), the
+    transfers a restarted engine's previous process held (failed)."""
+    from kvledger.connector import linker, store
+    from kvledger.connector.channel import REFUSED_LOGGER
+
+    return [logging.getLogger(REFUSED_LOGGER), linker.log, store.log]
 
 
 DEMO_AUDIT_ROUNDING_S = 1.0
