@@ -231,13 +231,21 @@ def _leak_marks(deadlines: Sequence[float], x: Scale) -> list[tuple[float, int]]
 
 
 def _end_labels(ends: list[tuple[float, str, str, str]], x: float, y_min: float, y_max: float) -> list[str]:
-    """Each line's name at its right end, nudged apart so that none overlap."""
-    out, previous = [], y_min - LABEL_GAP_PX
-    for y, source, state, color in sorted(ends):
-        y = min(max(y + 4, previous + LABEL_GAP_PX), y_max + 20)
-        previous = y
-        out.append(element("text", f"{source} · {state}", x=x, y=y, fill=color, class_="end-label"))
-    return out
+    """Each line's name at its right end, nudged apart so that none overlap: pushed down past the one above, then,
+    where that ran past the plot's foot, the bunch lifted from the bottom up (lines that end at one level, often
+    0, would otherwise stack their labels on one spot)."""
+    ordered = sorted(ends)
+    ys: list[float] = []
+    for y, *_ in ordered:
+        ys.append(max(y + 4, ys[-1] + LABEL_GAP_PX) if ys else max(y + 4, y_min))
+    limit = y_max + 20
+    for i in range(len(ys) - 1, -1, -1):
+        limit = min(ys[i], limit)
+        ys[i], limit = limit, limit - LABEL_GAP_PX
+    return [
+        element("text", f"{source} · {state}", x=x, y=y, fill=color, class_="end-label")
+        for y, (_, source, state, color) in zip(ys, ordered, strict=True)
+    ]
 
 
 def latency_plot(
