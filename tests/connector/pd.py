@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,16 @@ class EnginePorts:
         return PeerEngine(
             host="127.0.0.1", handshake_port=self.handshake, notify_port=self.notify, transport_port=self.transport
         )
+
+
+def wait_for(condition: Callable[[], bool], wait_s: float) -> bool:
+    """Poll until `condition` holds (a listener thread is real): a bound on waiting, not a timed assertion."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
 
 
 def make_config(role: Role, mode: Mode, mine: EnginePorts, theirs: EnginePorts, **overrides: Any) -> ConnectorConfig:

@@ -7,8 +7,6 @@ key, or with another key: it is dropped, counted, recorded as a `drop` event and
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,21 +23,11 @@ from kvledger.connector.params import parse_params
 from kvledger.connector.ports import free_loopback_ports
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Drop, ReqId, TransferId
-from tests.connector.pd import EnginePorts, Side, Ticks, make_config, run_until
+from tests.connector.pd import EnginePorts, Side, Ticks, make_config, run_until, wait_for
 
 KEY = b"k" * 32
 OTHER_KEY = b"x" * 32
 WAIT_S = 10.0
-
-
-def _wait_for(condition: Callable[[], bool]) -> bool:
-    """Poll until `condition` holds (the listener thread is real); a bound on waiting, not a timed assertion."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 def test_a_signed_message_verifies_and_any_change_breaks_it() -> None:
@@ -79,7 +67,9 @@ def test_the_channel_drops_and_counts_unsigned_and_wrongly_signed_messages() -> 
         assert stranger.send("127.0.0.1", notify, forged)  # a MAC under another key
         good = ReleaseBlocks(transfer_id=TransferId("tx-good"), rank=0, consumer_tp_size=1)
         assert friend.send("127.0.0.1", notify, good)
-        assert _wait_for(lambda: listener.counters["received"] == 1 and listener.counters["dropped_bad_mac"] == 2)
+        assert wait_for(
+            lambda: listener.counters["received"] == 1 and listener.counters["dropped_bad_mac"] == 2, WAIT_S
+        )
         (delivered,) = listener.drain()
         assert delivered.transfer_id == "tx-good" and messages.authentic(delivered, KEY)
         dropped = listener.take_dropped()
@@ -100,7 +90,7 @@ def test_a_flood_of_forged_messages_logs_the_first_few_and_counts_and_records_th
         try:
             for i in range(flood):
                 _raw_send(notify, ReleaseBlocks(transfer_id=TransferId(f"tx-{i}"), rank=0, consumer_tp_size=1))
-            assert _wait_for(lambda: listener.counters["dropped_bad_mac"] == flood)
+            assert wait_for(lambda: listener.counters["dropped_bad_mac"] == flood, WAIT_S)
             assert [d.transfer_id for d in listener.take_dropped()] == [f"tx-{i}" for i in range(flood)]
         finally:
             listener.close()
@@ -116,7 +106,7 @@ def test_a_sender_outside_the_allow_list_is_dropped_even_with_the_key() -> None:
     friend = Channel("127.0.0.1", 0, 0, lambda host, port: True, key=KEY)
     try:
         assert friend.send("127.0.0.1", notify, ReleaseBlocks(transfer_id=TransferId("t"), rank=0, consumer_tp_size=1))
-        assert _wait_for(lambda: listener.counters["dropped_sender_not_allowed"] == 1)
+        assert wait_for(lambda: listener.counters["dropped_sender_not_allowed"] == 1, WAIT_S)
         assert listener.drain() == []
     finally:
         friend.close()
@@ -143,7 +133,7 @@ def test_handshake_metadata_under_another_key_is_refused() -> None:
     try:
         # The listener drops the request (its MAC is under KEY), so the dialer waits its timeout for nothing.
         assert dialer.handshake("127.0.0.1", hs, me, timeout_s=0.5) is None
-        assert _wait_for(lambda: listener.counters["dropped_bad_mac"] == 1)
+        assert wait_for(lambda: listener.counters["dropped_bad_mac"] == 1, WAIT_S)
     finally:
         dialer.close()
         listener.close()
@@ -226,7 +216,7 @@ def test_a_flood_of_forged_messages_is_taken_a_bounded_number_per_poll(monkeypat
     try:
         for i in range(5):
             _raw_send(prod.notify, ReleaseBlocks(transfer_id=TransferId(f"tx-{i}"), rank=0, consumer_tp_size=1))
-        assert _wait_for(lambda: producer.worker.channel.counters["dropped_bad_mac"] == 5)
+        assert wait_for(lambda: producer.worker.channel.counters["dropped_bad_mac"] == 5, WAIT_S)
 
         def drops() -> int:
             return sum(1 for e in producer.worker.ledger.log.since(0) if isinstance(e, Drop))

@@ -6,7 +6,6 @@ loopback; engines restarted on their own ports, as a rolling restart does)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from kvledger.connector.config import ConfigError, from_extra_config
 from kvledger.connector.messages import ReleaseBlocks
 from kvledger.connector.ports import free_loopback_ports
 from kvledger.ledger.events import TransferId
+from tests.connector.pd import wait_for
 
 WAIT_S = 10.0
 K1 = b"first-key-" * 4
@@ -80,15 +80,6 @@ def test_what_cannot_be_a_key_is_a_config_error_naming_the_setting(
     assert config.control_key == config.control_key_next == K1 and K1.decode() not in repr(config)
 
 
-def _wait_for(condition: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
-
-
 class _Engine:
     """One rank's channel, restarted on its own ports with new keys as a rolling restart does."""
 
@@ -144,7 +135,7 @@ def _rotate(steps: list[tuple[str, bytes, bytes | None]], burst: int) -> tuple[i
                 taken = engines["a"].taken | engines["b"].taken
                 return all(tid in taken for tid in sent)
 
-            _wait_for(lambda: arrived() or (sum(e.bad_mac for e in engines.values()) > 0 and _settled()))
+            wait_for(lambda: arrived() or (sum(e.bad_mac for e in engines.values()) > 0 and _settled()), WAIT_S)
             taken = engines["a"].taken | engines["b"].taken
             missing += [tid for tid in sent if tid not in taken]
         return sum(e.bad_mac for e in engines.values()), missing

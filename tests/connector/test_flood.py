@@ -6,9 +6,8 @@ sides (each an `orphan_ack` the audit reports), and past that are counted, not r
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from kvledger.connector.params import parse_params
 from kvledger.connector.ports import free_loopback_ports
 from kvledger.ledger.audit import AuditConfig, audit
 from kvledger.ledger.events import Ack, Expire, ReqId, TransferId
-from tests.connector.pd import EnginePorts, Side, make_config
+from tests.connector.pd import EnginePorts, Side, make_config, wait_for
 
 KEY = b"f" * 32
 WAIT_S = 20.0
@@ -31,16 +30,6 @@ SEND_BATCH = 200
 """Messages sent before waiting for them to arrive (under ZMQ's high-water mark of 1000)."""
 
 LEASE_COUNTERS = ("lease_renewals", "lease_renewals_for_unheld", "lease_renewals_wrong_consumer")
-
-
-def _wait_for(condition: Callable[[], bool]) -> bool:
-    """Poll until `condition` holds (the listener thread is real); a bound on waiting, not a timed assertion."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 class Flood:
@@ -81,7 +70,7 @@ class Flood:
         channel = self.worker.channel
         for message in batch:
             assert self.sender.send("127.0.0.1", self.prod.notify, message)
-        assert _wait_for(lambda: channel.counters["received"] == expected)
+        assert wait_for(lambda: channel.counters["received"] == expected, WAIT_S)
 
     def poll(self) -> None:
         self.now += 0.01
@@ -138,7 +127,7 @@ def test_a_lease_naming_more_ids_than_the_bound_is_refused_as_malformed(flood: F
     channel = flood.worker.channel
     oversize = _lease(flood, [f"tx-{i % HELD}" for i in range(LEASE_IDS_PER_MESSAGE_MAX + 1)])
     assert flood.sender.send("127.0.0.1", flood.prod.notify, oversize)
-    assert _wait_for(lambda: channel.counters["dropped_malformed"] == 1)
+    assert wait_for(lambda: channel.counters["dropped_malformed"] == 1, WAIT_S)
     flood.poll()
     assert channel.counters["received"] == 0
     assert not any(isinstance(e, Ack) for e in flood.events()), "a refused lease held a transfer"

@@ -6,7 +6,6 @@ not from any other peer that holds the key."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -16,22 +15,12 @@ from kvledger.connector.messages import LeaseRenew, RankAddress, ReleaseBlocks
 from kvledger.connector.params import parse_params
 from kvledger.connector.ports import free_loopback_ports
 from kvledger.ledger.events import Ack, ReqId, TransferId
-from tests.connector.pd import EnginePorts, Side, Ticks, make_config
+from tests.connector.pd import EnginePorts, Side, Ticks, make_config, wait_for
 
 KEY = b"k" * 32
 WAIT_S = 10.0
 TID = TransferId("tx-bound")
 STEP_S = 0.25
-
-
-def _wait_for(condition: Callable[[], bool]) -> bool:
-    """Poll until `condition` holds (the listener thread is real); a bound on waiting, not a timed assertion."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return condition()
 
 
 def test_a_release_signed_for_rank_0_and_replayed_to_rank_1_is_refused() -> None:
@@ -51,7 +40,7 @@ def test_a_release_signed_for_rank_0_and_replayed_to_rank_1_is_refused() -> None
         _, recorded = rank0.recv_multipart()
         replayer.connect(f"tcp://127.0.0.1:{rank1_notify}")
         replayer.send(recorded)  # the same bytes, MAC and all, to rank 1
-        assert _wait_for(lambda: sum(rank1.counters.values()) >= 1)
+        assert wait_for(lambda: sum(rank1.counters.values()) >= 1, WAIT_S)
         time.sleep(0.05)  # a wrongly accepted message would be counted by now as well
         assert rank1.drain() == [], "rank 1 took a release that was signed for rank 0"
         assert rank1.counters["dropped_wrong_receiver"] == 1
@@ -63,7 +52,7 @@ def test_a_release_signed_for_rank_0_and_replayed_to_rank_1_is_refused() -> None
         )
         # Sent to rank 1 itself, the same release is taken.
         assert consumer.send("127.0.0.1", rank1_notify, release)
-        assert _wait_for(lambda: rank1.counters["received"] == 1)
+        assert wait_for(lambda: rank1.counters["received"] == 1, WAIT_S)
         (taken,) = rank1.drain()
         assert isinstance(taken, ReleaseBlocks) and taken.transfer_id == "tx-replayed"
     finally:
@@ -90,7 +79,7 @@ def _leased_pair() -> tuple[Side, Side, EnginePorts]:
 def _delivered(sender: Side, receiver: Side) -> None:
     """Wait (bounded) until what `sender` queued reached `receiver`'s listener: the clock decides, not threads."""
     sent = sender.worker.channel.counters["sent"]
-    _wait_for(lambda: receiver.worker.channel.counters["received"] >= sent)
+    wait_for(lambda: receiver.worker.channel.counters["received"] >= sent, WAIT_S)
 
 
 def _leases(producer: Side) -> int:
@@ -119,7 +108,7 @@ def test_a_lease_renewal_from_another_key_holder_does_not_hold_the_transfer() ->
         received = producer.worker.channel.counters["received"]
         assert intruder.send("127.0.0.1", prod.notify, LeaseRenew(transfer_ids=(TID,), rank=0, sender=me))
         assert intruder.send("127.0.0.1", prod.notify, LeaseRenew(transfer_ids=(TID,), rank=0))
-        assert _wait_for(lambda: producer.worker.channel.counters["received"] == received + 2)
+        assert wait_for(lambda: producer.worker.channel.counters["received"] == received + 2, WAIT_S)
         producer.worker.poll(clock())
         assert _leases(producer) == renewed, "a renewal from a peer the transfer was not handed to held it"
         assert producer.worker.counters["lease_renewals_wrong_consumer"] == 1
