@@ -10,11 +10,13 @@ from pathlib import Path
 
 import msgspec
 
+import kvledger.ledger
 import kvledger.ledger.events
 import kvledger.ledger.transfer_state
 from kvledger.ledger.compiled import struct_layout_holds
 
-PXD = (Path(__file__).resolve().parent.parent.parent / "ledger" / "structs.pxd").read_text()
+PXD = (Path(kvledger.ledger.__file__).parent / "structs.pxd").read_text()
+"""Beside the package wherever it is loaded from (a checkout, or the mutation benchmark's copy)."""
 
 
 def _declared() -> dict[str, list[str]]:
