@@ -11,6 +11,6 @@ cdef class HoldingSeries:
     cdef public object end_ts
     cdef public dict _buckets
 
-    @cython.locals(buckets=dict, bucket=list)
+    @cython.locals(buckets=dict, bucket=list, newest=Py_ssize_t)
     cpdef observe(self, object ts, object source, Py_ssize_t held)
     cdef _widen(self, object index)

@@ -2,7 +2,10 @@
 
 Fed as the fold goes (`observe` after each map or release), so a plot never refolds or rereads the log.
 Each bucket keeps the peak and the last value seen in it: the peak so a short spike is never smoothed
-away, the last so an empty bucket after it carries the right level. When the log's span outgrows
+away, the last so an empty bucket after it carries the right level. A source's levels follow the fold's
+order, not the stamps: one stamped before the source's newest bucket (its clock stepped back; a restarted
+process failed what its previous one held at a stamp ahead of what it recorded next) lands in that bucket, so
+a source's last level is always the blocks the fold says it holds now. When the log's span outgrows
 `SERIES_POINTS_MAX` buckets, the width doubles and neighbours merge (peak of both, last of the later):
 memory is bounded however long the log, and the resolution is the finest that fits.
 """
@@ -52,6 +55,12 @@ class HoldingSeries:
         buckets = self._buckets.get(source)
         if buckets is None:
             buckets = self._buckets[source] = {}
+        elif buckets:
+            # Buckets are added in time order (`_widen` and `from_plain` keep it): the last is the newest. An
+            # earlier-stamped level lands there, else a bucket in the past would hold the source's level now.
+            newest = next(reversed(buckets))
+            if index < newest:
+                index = newest
         bucket = buckets.get(index)
         if bucket is None:
             buckets[index] = [held, held]
@@ -88,7 +97,7 @@ class HoldingSeries:
         points_max, bucket_s, start_ts, end_ts, buckets = plain
         series = cls(points_max, bucket_s)
         series.start_ts, series.end_ts = start_ts, end_ts
-        series._buckets = {source: {i: [peak, last] for i, peak, last in b} for source, b in buckets}
+        series._buckets = {source: {i: [peak, last] for i, peak, last in sorted(b)} for source, b in buckets}
         return series
 
     @property

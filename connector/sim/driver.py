@@ -66,6 +66,8 @@ class Storm:
 
     def __init__(self, config: StormConfig) -> None:
         self.config = config
+        self.now = config.start_ts
+        """The simulated clock: the round's time, which every hook is given and the engines' ledgers read."""
         self.rng = random.Random(config.seed)
         self.network = SimNetwork()
         self.silent: SilentPeer | None = SilentPeer() if "silent_peer" in config.faults else None
@@ -106,8 +108,13 @@ class Storm:
     def _engine(
         self, config: ConnectorConfig, previous: SimEngine | None = None, *, new_layout: bool = False
     ) -> SimEngine:
-        """One engine's process on `config` (a restart passes the engine it replaces)."""
-        return SimEngine(config, self.config, self.network, previous=previous, new_layout=new_layout)
+        """One engine's process on `config` (a restart passes the engine it replaces). Its ledgers read the
+        simulated clock: a restart fails what the previous process held at the round's time, not the wall
+        clock's, which runs apart from it (the failures would be stamped after the new life's events)."""
+        return SimEngine(config, self.config, self.network, clock=self._clock, previous=previous, new_layout=new_layout)
+
+    def _clock(self) -> float:
+        return self.now
 
     def _build_engines(self) -> tuple[SimEngine, SimEngine]:
         """Both engines on free ports; another program may take a port between our choosing and binding it,
@@ -157,6 +164,7 @@ class Storm:
         tail = TAIL_ROUNDS
         for round_number in range(ROUNDS_MAX):
             now = cfg.start_ts + round_number * cfg.step_s
+            self.now = now
             tally.rounds, tally.final_now = round_number + 1, now
             self._round(round_number, now)
             if self._quiet():

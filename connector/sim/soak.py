@@ -135,7 +135,6 @@ class Soak(Storm):
     def __init__(self, config: SoakConfig) -> None:
         if "restart" in config.soak_faults and config.ledger_url is None:
             raise ValueError("a soak with restarts needs a ledger_url to reopen the ledgers from")
-        self.now = config.start_ts
         self.timers = Timers()
         super().__init__(config)
         self.ever_mapped: dict[Role, dict[TransferId, float]] = {"producer": {}, "consumer": {}}
@@ -155,9 +154,6 @@ class Soak(Storm):
 
     def _new_tally(self) -> Tally:
         return SoakTally()
-
-    def _clock(self) -> float:
-        return self.now
 
     def _engine(
         self, config: ConnectorConfig, previous: SimEngine | None = None, *, new_layout: bool = False

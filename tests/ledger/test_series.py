@@ -27,3 +27,19 @@ def test_bounded_and_the_highest_peak_is_kept(observations: list[tuple[float, in
     assert max(p.peak for p in points) == max(held for _, held in ordered)
     assert points[-1].last == ordered[-1][1]
     assert series.start_ts == ordered[0][0] and series.end_ts == ordered[-1][0]
+
+
+@given(st.lists(st.tuples(st.floats(0, 1e5), st.integers(0, 10_000)), min_size=1, max_size=300))
+def test_the_last_level_is_the_last_observed_whatever_the_stamps(observations: list[tuple[float, int]]) -> None:
+    """A source's clock may step back (or a restarted process stamp its first events ahead of its next ones):
+    the series' last level is still the last one the fold told it, the blocks the source holds now, and a
+    snapshot's round trip keeps the rule for what comes after it."""
+    series = HoldingSeries(points_max=16, bucket_s=0.01)
+    for i, (ts, held) in enumerate(observations):
+        series.observe(ts, "s", held)
+        assert series.points("s")[-1].last == held
+        if i == len(observations) // 2:
+            series = HoldingSeries.from_plain(series.to_plain())
+    points = series.points("s")
+    assert 1 <= len(points) <= 16
+    assert max(p.peak for p in points) == max(held for _, held in observations)

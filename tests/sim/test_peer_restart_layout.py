@@ -6,10 +6,14 @@ new life's KV with the old layout and reports the wrong bytes as received."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from kvledger.connector.reasons import REASON_ENGINE_RESTARTED
 from kvledger.connector.sim import StormConfig, run_storm
-from kvledger.ledger.events import Mode
+from kvledger.ledger.events import Fail, Mode
+from kvledger.ledger.store.connect import open_store
 
 SMALL = dict(seed=5, requests=300, concurrency=64, faults=frozenset({"peer_restart_layout"}))
 
@@ -30,3 +34,28 @@ def test_the_negative_control_moves_the_new_life_with_the_old_layout(mode: Mode)
     assert r.faults_injected == {"peer_restart_layout": 1}
     assert r.stale_links == 0
     assert r.corrupt_receives > 0 and not r.ok
+
+
+def test_a_restart_fails_what_its_previous_process_held_on_the_storm_clock(tmp_path: Path) -> None:
+    """The restarted engine's ledgers reopen from the store and fail what the previous process held, stamped
+    by the simulated clock every other event carries: on the wall clock (years from the storm's start) the
+    failures sat after the new life's events, and a source's last level in the page's plot read 0."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    config = StormConfig(mode="read", ledger_url=url, **SMALL)
+    r = run_storm(config)
+    assert r.ok, r.problems
+    store = open_store(url)
+    try:
+        events, cursor = [], 0
+        while rows := store.tail(cursor):
+            events += [event for _, event in rows]
+            cursor = rows[-1][0]
+    finally:
+        store.close()
+    restarted = [e for e in events if isinstance(e, Fail) and e.reason == REASON_ENGINE_RESTARTED]
+    assert restarted  # the producer's previous process held transfers when it died
+    end_ts = config.start_ts + r.sim_seconds
+    assert all(config.start_ts <= e.ts <= end_ts for e in restarted), (config.start_ts, restarted[0].ts)
+    for source in {e.source for e in restarted}:
+        stamps = [e.ts for e in sorted((e for e in events if e.source == source), key=lambda e: e.seq)]
+        assert stamps == sorted(stamps), source  # its stamps never go back, the restart's included
