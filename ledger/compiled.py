@@ -33,7 +33,6 @@ FOLD_MODULES: Final = (
     "ledger.transfer_state",
     "ledger.side",
     "ledger.indexes",
-    "ledger.idmemory",
     "ledger.tombstone",
     "ledger.upkeep",
     "ledger.fold",
