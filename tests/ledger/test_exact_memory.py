@@ -263,7 +263,38 @@ def _case(stamped: bool) -> tuple[SynthConfig, int, str]:
     return cfg, CASE["seed"], CASE["source"]
 
 
+OLD_TOMBSTONES_MAX = 100_000
+"""The count bound that tombstones had, past which a Bloom filter answered for evicted ids."""
+
+
+@pytest.mark.parametrize("stamped", [False, True])
+def test_a_fresh_write_producer_after_more_transfers_than_the_old_bound_held_completes(stamped: bool) -> None:
+    """The 4M-event log's condition, small: a fresh WRITE producer on prefill-0/tp0 after more transfers were
+    compacted than the old tombstone bound held (then only the filter answered, and could refuse it)."""
+    p = Side(CASE["source"], start_ts=ISSUED, step_s=0.01)  # a replay compacts what was decided 60 s before
+    traffic = OLD_TOMBSTONES_MAX * 11 // 10
+
+    def events() -> Any:
+        for i in range(traffic):
+            tid = stamped_id(p.ts, i) if stamped else f"tx-{i:08x}"
+            yield p.map(tid, f"p-{i}", blocks=(i % 512,))
+            yield p.ack(tid, "release")
+        tid = stamped_id(p.ts, traffic) if stamped else CASE["transfer_id"]
+        yield p.map(tid, "p-fresh", "producer", "write", blocks=(600, 601))
+        for layers in ((0, 1), (2, 3)):
+            yield p.schedule(tid, layers, op="write")
+            yield p.ack(tid, "write", layers)
+        yield p.seal(tid, 4)
+
+    result = replay_chunks(batched(events(), 4096), keep_releases=True)
+    last = result.releases[-1]
+    assert (last.source, last.role, last.mode, last.cause) == (CASE["source"], "producer", "write", "completed")
+    assert result.release_count == traffic + 1 and result.state.behind_horizon == 0
+    assert sum(result.state.compacted_by_phase.values()) > OLD_TOMBSTONES_MAX
+
+
 @pytest.mark.slow
+@pytest.mark.huge
 @pytest.mark.parametrize("stamped", [False, True])
 def test_the_four_million_event_log_completes_its_fresh_transfer(stamped: bool) -> None:
     cfg = SynthConfig(**CASE["settings"], stamped=stamped)
