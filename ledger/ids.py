@@ -11,14 +11,17 @@ runs. Sans-IO: the caller reads the clock and the random source (proxy/app.py, t
 from __future__ import annotations
 
 import math
+import re
 
 from ledger.events import TransferId
 
 PREFIX = "tx-"
-_LENGTH = len(PREFIX) + 36
 _RAND_BITS = 74
 """rand_a (12 bits) and rand_b (62 bits)."""
-_HEX = frozenset("0123456789abcdef")
+_STAMPED = re.compile(
+    r"tx-([0-9a-f]{8})-([0-9a-f]{4})-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", re.ASCII
+).fullmatch
+"""The format: the prefix, the 48-bit time in two groups, the version nibble 7, the variant's high bits 10."""
 
 
 def stamped_id(now_s: float, rand: bytes | int) -> TransferId:
@@ -38,14 +41,7 @@ def stamped_id(now_s: float, rand: bytes | int) -> TransferId:
 
 
 def issued_at(transfer_id: str) -> float | None:
-    """When a stamped id was issued (unix seconds, to the millisecond); None for an unstamped id."""
-    if len(transfer_id) != _LENGTH or not transfer_id.startswith(PREFIX):
-        return None
-    if transfer_id[11] != "-" or transfer_id[16] != "-" or transfer_id[21] != "-" or transfer_id[26] != "-":
-        return None
-    if transfer_id[17] != "7" or transfer_id[22] not in "89ab":
-        return None  # the version nibble, then the variant's two high bits (10)
-    body = transfer_id[3:11] + transfer_id[12:16] + transfer_id[17:21] + transfer_id[22:26] + transfer_id[27:]
-    if not _HEX.issuperset(body):
-        return None
-    return int(body[:12], 16) / 1000
+    """When a stamped id was issued (unix seconds, to the millisecond); None for an unstamped id. One match
+    (run for each side the fold first sees, so kept to about a microsecond)."""
+    match = _STAMPED(transfer_id)
+    return None if match is None else int(match[1] + match[2], 16) / 1000
