@@ -25,10 +25,10 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
 
 from benchmarks.quick import parse_args
-from ledger.events import Event
-from ledger.jsonl import header_line, read_chunks, read_events
-from ledger.replay import replay_chunks
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import header_line, read_chunks, read_events
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.synth import SynthConfig, generate
 
 EVENTS_PER_TRANSFER = 13
 """About how many events (both sides) the generator makes per transfer with these settings."""

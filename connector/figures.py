@@ -17,11 +17,11 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from connector.limits import FIGURES_AUDIT_INTERVAL_S, FIGURES_LATENCY_SAMPLES_MAX
-from ledger.audit import audit, counts_by_code
-from ledger.events import Ack
-from ledger.ledger import Ledger
-from ledger.summary import compaction_report
+from kvledger.connector.limits import FIGURES_AUDIT_INTERVAL_S, FIGURES_LATENCY_SAMPLES_MAX
+from kvledger.ledger.audit import audit, counts_by_code
+from kvledger.ledger.events import Ack
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.summary import compaction_report
 
 REQUESTS_HELD = "requests_held"
 BLOCKS_HELD = "blocks_held"
@@ -33,7 +33,8 @@ FINDINGS_FOUND = "findings_found"
 ledger forgetting decided sides."""
 MEMORY_BOUND = "memory_bound"
 """Events the ledger's memory may have judged inexactly (`compaction_report`'s `behind_horizon`): cumulative; a
-nonzero count means some decisions or findings are not exact (`ledger.summary.compaction_warning` says which)."""
+nonzero count means some decisions or findings are not exact (`kvledger.ledger.summary.compaction_warning` says
+which)."""
 UNSTAMPED_HELD = "unstamped_held"
 """Compacted sides of unstamped transfer ids held (a level: never retired, so it grows with them)."""
 ACK_LATENCY = "ack_latency_s"

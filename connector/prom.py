@@ -29,7 +29,7 @@ transfer timeout); forgetting never lowers it, so it equals what an offline `kvl
 log reports for those codes (tests/sim/test_running_audit.py) as long as
 `vllm:kvledger_memory_bound_total{what="behind_horizon"}` stays 0: it counts events that arrived, inside their
 stamped id's window, more than `ARRIVAL_LAG_S` behind the ledger's clock, after the id may have been retired
-(judged as new sides, so not exactly; `ledger.summary.compaction_warning`). Every other answer is exact.
+(judged as new sides, so not exactly; `kvledger.ledger.summary.compaction_warning`). Every other answer is exact.
 `vllm:kvledger_unstamped_ids_held` is what memory the ledger cannot bound: ids a third-party proxy issued
 unstamped are remembered for as long as the ledger runs (kvledger's proxy stamps them: ledger/ids.py).
 """
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, PromMetric, PromMetricT
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from connector.figures import (
+from kvledger.connector.figures import (
     ACK_LATENCY,
     BLOCKS_HELD,
     CONTROL_DROPPED,
@@ -55,9 +55,9 @@ from connector.figures import (
     REQUESTS_HELD,
     UNSTAMPED_HELD,
 )
-from ledger.audit import CODES
-from ledger.decisions import CAUSES
-from ledger.lifecycle import Phase
+from kvledger.ledger.audit import CODES
+from kvledger.ledger.decisions import CAUSES
+from kvledger.ledger.lifecycle import Phase
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -68,7 +68,7 @@ PHASES = (Phase.UNMAPPED, Phase.HELD, Phase.ACTIVE, Phase.SEALED)
 FOUND_CODES = ("late_event", "duplicate", "over_ack", "id_reuse", "orphan_ack")
 """The codes the ledger counts when first found (`LedgerState.found_by_code`)."""
 BOUND_COUNTS = ("behind_horizon",)
-"""What `vllm:kvledger_memory_bound_total` counts: `ledger.summary.compaction_report`'s cumulative counts (not
+"""What `vllm:kvledger_memory_bound_total` counts: `kvledger.ledger.summary.compaction_report`'s cumulative counts (not
 the tombstones or unstamped ids held: levels)."""
 
 

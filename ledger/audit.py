@@ -11,11 +11,11 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from ledger.events import ReqId, TransferId
-from ledger.fold import LedgerState
-from ledger.humanize import duration, utc
-from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_TRANSFER_TIMEOUT_S
-from ledger.side import TransferState
+from kvledger.ledger.events import ReqId, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.humanize import duration, utc
+from kvledger.ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_TRANSFER_TIMEOUT_S
+from kvledger.ledger.side import TransferState
 
 Severity: TypeAlias = Literal["error", "warning", "info"]
 SEVERITY_RANK: dict[str, int] = {"error": 0, "warning": 1, "info": 2}

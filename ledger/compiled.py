@@ -28,22 +28,22 @@ from types import GetSetDescriptorType, ModuleType
 from typing import Final
 
 FOLD_MODULES: Final = (
-    "ledger.decisions",
-    "ledger.lifecycle",
-    "ledger.transfer_state",
-    "ledger.side",
-    "ledger.indexes",
-    "ledger.tombstone",
-    "ledger.upkeep",
-    "ledger.fold",
-    "ledger.log",
-    "ledger.ledger",
-    "ledger.valid",
-    "ledger.jsonl",
-    "ledger.advice",
-    "ledger.replay",
-    "ledger.series",
-    "ledger.projection",
+    "kvledger.ledger.decisions",
+    "kvledger.ledger.lifecycle",
+    "kvledger.ledger.transfer_state",
+    "kvledger.ledger.side",
+    "kvledger.ledger.indexes",
+    "kvledger.ledger.tombstone",
+    "kvledger.ledger.upkeep",
+    "kvledger.ledger.fold",
+    "kvledger.ledger.log",
+    "kvledger.ledger.ledger",
+    "kvledger.ledger.valid",
+    "kvledger.ledger.jsonl",
+    "kvledger.ledger.advice",
+    "kvledger.ledger.replay",
+    "kvledger.ledger.series",
+    "kvledger.ledger.projection",
 )
 """The modules setup.py compiles, in import order: the fold's, an append's numbering loop (log) and the
 shell that appends and folds under one lock (ledger: every scheduler hook's event goes through it), a

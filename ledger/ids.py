@@ -13,14 +13,12 @@ from __future__ import annotations
 import math
 import re
 
-from ledger.events import TransferId
+from kvledger.ledger.events import TransferId
 
 PREFIX = "tx-"
 _RAND_BITS = 74
 """rand_a (12 bits) and rand_b (62 bits)."""
-_STAMPED = re.compile(
-    r"tx-([0-9a-f]{8})-([0-9a-f]{4})-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", re.ASCII
-).fullmatch
+_STAMPED = re.compile(r"tx-([0-9a-f]{8})-([0-9a-f]{4})-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", re.ASCII).fullmatch
 """The format: the prefix, the 48-bit time in two groups, the version nibble 7, the variant's high bits 10."""
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections import deque
 from heapq import heapify, heappush
 
-from ledger.decisions import Key
-from ledger.events import ReqId, TransferId
-from ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX
-from ledger.side import TransferState, due_at
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import ReqId, TransferId
+from kvledger.ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX
+from kvledger.ledger.side import TransferState, due_at
 
 DeadlineEntry = tuple[float, int, str, TransferId, TransferState]
 """(deadline, map seq, source, transfer id, side): ordered by the first four, which no two entries share (a
@@ -81,7 +81,7 @@ class Indexes:
 
     def grown_containers(self) -> list[object]:
         """The containers that grow with the fold, each holding only atomic values (keys, numbers, sides
-        and deadline or decision tuples of them): what `ledger.collector.untrack` may keep out of the
+        and deadline or decision tuples of them): what `kvledger.ledger.collector.untrack` may keep out of the
         collector's passes. The others hold lists, or stay small."""
         return [self.transfers, *self.sides_of.values(), self.live, self.unmapped, self.deadlines,
                 self.decided, *self.held.values()]  # fmt: skip

@@ -1,7 +1,7 @@
 """The incident-log interchange format: JSON Lines, one header line, then one event a line.
 
 Reading streams and checks every line against the one definition of a valid event
-(`ledger.valid`); an error names the file, the line number and the field. With
+(`kvledger.ledger.valid`); an error names the file, the line number and the field. With
 `skip_bad_lines` the reader reports what it skipped instead.
 """
 
@@ -16,9 +16,9 @@ from typing import IO, Any
 
 import msgspec
 
-from ledger.events import Event
-from ledger.limits import JSONL_CHUNK_BYTES, JSONL_HEADER_DEPTH_MAX, JSONL_LINE_BYTES_MAX
-from ledger.valid import event_problem, json_chunk_valid
+from kvledger.ledger.events import Event
+from kvledger.ledger.limits import JSONL_CHUNK_BYTES, JSONL_HEADER_DEPTH_MAX, JSONL_LINE_BYTES_MAX
+from kvledger.ledger.valid import event_problem, json_chunk_valid
 
 try:
     import cython
@@ -85,7 +85,7 @@ class LogReader:
     `skipped` lists `(line number, message)` of bad lines passed over when
     `skip_bad_lines` is set; without it the first bad line raises
     `LogFormatError`. The header is read at construction. Without `check`, events
-    that are well-typed but not valid (`ledger.valid`) are passed on: a writer's own
+    that are well-typed but not valid (`kvledger.ledger.valid`) are passed on: a writer's own
     spill files, whose events the store itself then checks and quarantines.
     """
 

@@ -6,13 +6,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from ledger.advice import LatencyRecorder
-from ledger.collector import collector_paused
-from ledger.decisions import Release
-from ledger.events import Event, TransferId
-from ledger.fold import LedgerState
-from ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
-from ledger.side import TransferState
+from kvledger.ledger.advice import LatencyRecorder
+from kvledger.ledger.collector import collector_paused
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Event, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
+from kvledger.ledger.side import TransferState
 
 try:
     import cython

@@ -51,7 +51,7 @@ cdef extern from *:
     } kvledger_Expire;
     """
 
-    ctypedef class ledger.transfer_state.TransferState [object kvledger_TransferState, check_size error]:
+    ctypedef class kvledger.ledger.transfer_state.TransferState [object kvledger_TransferState, check_size error]:
         cdef object acked_mask
         cdef object acks_expected
         cdef object arrived_seq
@@ -88,13 +88,13 @@ cdef extern from *:
         cdef object whole_scheduled
         cdef object window_end
 
-    ctypedef class ledger.events._Envelope [object kvledger__Envelope, check_size error]:
+    ctypedef class kvledger.ledger.events._Envelope [object kvledger__Envelope, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
         cdef object ts
 
-    ctypedef class ledger.events.Map [object kvledger_Map, check_size error]:
+    ctypedef class kvledger.ledger.events.Map [object kvledger_Map, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
@@ -110,7 +110,7 @@ cdef extern from *:
         cdef object request_id
         cdef object role
 
-    ctypedef class ledger.events.Schedule [object kvledger_Schedule, check_size error]:
+    ctypedef class kvledger.ledger.events.Schedule [object kvledger_Schedule, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
@@ -120,14 +120,14 @@ cdef extern from *:
         cdef object layers
         cdef object op
 
-    ctypedef class ledger.events.Seal [object kvledger_Seal, check_size error]:
+    ctypedef class kvledger.ledger.events.Seal [object kvledger_Seal, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
         cdef object ts
         cdef object expected
 
-    ctypedef class ledger.events.Ack [object kvledger_Ack, check_size error]:
+    ctypedef class kvledger.ledger.events.Ack [object kvledger_Ack, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
@@ -137,7 +137,7 @@ cdef extern from *:
         cdef object until
         cdef object what
 
-    ctypedef class ledger.events.Fail [object kvledger_Fail, check_size error]:
+    ctypedef class kvledger.ledger.events.Fail [object kvledger_Fail, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
@@ -146,7 +146,7 @@ cdef extern from *:
         cdef object reason
         cdef object retryable
 
-    ctypedef class ledger.events.Expire [object kvledger_Expire, check_size error]:
+    ctypedef class kvledger.ledger.events.Expire [object kvledger_Expire, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id

@@ -7,9 +7,9 @@ from typing import Any
 
 import msgspec
 
-from ledger.audit import SEVERITY_RANK, Finding, counts_by_code
-from ledger.fold import LedgerState
-from ledger.limits import FINDINGS_WORST_MAX
+from kvledger.ledger.audit import SEVERITY_RANK, Finding, counts_by_code
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.limits import FINDINGS_WORST_MAX
 
 
 def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 cimport cython
 
-from ledger.indexes cimport Indexes
-from ledger.structs cimport TransferState as Side
+from kvledger.ledger.indexes cimport Indexes
+from kvledger.ledger.structs cimport TransferState as Side
 
 
 cdef class Upkeep(Indexes):

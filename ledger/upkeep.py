@@ -12,14 +12,23 @@ from collections import deque
 
 import msgspec
 
-from ledger.decisions import Key
-from ledger.events import Event, Map, ReqId, TransferId
-from ledger.ids import issued_at
-from ledger.indexes import Indexes
-from ledger.lifecycle import CAUSE_PHASE
-from ledger.limits import ARRIVAL_LAG_S, EVIDENCE_SEQS_MAX, ID_WINDOW_S
-from ledger.side import TransferState
-from ledger.tombstone import Compacted, compacted, found_bits, map_of, mark_found, release_of, unpack, with_found
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import Event, Map, ReqId, TransferId
+from kvledger.ledger.ids import issued_at
+from kvledger.ledger.indexes import Indexes
+from kvledger.ledger.lifecycle import CAUSE_PHASE
+from kvledger.ledger.limits import ARRIVAL_LAG_S, EVIDENCE_SEQS_MAX, ID_WINDOW_S
+from kvledger.ledger.side import TransferState
+from kvledger.ledger.tombstone import (
+    Compacted,
+    compacted,
+    found_bits,
+    map_of,
+    mark_found,
+    release_of,
+    unpack,
+    with_found,
+)
 
 _INF = math.inf
 

@@ -21,7 +21,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from ledger.ids import stamped_id
+from kvledger.ledger.ids import stamped_id
 
 log = logging.getLogger(__name__)
 

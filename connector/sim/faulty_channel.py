@@ -18,13 +18,13 @@ from typing import Any
 
 import zmq
 
-from connector.channel import Channel, Dropped, PeerNotAllowed
-from connector.limits import CHANNEL_INBOX_MAX, FORGED_RECORDS_MAX, HANDSHAKE_TIMEOUT_S
-from connector.messages import HandshakeMetadata, Message, RankAddress
-from connector.sim.errors import SimulationError
-from connector.sim.limits import SETTLE_TIMEOUT_S
-from connector.sim.network import SimNetwork
-from ledger.events import TransferId
+from kvledger.connector.channel import Channel, Dropped, PeerNotAllowed
+from kvledger.connector.limits import CHANNEL_INBOX_MAX, FORGED_RECORDS_MAX, HANDSHAKE_TIMEOUT_S
+from kvledger.connector.messages import HandshakeMetadata, Message, RankAddress
+from kvledger.connector.sim.errors import SimulationError
+from kvledger.connector.sim.limits import SETTLE_TIMEOUT_S
+from kvledger.connector.sim.network import SimNetwork
+from kvledger.ledger.events import TransferId
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,13 @@ class FaultyChannel(Channel):
         self._held = [h for h in self._held if h[0] > round_number]
         for _, host, port, message, kind in due:
             tid: TransferId | None = getattr(message, "transfer_id", None)
-            if kind == "late" and tid is not None and not self.network.is_dead(host, port):
+            # A receiver restarted since the transfer started never knew it: no late_event is due there.
+            if (
+                kind == "late"
+                and tid is not None
+                and not self.network.is_dead(host, port)
+                and self.network.knew(host, port, tid)
+            ):
                 self.late_sent[tid] = (host, port)
             self._transmit(host, port, message)
 

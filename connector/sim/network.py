@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from connector.sim.faults import NO_FAULTS, TransferFaults
-from connector.transports.base import TransportEndpoint
-from ledger.events import TransferId
+from kvledger.connector.sim.faults import NO_FAULTS, TransferFaults
+from kvledger.connector.transports.base import TransportEndpoint
+from kvledger.ledger.events import TransferId
 
 
 class SimNetwork:
@@ -18,6 +18,10 @@ class SimNetwork:
         self.transfers: set[TransferId] = set()
         """Every transfer this storm issued: a message naming another came from outside the simulation."""
         self._dead: set[tuple[str, int]] = set()
+        self._lives: dict[tuple[str, int], int] = {}
+        """Restarts per endpoint: a message about a transfer issued before its receiver restarted reaches a life
+        that never knew the transfer."""
+        self._lives_at_issue: dict[TransferId, dict[tuple[str, int], int]] = {}
         self.silent: TransportEndpoint | None = None
         """Where the transport requests of a transfer with the `silent_peer` fault go (`SilentPeer`): taken,
         never answered."""
@@ -32,7 +36,22 @@ class SimNetwork:
 
     def revive(self, endpoints: Iterable[tuple[str, int]]) -> None:
         """A restarted engine listens on these again."""
-        self._dead.difference_update(endpoints)
+        for endpoint in endpoints:
+            self._dead.discard(endpoint)
+            self._lives[endpoint] = self._lives.get(endpoint, 0) + 1
+
+    def issue(self, transfer_id: TransferId, plan: TransferFaults | None) -> None:
+        """A transfer of this storm starts, with its fault plan (None: no fault)."""
+        self.transfers.add(transfer_id)
+        if plan is not None:
+            self.plans[transfer_id] = plan
+        if self._lives:
+            self._lives_at_issue[transfer_id] = dict(self._lives)
+
+    def knew(self, host: str, port: int, transfer_id: TransferId) -> bool:
+        """Whether the engine now at this endpoint is the life that was there when the transfer started."""
+        then = self._lives_at_issue.get(transfer_id, {})
+        return self._lives.get((host, port), 0) == then.get((host, port), 0)
 
     def is_dead(self, host: str, port: int) -> bool:
         return (host, port) in self._dead

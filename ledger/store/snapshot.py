@@ -16,13 +16,13 @@ from typing import Protocol, TypeVar, cast
 
 import msgspec
 
-from ledger.decisions import Cause, Key
-from ledger.events import Drop, TransferId
-from ledger.fold import LedgerState
-from ledger.limits import FORGED_KEPT_MAX
-from ledger.side import TransferState, copies, wide_masks
-from ledger.tombstone import Compacted
-from ledger.upkeep import PastWindow
+from kvledger.ledger.decisions import Cause, Key
+from kvledger.ledger.events import Drop, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.limits import FORGED_KEPT_MAX
+from kvledger.ledger.side import TransferState, copies, wide_masks
+from kvledger.ledger.tombstone import Compacted
+from kvledger.ledger.upkeep import PastWindow
 
 FORMAT = 13
 """Bumped whenever the encoding below changes (10: sides written as `TransferState` arrays;

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from connector.limits import LEASE_RENEWALS_PER_LEASE
-from connector.messages import ReadConfirm
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from connector.transports.base import Code
-from connector.transports.tcp import TcpTransport
-from ledger.events import Ack, ReqId, Schedule, TransferId
+from kvledger.connector.limits import LEASE_RENEWALS_PER_LEASE
+from kvledger.connector.messages import ReadConfirm
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.connector.transports.base import Code
+from kvledger.connector.transports.tcp import TcpTransport
+from kvledger.ledger.events import Ack, ReqId, Schedule, TransferId
 from tests.connector.fake_mori import installed_as_mori
 from tests.connector.pd import EnginePorts, Side, Ticks, block_bytes, make_config, run_until
 
@@ -189,6 +189,31 @@ def test_tcp_serves_a_read_only_while_its_transfer_is_held() -> None:
         assert results["gone"].code == Code.REFUSED and not results["gone"].transient
         assert results["unknown"].code == Code.NOT_HELD_YET and results["unknown"].transient
         assert results[""].code == Code.REFUSED  # a read that names no transfer is never served
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def test_tcp_answers_a_request_whose_hold_check_raised_and_serves_on() -> None:
+    producer, consumer = TcpTransport("127.0.0.1", 0), TcpTransport("127.0.0.1", 0)
+    try:
+        src, dst = torch.arange(64, dtype=torch.float32), torch.zeros(64)
+        remote = producer.register("kv", src)
+        consumer.register("kv", dst)
+        session = consumer.connect(producer.endpoint(), [remote])
+
+        def held(tid: str) -> bool | None:
+            if tid == "broken":
+                raise KeyError(tid)
+            return True
+
+        producer.set_hold_check(held)
+        broken = consumer.read(session, "kv", "kv", [(0, 0, 64)], transfer_id="broken")
+        assert consumer.wait_all([broken], WAIT_S)
+        assert broken.status().code == Code.REMOTE_ERROR and "broken" in broken.status().message
+        served = consumer.read(session, "kv", "kv", [(0, 0, 64)], transfer_id="fine")
+        assert consumer.wait_all([served], WAIT_S)
+        assert served.status().succeeded() and torch.equal(dst[:16], src[:16])
     finally:
         producer.close()
         consumer.close()

@@ -9,10 +9,10 @@ of retired stamped ids, is counted and named by the warning.
 
 from __future__ import annotations
 
-from ledger.fold import LedgerState, fold_all
-from ledger.ids import stamped_id
-from ledger.limits import ID_WINDOW_S
-from ledger.summary import compaction_report, compaction_warning
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.ids import stamped_id
+from kvledger.ledger.limits import ID_WINDOW_S
+from kvledger.ledger.summary import compaction_report, compaction_warning
 from tests.ledger.builders import Side
 
 TRAFFIC = 3000

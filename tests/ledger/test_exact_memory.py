@@ -24,18 +24,24 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-import ledger.replay as replay_module
-import ledger.upkeep as upkeep_module
-from ledger.audit import audit
-from ledger.events import Event
-from ledger.fold import LedgerState, fold_all
-from ledger.ids import issued_at, stamped_id
-from ledger.limits import ARRIVAL_LAG_S, DEFAULT_DEFER_TIMEOUT_S, ID_WINDOW_S, REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
-from ledger.merge import batched
-from ledger.replay import ReplayResult, replay_chunks
-from ledger.store import snapshot
-from ledger.summary import compaction_warning
-from ledger.synth import SynthConfig, generate, synth_transfer_id
+import kvledger.ledger.replay as replay_module
+import kvledger.ledger.upkeep as upkeep_module
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.ids import issued_at, stamped_id
+from kvledger.ledger.limits import (
+    ARRIVAL_LAG_S,
+    DEFAULT_DEFER_TIMEOUT_S,
+    ID_WINDOW_S,
+    REPLAY_COMPACT_EVERY,
+    REPLAY_RETAIN_S,
+)
+from kvledger.ledger.merge import batched
+from kvledger.ledger.replay import ReplayResult, replay_chunks
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.summary import compaction_warning
+from kvledger.ledger.synth import SynthConfig, generate, synth_transfer_id
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, audit_moments, history
 from tests.ledger.reference import canonical

@@ -3,12 +3,12 @@ at their limits, what the counts of compacted sides say, and how stamped ids ret
 
 from __future__ import annotations
 
-from ledger.audit import audit
-from ledger.events import Event
-from ledger.fold import LedgerState, fold, fold_all
-from ledger.ids import stamped_id
-from ledger.limits import ID_WINDOW_S
-from ledger.store import snapshot
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import LedgerState, fold, fold_all
+from kvledger.ledger.ids import stamped_id
+from kvledger.ledger.limits import ID_WINDOW_S
+from kvledger.ledger.store import snapshot
 from tests.ledger.builders import Side
 
 P = "prefill-0/tp0"

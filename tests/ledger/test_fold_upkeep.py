@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import msgspec
 
-from ledger.audit import audit, counts_by_code
-from ledger.events import Ack
-from ledger.fold import LedgerState, fold_all
-from ledger.ids import stamped_id
-from ledger.limits import ID_WINDOW_S, LAYERS_MAX, RANKS_MAX
-from ledger.side import bits, copies, layers_mask
-from ledger.store import snapshot
-from ledger.transfer_state import TransferState
+from kvledger.ledger.audit import audit, counts_by_code
+from kvledger.ledger.events import Ack
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.ids import stamped_id
+from kvledger.ledger.limits import ID_WINDOW_S, LAYERS_MAX, RANKS_MAX
+from kvledger.ledger.side import bits, copies, layers_mask
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.transfer_state import TransferState
 from tests.ledger.builders import Side
 
 T = "tx-1"
