@@ -38,7 +38,6 @@ FOLD_SOURCES = (
     "ledger/transfer_state.py",
     "ledger/side.py",
     "ledger/indexes.py",
-    "ledger/idmemory.py",
     "ledger/tombstone.py",
     "ledger/upkeep.py",
     "ledger/fold.py",

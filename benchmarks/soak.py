@@ -60,7 +60,7 @@ FIELDS: tuple[str, ...] = (
     "tracked_sides_bound",
     "peak_tracked_sides_per_ledger",
     "tracked_sides_bound_per_ledger",
-    "tombstone_generations",
+    "tombstones_retired",
     "failed_soaks",
     "wall_seconds",
     "bench_wall_seconds",
@@ -89,7 +89,7 @@ def _parse() -> argparse.Namespace:
                         f"{STORM_KINDS_IN_SOAK}")  # fmt: skip
     parser.add_argument("--soak-faults", default="all", help=f"comma-separated, 'all' or 'none': {SOAK_FAULT_KINDS}")
     parser.add_argument("--fault-rate", type=float, default=SoakConfig.fault_rate)
-    parser.add_argument("--tombstones-max", type=int, default=SoakConfig.tombstones_max)
+    parser.add_argument("--arrival-lag-s", type=float, default=SoakConfig.arrival_lag_s)
     parser.add_argument("--log", type=Path, help="write each soak's merged JSONL incident log (suffixed by mode)")
     parser.add_argument("--ledger-url", help="persist to this (fresh) store instead of a temporary SQLite file")
     return parse_args(parser, hours=0.1)
@@ -105,7 +105,7 @@ def main() -> int:
         faults=faults,
         soak_faults=soak_faults,
         fault_rate=args.fault_rate,
-        tombstones_max=args.tombstones_max,
+        arrival_lag_s=args.arrival_lag_s,
         ledger_url=args.ledger_url,
     )
     modes: list[Mode] = ["read", "write"] if args.mode == "both" else [args.mode]

@@ -116,7 +116,7 @@ def _report_skipped(skipped: list[tuple[str, int, str]]) -> None:
 
 
 def report_compaction(result: ReplayResult) -> None:
-    """Never silent: when the replay's bounded memory evicted tombstones, some answers are approximate."""
+    """Never silent: when an event arrived behind the horizon of retired stamped ids, some answers are not exact."""
     warning = compaction_warning(result.state)
     if warning is not None:
         sys.stderr.write(f"kvledger: warning: {warning}\n")

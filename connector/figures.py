@@ -32,9 +32,11 @@ FINDINGS_FOUND = "findings_found"
 """Findings by code counted when first found (`LedgerState.found_by_code`): cumulative, never lowered by the
 ledger forgetting decided sides."""
 MEMORY_BOUND = "memory_bound"
-"""What the ledger's memory bounds evicted and the events they left unjudged (`compaction_report` less the
-tombstones held): cumulative; a nonzero `late_after_eviction`, `reused_after_eviction` or `sides_unchecked`
-means some decisions or findings are not exact (`kvledger.ledger.summary.compaction_warning` says which)."""
+"""Events the ledger's memory may have judged inexactly (`compaction_report`'s `behind_horizon`): cumulative; a
+nonzero count means some decisions or findings are not exact (`kvledger.ledger.summary.compaction_warning` says
+which)."""
+UNSTAMPED_HELD = "unstamped_held"
+"""Compacted sides of unstamped transfer ids held (a level: never retired, so it grows with them)."""
 ACK_LATENCY = "ack_latency_s"
 RELEASE_LATENCY = "release_latency_s"
 CONTROL_DROPPED = "control_dropped"
@@ -71,7 +73,8 @@ class LedgerFigures:
             RELEASED: dict(state.releases_by_cause),
             FINDINGS: self._audited(now),
             FINDINGS_FOUND: dict(state.found_by_code),
-            MEMORY_BOUND: {what: n for what, n in compaction_report(state).items() if what != "tombstones"},
+            MEMORY_BOUND: {"behind_horizon": compaction_report(state)["behind_horizon"]},
+            UNSTAMPED_HELD: state.unstamped_held,
             **latencies,
         }
 

@@ -15,7 +15,8 @@ made (one child per engine, `create_metric_per_engine`).
 | `vllm:kvledger_releases_total{cause}` | counter | releases by cause: completed, failed, expired |
 | `vllm:kvledger_findings{code}` | gauge | audit findings open now, by code, of the sides still held |
 | `vllm:kvledger_findings_found_total{code}` | counter | findings counted when first found, by code |
-| `vllm:kvledger_memory_bound_total{what}` | counter | what the memory bounds evicted and left unjudged |
+| `vllm:kvledger_memory_bound_total{what}` | counter | events the memory may have judged inexactly (`behind_horizon`) |
+| `vllm:kvledger_unstamped_ids_held` | gauge | compacted sides of unstamped transfer ids held (never retired) |
 | `vllm:kvledger_ack_latency_seconds` | histogram | a side's map to its completion ack |
 | `vllm:kvledger_release_latency_seconds` | histogram | a side's map to its release decision |
 | `vllm:kvledger_control_messages_dropped_total{reason}` | counter | control messages dropped or refused |
@@ -25,11 +26,12 @@ takes its open findings with it, so `vllm:kvledger_findings` counts the sides st
 `vllm:kvledger_findings_found_total` counts `late_event`, `duplicate`, `over_ack` and `id_reuse` at a side's
 first event of that kind and `orphan_ack` when a never-mapped side expires (the connector expires it at the
 transfer timeout); forgetting never lowers it, so it equals what an offline `kvledger replay` of the same
-log reports for those codes (tests/sim/test_running_audit.py) as long as the memory bounds left nothing
-unjudged. `vllm:kvledger_memory_bound_total` says when they did: `tombstones_evicted` and `orphans_evicted`
-count what the bounds evicted; `late_after_eviction`, `reused_after_eviction` and `sides_unchecked` count
-the events and sides whose decisions or findings may then differ from the whole history's
-(`kvledger.ledger.summary.compaction_warning`).
+log reports for those codes (tests/sim/test_running_audit.py) as long as
+`vllm:kvledger_memory_bound_total{what="behind_horizon"}` stays 0: it counts events that arrived, inside their
+stamped id's window, more than `ARRIVAL_LAG_S` behind the ledger's clock, after the id may have been retired
+(judged as new sides, so not exactly; `kvledger.ledger.summary.compaction_warning`). Every other answer is exact.
+`vllm:kvledger_unstamped_ids_held` is what memory the ledger cannot bound: ids a third-party proxy issued
+unstamped are remembered for as long as the ledger runs (kvledger's proxy stamps them: ledger/ids.py).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from kvledger.connector.figures import (
     RELEASE_LATENCY,
     RELEASED,
     REQUESTS_HELD,
+    UNSTAMPED_HELD,
 )
 from kvledger.ledger.audit import CODES
 from kvledger.ledger.decisions import CAUSES
@@ -64,15 +67,9 @@ PHASES = (Phase.UNMAPPED, Phase.HELD, Phase.ACTIVE, Phase.SEALED)
 """The phases a live side can be in (the others are decisions)."""
 FOUND_CODES = ("late_event", "duplicate", "over_ack", "id_reuse", "orphan_ack")
 """The codes the ledger counts when first found (`LedgerState.found_by_code`)."""
-BOUND_COUNTS = (
-    "tombstones_evicted",
-    "orphans_evicted",
-    "late_after_eviction",
-    "reused_after_eviction",
-    "sides_unchecked",
-)
-"""What `vllm:kvledger_memory_bound_total` counts: `kvledger.ledger.summary.compaction_report`'s counts (not the
-tombstones held: a level)."""
+BOUND_COUNTS = ("behind_horizon",)
+"""What `vllm:kvledger_memory_bound_total` counts: `kvledger.ledger.summary.compaction_report`'s cumulative counts (not
+the tombstones or unstamped ids held: levels)."""
 
 
 class LedgerPromMetrics(KVConnectorPromMetrics):
@@ -119,10 +116,15 @@ class LedgerPromMetrics(KVConnectorPromMetrics):
             FOUND_CODES)  # fmt: skip
         self.memory_bound = self._by(counter(
             name="vllm:kvledger_memory_bound", labelnames=[*labelnames, "what"],
-            documentation="What the ledger's memory bounds changed: tombstones_evicted, orphans_evicted, and "
-                          "events left unjudged, late_after_eviction, reused_after_eviction, sides_unchecked "
-                          "(nonzero: some decisions or findings are not exact) (kvledger)."),
+            documentation="Events the ledger's memory may have judged inexactly: behind_horizon, an event "
+                          "inside its stamped id's window arriving after the id was retired (nonzero: some "
+                          "decisions or findings are not exact) (kvledger)."),
             BOUND_COUNTS)  # fmt: skip
+        self.unstamped_held = self._per_engine(gauge(
+            name="vllm:kvledger_unstamped_ids_held", labelnames=labelnames, multiprocess_mode="mostrecent",
+            documentation="Compacted transfer sides of unstamped ids the ledger holds: never retired, so this "
+                          "grows with them; stamped ids (kvledger's proxy) are held only for their window "
+                          "(kvledger)."))  # fmt: skip
         self.ack_latency = self._per_engine(histogram(
             name="vllm:kvledger_ack_latency_seconds", labelnames=labelnames, buckets=LATENCY_BUCKETS_S,
             documentation="Seconds from a transfer side's map to its completion ack (kvledger)."))  # fmt: skip
@@ -179,6 +181,7 @@ class LedgerPromMetrics(KVConnectorPromMetrics):
             self._count_up(RELEASED, self.releases, engine_idx, figures.get(RELEASED))
             self._count_up(FINDINGS_FOUND, self.findings_found, engine_idx, figures.get(FINDINGS_FOUND))
             self._count_up(MEMORY_BOUND, self.memory_bound, engine_idx, figures.get(MEMORY_BOUND))
+            self.unstamped_held[engine_idx].set(figures.get(UNSTAMPED_HELD, 0))
         for seconds in figures.get(ACK_LATENCY) or ():
             self.ack_latency[engine_idx].observe(seconds)
         for seconds in figures.get(RELEASE_LATENCY) or ():

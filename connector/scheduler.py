@@ -81,6 +81,9 @@ class SchedulerCore:
         self._lease_due: deque[tuple[float, TransferId]] = deque()
         """(next renewal time, transfer) in time order: every lease has the same interval, so a FIFO is
         ordered; entries of transfers no longer renewed are skipped when they come up."""
+        self._now = float("-inf")
+        """The latest clock a hook was given: what get_num_new_matched_tokens (given none) judges an id's
+        window at (rule S, ledger/upkeep.py)."""
         inherited = abandon_inherited(ledger)  # reopened after a restart: those requests died with the process
         if inherited:
             self.counters["inherited_transfers_failed"] = inherited
@@ -99,9 +102,17 @@ class SchedulerCore:
     def _allowed_peer(self, peer: PeerRef | None) -> bool:
         return peer is not None and self.config.find_peer(peer.host, peer.handshake_port, peer.notify_port) is not None
 
-    def _refused(self, transfer_id: TransferId) -> bool:
-        """A transfer id is single-use per side: this side mapped it before (live, decided or forgotten)."""
-        return self.state.was_mapped((self.source, transfer_id))
+    def _refused(self, transfer_id: TransferId, now: float | None = None) -> bool:
+        """A transfer id is single-use per side: this side mapped it before (live, decided or forgotten), or,
+        at `now`, it is a stamped id past its window (ledger/upkeep.py, rule S: the fold would refuse its map).
+        Without `now` (get_num_new_matched_tokens is given no clock), at the latest clock a hook was given: the
+        allocation of the same scheduling step asks again at its own, which the map's time is, so only an id
+        whose window ends inside that one step can be answered both ways."""
+        if now is None:
+            now = self._now
+        elif now > self._now:
+            self._now = now
+        return self.state.was_mapped((self.source, transfer_id), now)
 
     def _record_refused(self, request_id: ReqId, params: TransferParams, role: Role, now: float) -> None:
         """A second request naming a used transfer id: its map is recorded so that the fold refuses it
@@ -169,7 +180,7 @@ class SchedulerCore:
         if c.role != "consumer" or not c.leases or params is None or not params.do_remote_prefill:
             return
         tid = params.transfer_id
-        if tid in self._leases or self._refused(tid):
+        if tid in self._leases or self._refused(tid, now):
             return
         peer = params.peer()
         if peer is None or not self._allowed_peer(peer):
@@ -213,7 +224,7 @@ class SchedulerCore:
         tid = params.transfer_id
         if self.index.get(request_id) == tid:
             return True  # the second call for an async load, from a caller that kept the params as they were
-        if self._refused(tid):
+        if self._refused(tid, now):
             self._record_refused(request_id, params, "consumer", now)
             return True
         if num_external_tokens <= 0:
@@ -275,7 +286,7 @@ class SchedulerCore:
         from the blocks of its own KV cache group (`block_groups`: the counts, None for one group)."""
         if self.config.role != "producer" or self.config.mode != "write":
             return
-        if params is None or not params.do_remote_decode or self._refused(params.transfer_id):
+        if params is None or not params.do_remote_decode or self._refused(params.transfer_id, now):
             return  # a used transfer id: request_finished refuses it, and nothing is written for it
         peer = params.peer()
         self._step.save.append(
@@ -306,7 +317,7 @@ class SchedulerCore:
         if self.config.role == "producer":
             return self._producer_finished(request_id, params, tuple(block_ids), now, block_groups)
         self._leases.pop(params.transfer_id, None)
-        if params.do_remote_prefill and not self._refused(params.transfer_id):
+        if params.do_remote_prefill and not self._refused(params.transfer_id, now):
             self._consumer_aborted(request_id, params, now)  # ended before its first allocation
         # A mapped consumer request: vLLM itself keeps its blocks until finished_recving.
         return False, None
@@ -321,7 +332,7 @@ class SchedulerCore:
     ) -> tuple[bool, dict[str, Any] | None]:
         if not params.do_remote_decode or not blocks:
             return False, None
-        if self._refused(params.transfer_id):
+        if self._refused(params.transfer_id, now):
             # A used transfer id: vLLM frees the blocks now and the consumer gets no params (it prefills
             # locally). Holding them would strand them: the fold keeps no side for a refused map.
             self._record_refused(request_id, params, "producer", now)
@@ -398,6 +409,8 @@ class SchedulerCore:
         now: float,
     ) -> WorkerOutcome:
         """update_connector_output, the clock tick: fold the workers' reports and expire what is due."""
+        if now > self._now:
+            self._now = now
         events: list[Event] = []
         source, transfer_of = self.source, self.index.get
         # Each event is built with the seq the log will give it (see `_log`): nothing else appends

@@ -43,18 +43,18 @@ def open_ledger(
     source: str,
     *,
     clock: Callable[[], float] = time.time,
-    tombstones_max: int | None = None,
+    arrival_lag_s: float | None = None,
 ) -> Ledger:
     """This process's ledger for `source`, persisted to `config.ledger_url` when one is set.
 
     A reopened ledger holds what the running one held: its refold forgets decided sides as the cores'
-    maintenance does (`defer_timeout_s` after their decision), within the tombstone bound
-    (`tombstones_max`, default `TOMBSTONES_MAX`)."""
+    maintenance does (`defer_timeout_s` after their decision), and retires stamped ids past their window
+    plus `arrival_lag_s` (default `ARRIVAL_LAG_S`)."""
     store_url = parse_url(config.ledger_url) if config.ledger_url is not None else None
     if store_url is None or store_url.is_memory:
         ledger = Ledger(source, clock=clock)
-        if tombstones_max is not None:
-            ledger.state.tombstones_max = tombstones_max
+        if arrival_lag_s is not None:
+            ledger.state.arrival_lag_s = arrival_lag_s
         return ledger
     from kvledger.ledger.store.connect import open_store
     from kvledger.ledger.store.recovery import open_ledger as reopen
@@ -64,7 +64,7 @@ def open_ledger(
     spill = spill_dir(store_url, source)
     try:
         ledger = reopen(
-            store, source, spill_dir=spill, clock=clock, retain_s=config.defer_timeout_s, tombstones_max=tombstones_max
+            store, source, spill_dir=spill, clock=clock, retain_s=config.defer_timeout_s, arrival_lag_s=arrival_lag_s
         )
     except BaseException:
         store.close()

@@ -124,6 +124,7 @@ def audit(state: LedgerState, now: float, config: AuditConfig | None = None) -> 
                 )
     for key in state.anomalous:
         findings.extend(_anomalies(state.transfers[key]))
+    findings.extend(past_window(state))
     findings.extend(premature_releases(state, cfg.clock_skew_s))
     findings.extend(forged_messages(state))
     findings.sort(key=lambda f: (SEVERITY_RANK[f.severity], f.evidence[0] if f.evidence else 0))
@@ -183,6 +184,32 @@ def _anomalies(t: TransferState) -> list[Finding]:
     return out
 
 
+def past_window(state: LedgerState) -> list[Finding]:
+    """Rule S's findings (ledger/upkeep.py): events of a stamped id past its window, each judged alone. A map
+    is a refused reuse of the id (`id_reuse`), anything else is late (`late_event`)."""
+    out: list[Finding] = []
+    for r in state.past_window.values():
+        if r.maps:
+            out.append(
+                Finding(
+                    code="id_reuse", severity=CODES["id_reuse"], source=r.source, transfer_id=r.transfer_id,
+                    request_id=r.request_id, block_ids=r.block_ids, evidence=tuple(r.map_seqs),
+                    detail=f"transfer id mapped {_count(r.maps, 'time')} after its id window ended "
+                    f"({utc(r.window_end)}): refused",
+                )
+            )  # fmt: skip
+        if r.late:
+            out.append(
+                Finding(
+                    code="late_event", severity=CODES["late_event"], source=r.source, transfer_id=r.transfer_id,
+                    request_id=None, block_ids=(), evidence=tuple(r.late_seqs),
+                    detail=f"{_events(r.late)} after the transfer id's window ended ({utc(r.window_end)}): "
+                    "judged alone",
+                )
+            )  # fmt: skip
+    return out
+
+
 def forged_messages(state: LedgerState) -> list[Finding]:
     """A peer's control message dropped as unproven: someone who can reach a notify or handshake port
     spoke without the key (or from an unlisted host). The latest ones, with their `drop` events."""
@@ -211,7 +238,7 @@ def premature_releases(state: LedgerState, clock_skew_s: float) -> list[Finding]
     for key in state.expired_producers:
         producer = state.side(key)  # whole, or rebuilt from its tombstone: compaction changes nothing here
         if producer is None or producer.decision is None:
-            continue  # evicted past the tombstone bound (counted in tombstones_evicted)
+            continue  # retired by its id window (ledger/upkeep.py) and not a premature pair
         released_ts = producer.decision.ts
         for source in state.sources:
             consumer = state.side((source, producer.transfer_id))
@@ -240,9 +267,13 @@ def counts_by_code(findings: list[Finding]) -> dict[str, int]:
 def found_at(f: Finding, state: LedgerState, config: AuditConfig | None = None) -> float:
     """When a finding became true, in log time: a leak at its deadline, stuck or orphan when the transfer
     timeout ran out, anything else at its side's last event (the evidence was complete by then)."""
-    t = state.side((f.source, f.transfer_id))
+    key = (f.source, f.transfer_id)
+    record = state.past_window.get(key)
+    if record is not None and f.evidence in (tuple(record.map_seqs), tuple(record.late_seqs)):
+        return record.last_ts  # a rule S finding (`past_window`): the side, held or retired, is not read
+    t = state.side(key)
     if t is None:
-        return 0.0  # evicted past the tombstone bound: no time left to tell (counted in tombstones_evicted)
+        return 0.0  # retired by its id window: no time left to tell
     timeout_s = (config or AuditConfig()).transfer_timeout_s
     if f.code == "leak" and t.deadline is not None:
         return t.deadline

@@ -33,7 +33,6 @@ FOLD_MODULES: Final = (
     "kvledger.ledger.transfer_state",
     "kvledger.ledger.side",
     "kvledger.ledger.indexes",
-    "kvledger.ledger.idmemory",
     "kvledger.ledger.tombstone",
     "kvledger.ledger.upkeep",
     "kvledger.ledger.fold",

@@ -22,13 +22,13 @@ cdef class Fold(Upkeep):
 
     @cython.locals(
         t=Side, key=tuple, by_id=dict, mask=cython.ulonglong, acked=cython.ulonglong, scheduled=cython.ulonglong,
-        envelope=_Envelope, ack=Ack, schedule=Schedule, first_try=bint
+        envelope=_Envelope, ack=Ack, schedule=Schedule, first_try=bint, window_end=double
     )
     cpdef apply(self, object event)
     cdef _after_close(self, Side t, object event)
     cdef _on_drop(self, object e)
-    cdef _first_sight(self, object event)
-    cdef _first_map(self, tuple key, Map e)
+    cdef _first_sight(self, object event, double window_end)
+    cdef _first_map(self, tuple key, Map e, double window_end)
     @cython.locals(blocks=tuple, held=set, before=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t)
     cdef _hold(self, Side t, tuple key, Map e, object deadline)
     cdef _on_map(self, Side t, Map e)

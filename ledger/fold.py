@@ -34,7 +34,7 @@ from kvledger.ledger.side import (
     local_exceeds_remote,
     low_layers_mask,
 )
-from kvledger.ledger.upkeep import Upkeep
+from kvledger.ledger.upkeep import Upkeep, window_end_of
 
 try:
     import cython
@@ -58,6 +58,8 @@ REASON_LOCAL_EXCEEDS_REMOTE = "local_blocks_exceed_remote"
 """A consumer holding more blocks than the producer sent cannot be filled."""
 
 REASON_EXPIRED_BEFORE_MAP = "expired before its map arrived"
+
+_INF: Final = float("inf")
 
 
 class Fold(Upkeep):
@@ -93,24 +95,24 @@ class Fold(Upkeep):
         t = None if by_id is None else by_id.get(envelope.transfer_id)
         if t is None:
             key = (envelope.source, envelope.transfer_id)
-            if (
-                (self.tombstones or self.tombstones_old) and (key in self.tombstones or key in self.tombstones_old)
-            ) or (
-                (self.orphan_tombstones or self.orphan_tombstones_old)
-                and (key in self.orphan_tombstones or key in self.orphan_tombstones_old)
+            window_end = window_end_of(envelope.transfer_id)  # parsed once per side, not per event
+            if envelope.ts > window_end:
+                self._past_window(event, window_end)  # rule S (ledger/upkeep.py): judged alone
+                return None
+            if (self.tombstones and key in self.tombstones) or (
+                self.orphan_tombstones and key in self.orphan_tombstones
             ):
                 t = self._recall(key, envelope.ts)
-            elif self.tombstones_evicted and self._remembered(key):
-                self._after_eviction(event)
-                return None
-            elif kind is Map:
-                return self._first_map(key, event)  # type: ignore[arg-type]
             else:
-                t = self._first_sight(event)
-        t.last = event
-        t.events += 1
+                if window_end + self.arrival_lag_s < self.retired_through:
+                    self.behind_horizon += 1  # it may name a retired side: judged as new, counted
+                if kind is Map:
+                    return self._first_map(key, event, window_end)  # type: ignore[arg-type]
+                t = self._first_sight(event, window_end)
         if t.closed:
             return self._after_close(t, event)
+        t.last = event
+        t.events += 1
         # The commonest events (WRITE mode's layer schedules and acks, three in five) are folded
         # here when they decide nothing and need no evidence: the handlers' rules for that case,
         # inlined, and every other case goes to the handler. The layer mask: compiled, a C loop over
@@ -165,7 +167,13 @@ class Fold(Upkeep):
         """An event for a side in a terminal phase: the lifecycle table has no row for it, so it is
         recorded as evidence. Two maps are their own evidence: a map of a mapped side is a refused
         reuse or a duplicate (`_on_map`); the map of a side given up before its map is late, and
-        reopens it (mapped, then released at once by `_on_map`)."""
+        reopens it (mapped, then released at once by `_on_map`). Past the side's id window, rule S
+        (ledger/upkeep.py) judges the event alone, the side untouched: as if its tombstone were retired."""
+        if event.ts > t.window_end:
+            self._past_window(event, t.window_end)
+            return None
+        t.last = event
+        t.events += 1
         if type(event) is Map:
             if t.role is None:
                 self._late(t, event.seq)
@@ -178,25 +186,21 @@ class Fold(Upkeep):
         self.forged_by_reason[e.reason] = self.forged_by_reason.get(e.reason, 0) + 1
         self.forged_recent.append(e)
 
-    def _first_sight(self, event: Event) -> TransferState:
+    def _first_sight(self, event: Event, window_end: float) -> TransferState:
         key: Key = (event.source, event.transfer_id)
         if event.source not in self.sources:
             self.sources[event.source] = None
-        if self.orphans_evicted:
-            self.sides_unchecked += 1  # it may name an evicted orphan (ledger/upkeep.py)
         t = TransferState(
-            last=event, source=event.source, transfer_id=event.transfer_id, first=event,
+            last=event, source=event.source, transfer_id=event.transfer_id, first=event, window_end=window_end,
         )  # fmt: skip
         self._put_side(key, t)
         self.unmapped[key] = t
         return t
 
-    def _first_map(self, key: Key, e: Map) -> Release | None:
+    def _first_map(self, key: Key, e: Map, window_end: float) -> Release | None:
         """The common case, a map before any other event of its side: the side is made mapped."""
         if e.source not in self.sources:
             self.sources[e.source] = None
-        if self.orphans_evicted:
-            self.sides_unchecked += 1  # it may name an evicted orphan (ledger/upkeep.py)
         # Positional on purpose (msgspec parses keywords ~8x slower, and this runs once per side),
         # in field order: last, events, closed, role, phase, mode, the five masks and counts,
         # acks_expected, recv, whole_acked, whole_scheduled, decision, source, transfer_id, map, then `first`
@@ -205,6 +209,8 @@ class Fold(Upkeep):
             e, 1, False, e.role, _MAPPED, e.mode, 0, 0, None, 0, 0, e.acks_expected,
             False, False, False, None, e.source, e.transfer_id, e, None,
         )  # fmt: skip
+        if window_end != _INF:
+            t.window_end = window_end  # unstamped (the default) keeps the shared infinity
         self._put_side(key, t)
         return self._hold(t, key, e, e.deadline)
 

@@ -76,8 +76,8 @@ class Indexes:
         reused-id event (`late_event`, `duplicate`, `over_ack`, `id_reuse`) and a never-mapped side's expiry
         (`orphan_ack`). Forgetting a side never lowers them, and a side compacted and then recalled by another
         such event is not counted again (its tombstone keeps which it had: ledger/tombstone.py), so a running
-        ledger that forgets decided sides counts what an audit of its whole log reports. Past the tombstone
-        bounds the events on evicted sides are counted apart instead (ledger/upkeep.py)."""
+        ledger that forgets decided sides counts what an audit of its whole log reports. Rule S's findings
+        (events of a stamped id past its window, ledger/upkeep.py) are counted once per side too."""
 
     def grown_containers(self) -> list[object]:
         """The containers that grow with the fold, each holding only atomic values (keys, numbers, sides
@@ -297,8 +297,8 @@ class Indexes:
     def has_evidence(self, key: Key) -> bool:
         """Whether an audit reports the side, or may: late, duplicate, over-ack or reuse events, a
         double-owned block, an expired orphan, a producer released by expire, or a consumer of a
-        transfer whose producer was (the pair a premature_release is made of). Kept whole, such a
-        side can never be lost to the tombstone bound."""
+        transfer whose producer was (the pair a premature_release is made of). Kept whole by a caller
+        that keeps evidence (a replay), such a side stays until the audit reads it."""
         # Usually all empty: a key tuple is hashed into each only when it holds something (a replay's
         # compaction asks this of every side it forgets).
         if (

@@ -78,35 +78,20 @@ RANKS_MAX = 1 << 12
 LAYER_MASKS_CACHED_MAX = 4096
 """Distinct layer tuples whose bitmask the fold remembers (a few per model: one per step's slice)."""
 
-TOMBSTONES_MAX = 100_000
-"""Compacted transfer sides remembered (the newest half to all of this many, in two generations;
-about 0.5 KB each with 8 blocks a side, so 25-50 MB).
-A tombstone keeps a decided side's map and decision: a late event, a reused id or a consumer
-that proves a premature release is judged exactly as if the side had never been compacted.
-Past this, a generation is evicted (counted in `tombstones_evicted`; a replay warns) and its
-keys live on only in the id memory below."""
+ID_WINDOW_S = 1800.0
+"""How long a stamped transfer id (ledger/ids.py) is valid after its issue time: a RULE, not a memory bound.
+An event of a stamped id past it, whose side is not held open, is judged by the event alone (a map refused,
+anything else late: ledger/upkeep.py, rule S), so the fold may retire what it knows of the id and every
+answer stays the same. Longer than any transfer's life: the proxy issues the id before the prefill is
+queued, and a side lives at most its deadline, a lease's maximum (`kv_lease_max_s`, 480 s by default) past
+the defer timeout; 30 minutes leaves more than 20 for queueing and clock skew between proxy and engines."""
 
-ORPHAN_TOMBSTONES_MAX = 16_384
-"""Never-mapped sides that expired, kept whole once compacted (two generations; about 0.7 KB each).
-Apart from the tombstones above: orphans are rare, and a map for one is decided by its early events,
-so a burst of ordinary traffic must not evict them."""
-
-ID_MEMORY_GENERATION_IDS = 1 << 18
-"""Evicted keys per generation of the id memory (a Bloom filter; see ledger/idmemory.py)."""
-
-ID_MEMORY_GENERATIONS = 8
-"""Generations the id memory keeps: the last 7 x 262,144 keys are always remembered."""
-
-ID_MEMORY_BITS_PER_ID = 32
-"""Bloom bits per key (1 MiB a generation, 8 MiB in all at the sizes above)."""
-
-ID_MEMORY_HASHES = 10
-"""Bit positions per key: about 1.9e-6 false positives per full generation at 32 bits a key (16 would
-give 3.3e-7, for 60% more time on every side compacted)."""
-
-ID_MEMORY_FALSE_POSITIVE_MAX = 1e-4
-"""The documented bound on a fresh key mistaken for a forgotten one, all generations full
-(computed: 8 x 1.9e-6 = 1.6e-5)."""
+ARRIVAL_LAG_S = 300.0
+"""How far behind the upkeep's clock (log time in a replay, the service's clock running) an event may
+arrive and still find its stamped id's tombstone: a tombstone is retired at window end plus this. An event
+later than that and still inside its window (impossible in a time-ordered log; a store ingesting a spill
+late) is counted as `behind_horizon` and the summary says its answers are not exact. Memory for stamped
+ids is about (new sides per second) x (ID_WINDOW_S + ARRIVAL_LAG_S) tombstones."""
 
 LOST_SILENCE_TRANSFER_TIMEOUTS = 3
 """A source holding blocks that has appended nothing for this many transfer timeouts is lost: its engine

@@ -18,7 +18,7 @@ cdef extern from *:
             *deferrals, *duplicate_seqs, *early_mask, *events, *expected, *first, *last, *late_seqs,
             *lease_until, *leases, *map_event, *mode, *over_ack_seqs, *pending_fail, *phase,
             *ranks_mask, *recv, *retries, *reuse_seqs, *reused_by, *role, *scheduled_mask, *source,
-            *transfer_id, *transient_failures, *transient_since, *whole_acked, *whole_scheduled;
+            *transfer_id, *transient_failures, *transient_since, *whole_acked, *whole_scheduled, *window_end;
     } kvledger_TransferState;
     typedef struct {
         PyObject_HEAD
@@ -86,6 +86,7 @@ cdef extern from *:
         cdef object transient_since
         cdef object whole_acked
         cdef object whole_scheduled
+        cdef object window_end
 
     ctypedef class kvledger.ledger.events._Envelope [object kvledger__Envelope, check_size error]:
         cdef object seq

@@ -35,57 +35,31 @@ def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
 
 
 def compaction_report(state: LedgerState) -> dict[str, int]:
-    """How much the bounded memory held and whether its bounds were hit (then some answers are approximate:
-    `compaction_warning` says which)."""
+    """What the memory held, and whether any answer may not be exact (`compaction_warning` says which).
+
+    `tombstones`: compacted sides held; `unstamped_held`: those of unstamped ids, which are never retired
+    (memory grows with them; stamped ids, ledger/ids.py, bound it by the id window); `behind_horizon`:
+    events that may have named a retired stamped id, judged as new (not exact)."""
     return {
         "tombstones": state.tombstone_count,
-        "tombstones_evicted": state.tombstones_evicted,
-        "orphans_evicted": state.orphans_evicted,
-        "late_after_eviction": state.late_after_eviction,
-        "reused_after_eviction": state.reused_after_eviction,
-        "sides_unchecked": state.sides_unchecked,
+        "unstamped_held": state.unstamped_held,
+        "behind_horizon": state.behind_horizon,
     }
 
 
 def compaction_warning(state: LedgerState) -> str | None:
-    """A sentence for people when a memory bound was hit (else None), saying exactly what it changed.
+    """A sentence for people when an answer may not be exact (else None), saying exactly what changed.
 
-    Past the tombstone bound, events that fell on an evicted side are counted, not judged (a map refused on
-    the id memory's word). Past the orphan bound, no id of an evicted never-mapped side is kept: a side first
-    seen after that may be one of them, taken for a new transfer where the whole history decides it as the
-    orphan (a map released at once, as expired before it), so every such side is counted as unchecked."""
-    if not state.tombstones_evicted and not state.orphans_evicted:
+    Every answer is exact but one: an event inside its stamped id's window that arrived more than
+    `arrival_lag_s` behind the upkeep's clock, after the id's tombstone may have been retired (impossible in
+    a time-ordered log). It is judged as the first event of a new side, and counted."""
+    if not state.behind_horizon:
         return None
-    parts: list[str] = []
-    exact = True
-    if state.tombstones_evicted:
-        head = f"{state.tombstones_evicted} compacted transfer sides evicted past {state.tombstones_max} tombstones"
-        if state.late_after_eviction or state.reused_after_eviction:
-            exact = False
-            head += (
-                f": {state.late_after_eviction} later events for them were counted, not judged, and "
-                f"{state.reused_after_eviction} maps of their ids were refused on the id memory's word"
-            )
-        else:
-            head += ": no later event fell on them"
-        parts.append(head)
-    if state.orphans_evicted:
-        head = (
-            f"{state.orphans_evicted} never-mapped sides evicted past {state.orphan_tombstones_max}, their ids "
-            "forgotten"
-        )
-        if state.sides_unchecked:
-            exact = False
-            head += (
-                f": {state.sides_unchecked} sides first seen after that could not be checked against them (one "
-                "that names an evicted side is taken for a new transfer, its map held until released or expired, "
-                "where the whole history releases it at once as expired before its map)"
-            )
-        else:
-            head += ": no side was first seen after that"
-        parts.append(head)
-    tail = "every finding and decision is exact" if exact else "the decisions and findings about those are not exact"
-    return f"memory bound hit: {'; '.join(parts)}; so {tail}"
+    return (
+        f"memory bound hit: {state.behind_horizon} events arrived more than {state.arrival_lag_s:g} s behind the "
+        "log's clock for stamped transfer ids that may have been retired; each was judged as the first event "
+        "of a new side, so the decisions and findings about those are not exact"
+    )
 
 
 def worst_severity(findings: list[Finding]) -> str | None:

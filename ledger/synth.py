@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import msgspec
 
 from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Schedule, Seal, TransferId
+from kvledger.ledger.ids import stamped_id
 from kvledger.ledger.limits import DEFAULT_DEFER_TIMEOUT_S
 
 
@@ -34,11 +35,20 @@ class SynthConfig:
     producer: str = "prefill-0/tp0"
     consumer: str = "decode-0/tp0"
     seq_assigned: bool = True
+    stamped: bool = True
+    """Transfer ids are stamped (ledger/ids.py) as kvledger's proxy issues them: issued at the transfer's
+    start, with the transfer's number as their random bits (no draw: the rest of the log is the same either
+    way). False: `tx-{number:08x}`, unstamped, as a third-party proxy's ids are to the fold."""
+
+
+def synth_transfer_id(cfg: SynthConfig, n: int, start: float) -> TransferId:
+    """The id of transfer number `n`, starting at `start` (see `SynthConfig.stamped`)."""
+    return stamped_id(start, n) if cfg.stamped else TransferId(f"tx-{n:08x}")
 
 
 def _transfer_events(cfg: SynthConfig, rng: random.Random, n: int, start: float) -> list[list[Event]]:
     """One transfer's events as a list of steps; each step is a list of events."""
-    tid = TransferId(f"tx-{n:08x}")
+    tid = synth_transfer_id(cfg, n, start)
     p_req, c_req = ReqId(f"p-{n}"), ReqId(f"c-{n}")
     # Block ids come from a bounded pool, as from vLLM's allocator; slots recycle long after
     # a transfer ends (8x the concurrency), so they never collide in time.

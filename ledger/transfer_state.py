@@ -6,6 +6,7 @@ read a side are in ledger/side.py."""
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 import msgspec
@@ -81,6 +82,11 @@ class TransferState(msgspec.Struct, gc=False, array_like=True):
     holds). Per side: forgotten with it."""
     leases: int = 0
     """Lease renewals folded on this side."""
+    window_end: float = math.inf
+    """The last event time this side's id window allows (its stamped id's issue time plus `ID_WINDOW_S`;
+    infinity for an unstamped id), parsed once, at the side's first sight: rule S (ledger/upkeep.py) is then
+    one comparison per event of a closed side. A float object, not a C double: the side is a msgspec Struct
+    (every field an object pointer, ledger/structs.pxd)."""
 
     @property
     def key(self) -> Key:

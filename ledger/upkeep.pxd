@@ -2,32 +2,25 @@
 
 cimport cython
 
-from kvledger.ledger.idmemory cimport IdMemory
 from kvledger.ledger.indexes cimport Indexes
 from kvledger.ledger.structs cimport TransferState as Side
 
 
 cdef class Upkeep(Indexes):
     cdef public dict tombstones
-    cdef public dict tombstones_old
-    cdef public object tombstones_max
-    cdef public Py_ssize_t tombstones_evicted
     cdef public dict orphan_tombstones
-    cdef public dict orphan_tombstones_old
-    cdef public object orphan_tombstones_max
-    cdef public Py_ssize_t orphans_evicted
-    cdef public Py_ssize_t sides_unchecked
-    cdef public object id_memory
-    cdef public Py_ssize_t late_after_eviction
-    cdef public Py_ssize_t reused_after_eviction
+    cdef public list retire_queue
+    cdef public double retired_through
+    cdef public double arrival_lag_s
+    cdef public Py_ssize_t behind_horizon
+    cdef public Py_ssize_t unstamped_held
+    cdef public dict past_window
+    cdef public dict settled
     cdef public dict compacted_by_phase
     cdef public dict compacted_by_mode
 
-    @cython.locals(memory=IdMemory)
+    cdef bint _premature_pair(self, tuple key) except -1
     cdef bint _forget(self, tuple key, Side t) except -1
-    cdef _evict(self, dict generation)
     cdef _tombstone(self, tuple key)
     cdef _recall(self, tuple key, object ts)
-    @cython.locals(memory=IdMemory)
-    cdef bint _remembered(self, tuple key) except -1
-    cdef _after_eviction(self, object event)
+    cdef _past_window(self, object event, double window_end)

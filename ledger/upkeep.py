@@ -1,19 +1,23 @@
 """Memory upkeep: decided sides compacted into tombstones, forgotten in decision order, recalled when
-a later event names them, and the bound past which tombstones are evicted (then only the id memory
-remembers their ids). The rule that keeps this from changing any answer is written below, at
-`Upkeep`; the property tests hold it (tests/ledger/test_compaction_properties.py)."""
+a later event names them, and retired by time once their id is older than the id window. The rules that
+keep this from changing any answer are written below, at `Upkeep`; the property tests hold them
+(tests/ledger/test_compaction_properties.py, tests/ledger/test_exact_memory.py)."""
 
 from __future__ import annotations
 
+import heapq
+import math
 import struct
 from collections import deque
 
+import msgspec
+
 from kvledger.ledger.decisions import Key
-from kvledger.ledger.events import Event, Map
-from kvledger.ledger.idmemory import IdMemory
+from kvledger.ledger.events import Event, Map, ReqId, TransferId
+from kvledger.ledger.ids import issued_at
 from kvledger.ledger.indexes import Indexes
 from kvledger.ledger.lifecycle import CAUSE_PHASE
-from kvledger.ledger.limits import ORPHAN_TOMBSTONES_MAX, TOMBSTONES_MAX
+from kvledger.ledger.limits import ARRIVAL_LAG_S, EVIDENCE_SEQS_MAX, ID_WINDOW_S
 from kvledger.ledger.side import TransferState
 from kvledger.ledger.tombstone import (
     Compacted,
@@ -26,53 +30,82 @@ from kvledger.ledger.tombstone import (
     with_found,
 )
 
+_INF = math.inf
+
+
+def window_end_of(transfer_id: str) -> float:
+    """The last event time the id window allows for `transfer_id`: its issue time plus `ID_WINDOW_S` for a
+    stamped id (ledger/ids.py), infinity for an unstamped one (held exactly, never judged by time)."""
+    issued = issued_at(transfer_id)
+    return _INF if issued is None else issued + ID_WINDOW_S
+
+
+class PastWindow(msgspec.Struct, gc=False, array_like=True):
+    """Events of a stamped id past its window (`ts > issued + ID_WINDOW_S`) that found no live side: each
+    judged by the event alone, never opening or recalling a side (rule S, `Upkeep`). Maps are refused
+    (`id_reuse`), any other event is late (`late_event`). Exact: nothing here depends on what memory holds."""
+
+    source: str
+    transfer_id: TransferId
+    window_end: float
+    map_seqs: list[int]
+    late_seqs: list[int]
+    maps: int = 0
+    late: int = 0
+    request_id: ReqId | None = None
+    """The first refused map's request."""
+    block_ids: tuple[int, ...] = ()
+    last_ts: float = 0.0
+
 
 class Upkeep(Indexes):
-    """The indexes, plus what bounds their memory.
+    """The indexes, plus what bounds their memory, exactly.
 
     The compaction rule: a side may be compacted only when no later event can change a decision
     or a finding about it, unless what the side becomes still answers that event the same way.
     A live or never-mapped, unexpired side is never compacted (later events decide it). A decided
     mapped side becomes a `Compacted` tombstone (ledger/tombstone.py): a later event recalls it
     whole enough to judge (late, duplicate or reused id, with the same evidence and detail), and a
-    merged audit reads its decision and arrival (premature_release) from it. A side with evidence
-    (see `has_evidence`) stays whole when the caller keeps evidence (replay, the service). Only
-    evicting a tombstone past `tombstones_max` loses anything: the events that then find no
-    tombstone are counted (`late_after_eviction`, `reused_after_eviction`), never silently judged.
+    merged audit reads its decision and arrival (premature_release) from it. A never-mapped side
+    that expired is kept whole (`orphan_tombstones`). A side with evidence (see `has_evidence`)
+    stays whole when the caller keeps evidence (replay, the service).
+
+    Rule S, the id window: an event of a stamped id (ledger/ids.py) whose `ts` is past the id's issue
+    time plus `ID_WINDOW_S`, and whose side is not held open (undecided), is judged by the event alone
+    (`past_window`): a map is refused, anything else is late; no side is opened or recalled. So whether
+    the side's tombstone is still held never changes an answer, and a stamped tombstone may be retired
+    once the upkeep's clock (`retire`) passes the window plus `arrival_lag_s`. An event of a retired id
+    that is still inside its window is more than `arrival_lag_s` behind that clock (impossible in a
+    time-ordered log); it is judged as a first sight and counted (`behind_horizon`), and the compaction
+    warning says those answers are not exact. Unstamped ids are never retired: exact, at the cost of
+    memory that grows with them (`unstamped_held`).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.tombstones: dict[Key, Compacted] = {}
-        """Compacted sides, newest generation. When it holds `tombstones_max / 2` it becomes
-        `tombstones_old` and the older one is evicted: bounded, no per-key pop."""
-        self.tombstones_old: dict[Key, Compacted] = {}
-        self.tombstones_max = TOMBSTONES_MAX
-        self.tombstones_evicted = 0
-        """Tombstones evicted by the bound: from the first one on, answers about those sides are
-        approximate (the id memory) and a replay says so."""
+        """Compacted mapped sides: exact, every one held until its id is retired (stamped ids only)."""
         self.orphan_tombstones: dict[Key, TransferState] = {}
-        """Never-mapped sides that expired, compacted whole (their early events decide a late map:
-        released at once, or failed by an early fail), newest generation; bounded apart from the
-        mapped sides' tombstones, so the common eviction never reaches them. Exact: a map's decision
-        must never rest on a filter's false positive (it would release a fresh transfer at once)."""
-        self.orphan_tombstones_old: dict[Key, TransferState] = {}
-        self.orphan_tombstones_max = ORPHAN_TOMBSTONES_MAX
-        self.orphans_evicted = 0
-        """Compacted orphans evicted by their bound: a map for one is then taken for a fresh transfer
-        (held until released or expired: safe, but not what the whole history decides: released at once,
-        as expired before its map), and a replay says so."""
-        self.sides_unchecked = 0
-        """Sides first seen (by their map or any other event) after an orphan was evicted: each may be an
-        evicted orphan's, which the fold can no longer tell (no id of an evicted orphan is kept), so its
-        decision and findings may differ from the whole history's (`kvledger.ledger.summary.compaction_warning`)."""
-        self.id_memory: IdMemory | None = None
-        """Keys of mapped sides ever compacted (created at the first compaction), consulted only
-        once a tombstone was evicted, so that below the bound every answer is exact."""
-        self.late_after_eviction = 0
-        """Events other than maps for sides whose tombstone was evicted (counted, not judged)."""
-        self.reused_after_eviction = 0
-        """Maps refused because the id memory remembers their id after its tombstone was evicted."""
+        """Never-mapped sides that expired, compacted whole (their early events decide a late map inside the
+        window: released at once, or failed by an early fail). Exact, retired like the tombstones."""
+        self.retire_queue: list[tuple[float, str, TransferId]] = []
+        """Heap of (retire time, source, transfer id) of stamped tombstones and orphans: the id's window end
+        plus `arrival_lag_s`. An entry whose key was recalled meanwhile finds nothing to retire."""
+        self.retired_through = -_INF
+        """The latest clock `retire` ran to: an unknown stamped id whose retire time is before it may be a
+        retired one (`behind_horizon`)."""
+        self.arrival_lag_s = ARRIVAL_LAG_S
+        """How far behind the upkeep's clock an event may arrive and still find its side (`ARRIVAL_LAG_S`)."""
+        self.behind_horizon = 0
+        """Events inside their id's window for a stamped id that may have been retired: judged as first
+        sights, not exactly (`ledger.summary.compaction_warning`)."""
+        self.unstamped_held = 0
+        """Compacted sides of unstamped ids held: never retired, so memory grows with them (stamping bounds it)."""
+        self.past_window: dict[Key, PastWindow] = {}
+        """Rule S's evidence: per key, the events past its id window (refused maps, late events)."""
+        self.settled: dict[Key, Compacted] = {}
+        """Retired tombstones a merged audit still reads: producers released by expire and the consumers of
+        their transfers (premature_release). Kept for good, like evidence: one per such fault."""
         self.compacted_by_phase: dict[str, int] = {}
         self.compacted_by_mode: dict[str, int] = {}
 
@@ -88,9 +121,9 @@ class Upkeep(Indexes):
         With `upto_seq_by_source`, only sides whose last event is at or below that seq
         (persisted) go. With `clean_only`, sides that carry audit evidence (see
         `has_evidence`) stay whole. With `decided_before_ts`, only sides whose last event is
-        older than that go. Each becomes a tombstone (bounded by `tombstones_max`); phase and
-        mode counts of compacted sides are kept in `compacted_by_phase` / `compacted_by_mode`.
-        Returns how many went.
+        older than that go, and stamped ids are retired up to it (`retire`). Each becomes a
+        tombstone; phase and mode counts of compacted sides are kept in `compacted_by_phase` /
+        `compacted_by_mode`. Returns how many went.
         """
         dropped = 0
         for key, t in list(self.transfers.items()):
@@ -106,11 +139,14 @@ class Upkeep(Indexes):
         if dropped:
             transfers = self.transfers
             self.decided = deque(item for item in self.decided if (item[1], item[2]) in transfers)
+        if decided_before_ts is not None:
+            self.retire(decided_before_ts)
         return dropped
 
     def forget_decided(self, before_ts: float, *, keep_evidence: bool = False) -> int:
         """Compact sides decided before `before_ts` whose last event is older too, in decision order;
-        O(1) per side (what a running connector does every step, and a replay between chunks).
+        O(1) per side (what a running connector does every step, and a replay between chunks), then
+        retire stamped ids up to `before_ts` (`retire`).
         With `keep_evidence`, sides an audit would report (see `has_evidence`) stay whole for good
         instead. Returns how many went."""
         decided = self.decided
@@ -127,7 +163,37 @@ class Upkeep(Indexes):
             if keep_evidence and self.has_evidence(key):
                 continue
             dropped += self._forget(key, t)
+        self.retire(before_ts)
         return dropped
+
+    def retire(self, now: float) -> int:
+        """Retire the tombstones and orphans of stamped ids whose window plus `arrival_lag_s` ended before
+        `now` (the upkeep's clock: log time in a replay, the service's clock running). Rule S judges every
+        later event of theirs past the window without them. Returns how many went."""
+        if now > self.retired_through:
+            self.retired_through = now
+        queue = self.retire_queue
+        retired = 0
+        while queue and queue[0][0] < now:
+            _, source, transfer_id = heapq.heappop(queue)
+            key = (source, transfer_id)
+            tomb = self.tombstones.pop(key, None)
+            if tomb is not None:
+                retired += 1
+                if self.expired_producers and self._premature_pair(key):
+                    self.settled[key] = tomb
+            elif self.orphan_tombstones.pop(key, None) is not None:
+                retired += 1
+        return retired
+
+    def _premature_pair(self, key: Key) -> bool:
+        """Whether a merged audit's premature_release may read `key`: a producer released by expire, or a
+        side of the same transfer as one."""
+        expired = self.expired_producers
+        if key in expired:
+            return True
+        tid = key[1]
+        return any((source, tid) in expired for source in self.sources)
 
     def _forget(self, key: Key, t: TransferState) -> bool:
         """Compact one decided side; False (kept whole) when its numbers do not fit a tombstone."""
@@ -154,21 +220,14 @@ class Upkeep(Indexes):
         if self.orphans_expired:
             self.orphans_expired.pop(key, None)
         if tomb is not None:
-            memory = self.id_memory
-            if memory is None:
-                memory = self.id_memory = IdMemory()
-            memory.add(key[0], key[1])
-            tombstones = self.tombstones
-            tombstones[key] = tomb
-            if len(tombstones) >= self.tombstones_max // 2:
-                self._evict(self.tombstones_old)
-                self.tombstones_old, self.tombstones = tombstones, {}
+            self.tombstones[key] = tomb
         else:
-            orphans = self.orphan_tombstones
-            orphans[key] = t
-            if len(orphans) >= self.orphan_tombstones_max // 2:
-                self.orphans_evicted += len(self.orphan_tombstones_old)
-                self.orphan_tombstones_old, self.orphan_tombstones = orphans, {}
+            self.orphan_tombstones[key] = t
+        window_end = t.window_end
+        if window_end == _INF:
+            self.unstamped_held += 1
+        else:
+            heapq.heappush(self.retire_queue, (window_end + self.arrival_lag_s, key[0], key[1]))
         phase = t.phase
         by_phase, by_mode = self.compacted_by_phase, self.compacted_by_mode
         by_phase[phase] = by_phase.get(phase, 0) + 1
@@ -176,60 +235,62 @@ class Upkeep(Indexes):
         by_mode[mode] = by_mode.get(mode, 0) + 1
         return True
 
-    def _evict(self, generation: dict[Key, Compacted]) -> None:
-        """The bound: the oldest tombstones go; from now on their keys are only in the id memory."""
-        if not generation:
-            return
-        self.tombstones_evicted += len(generation)
-        if self.expired_producers:
-            expired = self.expired_producers
-            for key in generation:
-                expired.pop(key, None)
-
     def _tombstone(self, key: Key) -> Compacted | None:
-        tomb = self.tombstones.get(key)
-        return tomb if tomb is not None else self.tombstones_old.get(key)
+        return self.tombstones.get(key)
 
     def _recall(self, key: Key, ts: float) -> TransferState:
         """Bring a compacted side back into `transfers` because an event for it came."""
         tomb = self.tombstones.pop(key, None)
-        if tomb is None:
-            tomb = self.tombstones_old.pop(key, None)
         if tomb is not None:
             t = _rebuilt(key, tomb)
         else:
-            orphan = self.orphan_tombstones.pop(key, None)
-            t = orphan if orphan is not None else self.orphan_tombstones_old.pop(key)
+            t = self.orphan_tombstones.pop(key)
             self.orphans_expired[key] = None
+        if t.window_end == _INF:
+            self.unstamped_held -= 1
         self._put_side(key, t)
         self.compacted_by_phase[t.phase] -= 1  # counted whole again (summaries add both)
         self.compacted_by_mode[t.mode or "unmapped"] -= 1
         self.decided.append((ts, key[0], key[1], t))
         return t
 
-    def _remembered(self, key: Key) -> bool:
-        memory = self.id_memory
-        return memory is not None and memory.contains(key[0], key[1])
-
-    def _after_eviction(self, event: Event) -> None:
-        """An event for a side compacted and then evicted: a map is refused, anything else is late;
-        both are counted (a replay reports them), neither can be judged in full any more."""
+    def _past_window(self, event: Event, window_end: float) -> None:
+        """Rule S: an event past its stamped id's window, for a side not held open, judged alone."""
+        key = (event.source, event.transfer_id)
+        if event.source not in self.sources:
+            self.sources[event.source] = None
+        record = self.past_window.get(key)
+        if record is None:
+            record = self.past_window[key] = PastWindow(event.source, event.transfer_id, window_end, [], [])
+        record.last_ts = event.ts
         if type(event) is Map:
-            self.reused_after_eviction += 1
+            if not record.maps:
+                self._found("id_reuse")
+                record.request_id = event.request_id
+                record.block_ids = event.block_ids
+            record.maps += 1
+            if len(record.map_seqs) < EVIDENCE_SEQS_MAX:
+                record.map_seqs.append(event.seq)
         else:
-            self.late_after_eviction += 1
+            if not record.late:
+                self._found("late_event")
+            record.late += 1
+            if len(record.late_seqs) < EVIDENCE_SEQS_MAX:
+                record.late_seqs.append(event.seq)
 
     # -- queries ------------------------------------------------------------
 
-    def was_mapped(self, key: Key) -> bool:
-        """Whether a map of `key` would be refused: the side was mapped, live, decided or compacted (and,
-        past the tombstone bound, the id memory says so; see ledger/idmemory.py for its error rates)."""
+    def was_mapped(self, key: Key, ts: float | None = None) -> bool:
+        """Whether a map of `key` (at `ts`, when given) would be refused: the side was mapped, live, decided
+        or compacted, or its stamped id is past its window at `ts` (rule S)."""
         t = self.transfers.get(key)
         if t is not None:
-            return t.role is not None
-        if self._tombstone(key) is not None:
+            if t.role is not None:
+                return True
+            return ts is not None and t.closed and ts > t.window_end
+        if key in self.tombstones:
             return True
-        return bool(self.tombstones_evicted) and self._remembered(key)
+        return ts is not None and ts > window_end_of(key[1])
 
     def side(self, key: Key) -> TransferState | None:
         """The side of `key` as an audit sees it: held whole, or rebuilt (detached) from its tombstone."""
@@ -237,20 +298,16 @@ class Upkeep(Indexes):
         if t is not None:
             return t
         tomb = self._tombstone(key)
+        if tomb is None:
+            tomb = self.settled.get(key)
         if tomb is not None:
             return _rebuilt(key, tomb)
-        orphan = self.orphan_tombstones.get(key)
-        return orphan if orphan is not None else self.orphan_tombstones_old.get(key)
+        return self.orphan_tombstones.get(key)
 
     @property
     def tombstone_count(self) -> int:
         """Compacted sides held: mapped sides' tombstones and never-mapped sides kept whole."""
-        return (
-            len(self.tombstones)
-            + len(self.tombstones_old)
-            + len(self.orphan_tombstones)
-            + len(self.orphan_tombstones_old)
-        )
+        return len(self.tombstones) + len(self.orphan_tombstones)
 
 
 def _rebuilt(key: Key, tomb: Compacted) -> TransferState:
@@ -271,6 +328,7 @@ def _rebuilt(key: Key, tomb: Compacted) -> TransferState:
         map_event=m,
         arrived_ts=numbers.arrived_ts,
         arrived_seq=numbers.arrived_seq,
+        window_end=window_end_of(key[1]),
     )
     if tomb.found:
         mark_found(t, tomb.found)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+import os
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kvledger.ledger.ids import stamped_id
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +67,9 @@ class ProxySettings:
 
 
 def new_transfer_id() -> str:
-    return f"tx-{uuid.uuid4().hex}"
+    """A stamped id (ledger/ids.py): issued now, so the ledger judges it by time once it is older than
+    `ID_WINDOW_S` and need not remember it past that."""
+    return stamped_id(time.time(), os.urandom(10))
 
 
 def prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> dict[str, Any]:

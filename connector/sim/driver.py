@@ -56,6 +56,7 @@ from kvledger.connector.sim.requests import SideRecord, SimRequest
 from kvledger.connector.sim.silent import SilentPeer
 from kvledger.connector.sim.tally import Tally
 from kvledger.ledger.events import ReqId, TransferId
+from kvledger.ledger.ids import stamped_id
 
 LOCAL_TRAFFIC_NUMBER_BASE = 1 << 40
 """Content numbers of the producer's local traffic: apart from every storm request's."""
@@ -220,8 +221,14 @@ class Storm:
             arrived += 1
             self._last_issue_now = now
 
+    def _issue_now(self, round_number: int) -> float:
+        """The proxy's clock when a request of round `round_number` arrives (the soak's jumps over idle time)."""
+        return self.config.start_ts + round_number * self.config.step_s
+
     def _issue(self, number: int, round_number: int) -> SimRequest:
-        tid = TransferId(f"tx-{self.config.seed}-{number:06d}")
+        # Stamped as kvledger's proxy stamps them (proxy/app.py), with the seed and the request's number as
+        # the random bits: the same run issues the same ids, and no two requests of a run share one.
+        tid = stamped_id(self._issue_now(round_number), ((self.config.seed % (1 << 42)) << 32) | number)
         return self._new_request(number, round_number, tid, draw_faults(self.rng, self.config))
 
     def _new_request(

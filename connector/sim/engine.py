@@ -89,7 +89,7 @@ class SimEngine:
         *,
         clock: Callable[[], float] = time.time,
         previous: SimEngine | None = None,
-        tombstones_max: int | None = None,
+        arrival_lag_s: float | None = None,
         new_layout: bool = False,
     ) -> None:
         """`new_layout` (peer_restart_layout): this life's KV cache has another layout than the first's: twice the
@@ -128,7 +128,7 @@ class SimEngine:
         """The longest wall time one hook call took in this engine."""
         ledgers = []
         for scheduler in (True, False):
-            ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock, tombstones_max=tombstones_max)
+            ledger = open_ledger(config, config.source(scheduler=scheduler), clock=clock, arrival_lag_s=arrival_lag_s)
             ledgers.append(ledger)
             self.events.setdefault(ledger.source, [])
             self.releases.setdefault(ledger.source, [])

@@ -60,8 +60,8 @@ is live or its decided side is still held whole."""
 REUSE_MINUTES_MIN_S = 60.0
 REUSE_MINUTES_MAX_S = 1800.0
 REUSE_HOURS_MIN_S = 3600.0
-"""A burst request that reuses an id picks one issued this long before: minutes (compacted, often past the
-tombstone bound) or hours."""
+"""A burst request that reuses an id picks one issued this long before: minutes (compacted, inside or past its
+id window) or hours (past it: refused by time, ledger/upkeep.py)."""
 
 DEATH_IN_BURST_MIN_S = 0.02
 DEATH_IN_BURST_MAX_S = 1.5

@@ -97,7 +97,7 @@ def soak_account(result: SoakResult) -> list[str]:
         f"first step",
         f"  memory: peak {r.peak_tracked_sides} tracked sides (bound {r.tracked_sides_bound}); per ledger "
         f"{r.peak_tracked_sides_per_ledger} (bound {r.tracked_sides_bound_per_ledger}); "
-        f"{r.tombstone_generations} tombstone generations evicted",
+        f"{r.tombstones_retired_total} tombstones retired past their id's window",
         *_outcome_lines(r, "requests nobody could serve (a READ producer was down)"),
         f"  same releases and findings with compaction (default; every {SOAK_REPLAY_COMPACT_EVERY} events) and "
         f"without: {r.compaction_invariant} (the default replay compacted {r.replay_compacted_sides} sides)",
@@ -140,7 +140,7 @@ def soak_figures(results: Sequence[SoakResult]) -> dict[str, Any]:
             (n for r in results for n in r.peak_tracked_sides_per_ledger.values()), default=0
         ),
         "tracked_sides_bound_per_ledger": min((r.tracked_sides_bound_per_ledger for r in results), default=0),
-        "tombstone_generations": summed("tombstone_generations"),
+        "tombstones_retired": summed("tombstones_retired_total"),
         "failed_soaks": sum(1 for r in results if not r.ok),
         "wall_seconds": round(sum(r.wall_seconds for r in results), 1),
     }

@@ -52,6 +52,9 @@ from kvledger.connector.sim.requests import SimRequest
 from kvledger.connector.sim.soak_config import SoakConfig, log_uniform
 from kvledger.connector.sim.tally import Tally
 from kvledger.ledger.events import Role, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.ids import issued_at
+from kvledger.ledger.limits import ID_WINDOW_S
 
 ConsumerState: TypeAlias = Literal["new", "loading", "loaded", "running", "preempted", "recompute", "done"]
 TimerKind: TypeAlias = Literal["arrival", "preempt", "reask", "finish", "engine"]
@@ -90,10 +93,15 @@ class SoakTally(Tally):
     wrongly_accepted: list[str] = field(default_factory=list)
     unmapped_refused: list[str] = field(default_factory=list)
     restarts: Counter[str] = field(default_factory=Counter)
-    evicted_before_restart: Counter[str] = field(default_factory=Counter)
+    retired_before_restart: Counter[str] = field(default_factory=Counter)
     peak_total: int = 0
     peak_per_ledger: dict[str, int] = field(default_factory=dict)
     refold_max: int = 0
+
+
+def retired(state: LedgerState) -> int:
+    """Tombstones `state` retired past their id's window: sides compacted and no longer held."""
+    return sum(state.compacted_by_phase.values()) - state.tombstone_count
 
 
 class Timers:
@@ -155,6 +163,9 @@ class Soak(Storm):
     def _new_tally(self) -> Tally:
         return SoakTally()
 
+    def _issue_now(self, round_number: int) -> float:
+        return self.now
+
     def _engine(
         self, config: ConnectorConfig, previous: SimEngine | None = None, *, new_layout: bool = False
     ) -> SimEngine:
@@ -164,7 +175,7 @@ class Soak(Storm):
             self.network,
             clock=self._clock,
             previous=previous,
-            tombstones_max=self.config.tombstones_max,
+            arrival_lag_s=self.config.arrival_lag_s,
             new_layout=new_layout,
         )
 
@@ -187,7 +198,7 @@ class Soak(Storm):
             engine = self._role_engine(role)
             if action == "die":
                 for ledger in engine.ledgers:
-                    self.tally.evicted_before_restart[ledger.source] += ledger.state.tombstones_evicted
+                    self.tally.retired_before_restart[ledger.source] += retired(ledger.state)
                 self._kill(engine)
                 self.timers.push("engine", now + self.rng.uniform(cfg.downtime_min_s, cfg.downtime_max_s), ("up", role))
             else:
@@ -354,7 +365,7 @@ class Soak(Storm):
 
     def _answer(self, role: Role, tid: TransferId) -> str:
         """How the engine's scheduler ledger knows `tid` right now: a live side, a decided side held whole,
-        a tombstone, the id memory past the tombstone bound, or not at all."""
+        a tombstone, by time (a stamped id past its window: rule S), or not at all."""
         ledger = self._role_engine(role).scheduler.ledger
         state, key = ledger.state, (ledger.source, tid)
         if key in state.live:
@@ -363,14 +374,19 @@ class Soak(Storm):
             return "whole"
         if state.side(key) is not None:
             return "tombstone"
-        return "id_memory" if state.was_mapped(key) else "unknown"
+        return "past_window" if state.was_mapped(key, self.now) else "unknown"
 
     def _judge(self, role: Role, request: SimRequest, *, refused: bool, answer: str | None) -> None:
         """Check a side's answer to a transfer id against the driver's record of what that engine accepted."""
         tally, tid = self.tally, request.transfer_id
         accepted = self.ever_mapped[role]
+        issued = issued_at(tid)
         if refused and tid not in accepted:
-            tally.unmapped_refused.append(f"{role}:{tid}:{request.number}")  # an id-memory false positive
+            if issued is not None and self.now > issued + ID_WINDOW_S:
+                tally.refused[role] += 1  # by time: past its window, whoever used it (rule S, ledger/upkeep.py)
+                tally.answers[f"{role}:past_window_unused"] += 1
+            else:
+                tally.unmapped_refused.append(f"{role}:{tid}:{request.number}")  # refused though never used
         elif refused:
             tally.refused[role] += 1
             tally.answers[f"{role}:{answer}"] += 1

@@ -25,7 +25,7 @@ from kvledger.connector.sim.check import (
 )
 from kvledger.connector.sim.faults import NO_FAULTS
 from kvledger.connector.sim.limits import SOAK_REPLAY_COMPACT_EVERY
-from kvledger.connector.sim.soak import Soak, SoakTally
+from kvledger.connector.sim.soak import Soak, SoakTally, retired
 from kvledger.connector.sim.soak_config import SoakResult
 from kvledger.ledger.audit import Finding, audit
 from kvledger.ledger.events import Event
@@ -94,12 +94,12 @@ def _soak_figures(soak: Soak, tally: SoakTally, r: SoakResult) -> None:
     r.reuses_wrongly_accepted = list(tally.wrongly_accepted)
     r.unmapped_ids_refused = list(tally.unmapped_refused)
     r.restarts = dict(sorted(tally.restarts.items()))
-    evicted = dict(tally.evicted_before_restart)
+    gone = dict(tally.retired_before_restart)
     for engine in soak.engines:
         for ledger in engine.ledgers:
-            evicted[ledger.source] = evicted.get(ledger.source, 0) + ledger.state.tombstones_evicted
-    r.tombstones_evicted = dict(sorted(evicted.items()))
-    r.tombstone_generations = sum(evicted.values()) // max(1, cfg.tombstones_max // 2)
+            gone[ledger.source] = gone.get(ledger.source, 0) + retired(ledger.state)
+    r.tombstones_retired = dict(sorted(gone.items()))
+    r.tombstones_retired_total = sum(gone.values())
     r.peak_tracked_sides = tally.peak_total
     r.peak_tracked_sides_per_ledger = dict(sorted(tally.peak_per_ledger.items()))
     r.tracked_sides_bound = cfg.tracked_sides_bound

@@ -14,7 +14,7 @@ from typing import Literal, TypeAlias
 from kvledger.connector.sim.config import FAULT_KINDS, FaultKind, StormConfig, StormResult
 from kvledger.connector.sim.faults import horizon_s
 from kvledger.connector.sim.limits import REUSE_SOON_MAX_S
-from kvledger.ledger.limits import MAINTENANCE_INTERVAL_S
+from kvledger.ledger.limits import ARRIVAL_LAG_S, ID_WINDOW_S, MAINTENANCE_INTERVAL_S
 
 SoakFaultKind: TypeAlias = Literal["preempt_reask", "recompute", "id_reuse", "restart"]
 SOAK_FAULT_KINDS: tuple[SoakFaultKind, ...] = ("preempt_reask", "recompute", "id_reuse", "restart")
@@ -72,11 +72,10 @@ class SoakConfig(StormConfig):
     downtime_min_s: float = 5.0
     downtime_max_s: float = 180.0
     """How long a dead engine stays down before it restarts."""
-    tombstones_max: int = 32
-    """Each running ledger's tombstone bound (`LedgerState.tombstones_max`), small so that generations rotate
-    many times: tombstones keep the last `tombstones_max / 2` to `tombstones_max` compacted sides exact,
-    about `tombstones_max / rate` seconds of history at a ledger's rate of new sides; older ids are
-    answered by the id memory (ledger/idmemory.py)."""
+    arrival_lag_s: float = ARRIVAL_LAG_S
+    """Each running ledger's `LedgerState.arrival_lag_s`: a stamped id's tombstone is retired once the
+    ledger's upkeep clock passes its issue time + `ID_WINDOW_S` + this; reuses after that are refused by
+    time (rule S, ledger/upkeep.py), exactly as before."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -85,8 +84,8 @@ class SoakConfig(StormConfig):
             raise ValueError(f"unknown soak fault kinds {sorted(unknown)}; known: {list(SOAK_FAULT_KINDS)}")
         if "peer_death" in self.faults:
             raise ValueError("a soak's engines come back: use the 'restart' soak fault, not peer_death")
-        if self.sim_hours <= 0 or self.burst_requests_max < 1 or self.tombstones_max < 2:
-            raise ValueError("sim_hours must be > 0, burst_requests_max >= 1 and tombstones_max >= 2")
+        if self.sim_hours <= 0 or self.burst_requests_max < 1 or self.arrival_lag_s < 0:
+            raise ValueError("sim_hours must be > 0, burst_requests_max >= 1 and arrival_lag_s >= 0")
         if not self.burst_window_s <= self.burst_gap_min_s <= self.burst_gap_max_s:
             raise ValueError(
                 f"burst_gap_min_s must be at least a burst's window ({self.burst_window_s:.1f} s) for the side "
@@ -119,9 +118,21 @@ class SoakConfig(StormConfig):
         return 4 * self.burst_requests_max
 
     @property
+    def tombstones_bound_per_ledger(self) -> int:
+        """Tombstones one running ledger holds: a side's goes once the ledger's maintenance clock (its clock
+        less `defer_timeout_s`, every `MAINTENANCE_INTERVAL_S`) passes its id's issue time + `ID_WINDOW_S` +
+        `arrival_lag_s`, so only requests issued in that span are held, one side each per ledger (a reuse's
+        refused map lands on the first owner's side): at most one burst per `burst_gap_min_s` of it, and
+        twice that with restarts (a reopened ledger refolds what the running one held)."""
+        span = ID_WINDOW_S + self.arrival_lag_s + self.defer_timeout_s + MAINTENANCE_INTERVAL_S + self.step_s
+        restarts = 2 if "restart" in self.soak_faults else 1
+        return restarts * self.burst_requests_max * (math.ceil(span / self.burst_gap_min_s) + 1)
+
+    @property
     def tracked_sides_bound_per_ledger(self) -> int:
-        """Whole sides plus tombstones (fewer than `tombstones_max`): independent of how long the run is."""
-        return self.whole_sides_max + self.tombstones_max
+        """Whole sides plus tombstones: set by the id window and the traffic's rate, not by how long the
+        run is."""
+        return self.whole_sides_max + self.tombstones_bound_per_ledger
 
     @property
     def tracked_sides_bound(self) -> int:
@@ -161,18 +172,18 @@ class SoakResult(StormResult):
     id_reuses_refused: dict[str, int] = field(default_factory=dict)
     """Per side (producer, consumer): reused ids that side refused."""
     id_reuse_answers: dict[str, int] = field(default_factory=dict)
-    """`side:regime` -> count: how the refusing ledger knew (live, whole decided side, tombstone, id memory)."""
+    """`side:regime` -> count: how the refusing ledger knew (live, whole decided side, tombstone, or by time:
+    past the id's window)."""
     reuses_across_restart: int = 0
     """Reused ids refused by an engine that had restarted since it mapped them."""
     reuses_wrongly_accepted: list[str] = field(default_factory=list)
     """`side:transfer id:request` accepted by an engine that had accepted that id before (must be empty)."""
     unmapped_ids_refused: list[str] = field(default_factory=list)
-    """Ids refused by an engine that never accepted them: an id-memory false positive (must be empty)."""
+    """Ids refused by an engine that never accepted them (must be empty)."""
     restarts: dict[str, int] = field(default_factory=dict)
-    tombstones_evicted: dict[str, int] = field(default_factory=dict)
-    """Per running ledger at the end (counted since its last restart): tombstones evicted past the bound."""
-    tombstone_generations: int = 0
-    """Tombstone generations evicted over the run, all ledgers (evictions / (tombstones_max / 2))."""
+    tombstones_retired: dict[str, int] = field(default_factory=dict)
+    """Per ledger, over the run (restarts included): tombstones retired past their id's window."""
+    tombstones_retired_total: int = 0
     peak_tracked_sides: int = 0
     peak_tracked_sides_per_ledger: dict[str, int] = field(default_factory=dict)
     tracked_sides_bound: int = 0

@@ -45,15 +45,15 @@ def load_state(
     *,
     use_snapshot: bool = True,
     retain_s: float | None = None,
-    tombstones_max: int | None = None,
+    arrival_lag_s: float | None = None,
 ) -> Recovered:
     """Fold `source`'s stored events (after its latest readable snapshot); seqs missing on the way are
     reported in `gaps`, not fatal (the fold takes events in any order; what is missing is evidence).
 
     With `retain_s`, decided sides are forgotten as the refold goes, as the running ledger forgot them
     (`Ledger.maintain`: those decided `retain_s` before, every `MAINTENANCE_INTERVAL_S` of log time), so a
-    restart holds what the running ledger held, not the whole history. `tombstones_max` is the state's
-    tombstone bound from the first event on (default: the snapshot's, else `TOMBSTONES_MAX`)."""
+    restart holds what the running ledger held, not the whole history. `arrival_lag_s` is the state's
+    (ledger/upkeep.py) from the first event on (default: the snapshot's, else `ARRIVAL_LAG_S`)."""
     state, start = LedgerState(), 0
     stored = store.latest_snapshot(source) if use_snapshot else None
     if stored is not None:
@@ -61,8 +61,8 @@ def load_state(
             state, start = snapshot.decode(stored.body), stored.seq
         except snapshot.SnapshotFormatError:
             state, start = LedgerState(), 0  # an old format: the events are the truth, refold them all
-    if tombstones_max is not None:
-        state.tombstones_max = tombstones_max
+    if arrival_lag_s is not None:
+        state.arrival_lag_s = arrival_lag_s
     expected = start + 1
     folded = 0
     gaps: list[tuple[int, int]] = []
@@ -126,10 +126,10 @@ def open_ledger(
     clock: Callable[[], float] = time.time,
     snapshot_tail_events_max: int = SNAPSHOT_TAIL_EVENTS_MAX,
     retain_s: float | None = None,
-    tombstones_max: int | None = None,
+    arrival_lag_s: float | None = None,
 ) -> Ledger:
     """A Ledger for `source` continuing the stored log: same state, next seq after the last stored one
-    (with `retain_s` and `tombstones_max`, forgotten and bounded as the running ledger was: `load_state`).
+    (with `retain_s` and `arrival_lag_s`, forgotten and retired as the running ledger was: `load_state`).
 
     When the refold after the latest snapshot was longer than `snapshot_tail_events_max`
     events, a new snapshot is written so that the next restart is short. Gaps in the stored
@@ -137,7 +137,7 @@ def open_ledger(
     """
     if spill_dir is not None:
         drain_spill(store, spill_dir)
-    recovered = load_state(store, source, retain_s=retain_s, tombstones_max=tombstones_max)
+    recovered = load_state(store, source, retain_s=retain_s, arrival_lag_s=arrival_lag_s)
     if recovered.gaps:
         shown = ", ".join(f"{first}..{last}" for first, last in recovered.gaps[:10])
         log.error(

@@ -19,22 +19,22 @@ import msgspec
 from kvledger.ledger.decisions import Cause, Key
 from kvledger.ledger.events import Drop, TransferId
 from kvledger.ledger.fold import LedgerState
-from kvledger.ledger.idmemory import IdMemory
 from kvledger.ledger.limits import FORGED_KEPT_MAX
 from kvledger.ledger.side import TransferState, copies, wide_masks
 from kvledger.ledger.tombstone import Compacted
+from kvledger.ledger.upkeep import PastWindow
 
-FORMAT = 12
-"""Bumped whenever the encoding below changes (9: the id memory's bits are set by `key_hash`, no longer
-blake2b, so an older snapshot's filter would answer wrongly; 10: sides written as `TransferState` arrays;
+FORMAT = 13
+"""Bumped whenever the encoding below changes (10: sides written as `TransferState` arrays;
 11: `forged_recent` written, so that the audit's forged_message findings survive a restart; 12: findings
-counted when found (`found_by_code`, and the kinds a tombstone's side had), `sides_unchecked`)."""
+counted when found (`found_by_code`, and the kinds a tombstone's side had); 13: exact id memory: a side's
+`window_end`, the retire queue and clock, rule S's `past_window` evidence, `settled` tombstones; no Bloom
+filter or evicted generations)."""
 
 _STATE_FIELDS = frozenset({
     "transfers", "live", "unmapped", "deadlines", "held", "contested", "double_owned", "anomalous",
-    "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "tombstones_old",
-    "tombstones_max", "tombstones_evicted", "id_memory", "orphan_tombstones", "orphan_tombstones_old",
-    "orphan_tombstones_max", "orphans_evicted", "sides_unchecked", "late_after_eviction", "reused_after_eviction",
+    "orphans_expired", "expired_producers", "retrying", "sources", "tombstones", "orphan_tombstones",
+    "retire_queue", "retired_through", "arrival_lag_s", "behind_horizon", "unstamped_held", "past_window", "settled",
     "releases_by_cause", "blocks_held", "decided", "layer_masks", "forged_recent", "sides_of",
 })  # fmt: skip
 """Every LedgerState field this encoding knows; `layer_masks` and `sides_of` (`transfers` by source) are
@@ -98,9 +98,6 @@ def _restored(stored: _Sides) -> list[TransferState]:
     return sides
 
 
-_IdMemoryPlain = tuple[int, int, int, int, int, list[bytes]]
-
-
 class Document(msgspec.Struct, kw_only=True):
     """A state as a snapshot writes it (`take`): plain data and copies, nothing the fold changes later."""
 
@@ -119,17 +116,14 @@ class Document(msgspec.Struct, kw_only=True):
     retrying: list[Key]
     sources: list[str]
     tombstones: list[tuple[Key, Compacted]]
-    tombstones_old: list[tuple[Key, Compacted]]
     orphan_tombstones: _Sides
-    orphan_tombstones_old: _Sides
-    orphan_tombstones_max: int
-    orphans_evicted: int
-    sides_unchecked: int
-    tombstones_max: int
-    tombstones_evicted: int
-    id_memory: _IdMemoryPlain | None
-    late_after_eviction: int
-    reused_after_eviction: int
+    retire_queue: list[tuple[float, str, TransferId]]
+    retired_through: float
+    arrival_lag_s: float
+    behind_horizon: int
+    unstamped_held: int
+    past_window: list[PastWindow]
+    settled: list[tuple[Key, Compacted]]
     releases_by_cause: list[tuple[Cause, int]]
     blocks_held: int
     forged_recent: list[Drop] = []
@@ -168,7 +162,6 @@ def encode_taken(document: Document) -> bytes:
             transfers=_chunks_encoded(document.transfers),
             deadlines=[d[:4] for d in document.deadlines],
             orphan_tombstones=_chunks_encoded(document.orphan_tombstones),
-            orphan_tombstones_old=_chunks_encoded(document.orphan_tombstones_old),
         )
     )
 
@@ -201,17 +194,17 @@ def take(state: LedgerState) -> Document:
         retrying=list(state.retrying),
         sources=list(state.sources),
         tombstones=list(state.tombstones.items()),
-        tombstones_old=list(state.tombstones_old.items()),
         orphan_tombstones=_stored(state.orphan_tombstones.values()),
-        orphan_tombstones_old=_stored(state.orphan_tombstones_old.values()),
-        orphan_tombstones_max=state.orphan_tombstones_max,
-        orphans_evicted=state.orphans_evicted,
-        sides_unchecked=state.sides_unchecked,
-        tombstones_max=state.tombstones_max,
-        tombstones_evicted=state.tombstones_evicted,
-        id_memory=state.id_memory.to_plain() if state.id_memory is not None else None,
-        late_after_eviction=state.late_after_eviction,
-        reused_after_eviction=state.reused_after_eviction,
+        retire_queue=list(state.retire_queue),
+        retired_through=state.retired_through,
+        arrival_lag_s=state.arrival_lag_s,
+        behind_horizon=state.behind_horizon,
+        unstamped_held=state.unstamped_held,
+        past_window=[
+            msgspec.structs.replace(r, map_seqs=list(r.map_seqs), late_seqs=list(r.late_seqs))
+            for r in state.past_window.values()
+        ],  # copies: the fold appends to the lists
+        settled=list(state.settled.items()),
         releases_by_cause=list(state.releases_by_cause.items()),
         blocks_held=state.blocks_held,
         forged_recent=list(state.forged_recent),
@@ -273,20 +266,14 @@ def decode(body: bytes | memoryview) -> LedgerState:
     state.retrying = {key: transfers[key] for key in doc.retrying}
     state.sources = dict.fromkeys(doc.sources)
     state.tombstones = {(source, tid): tomb for (source, tid), tomb in doc.tombstones}
-    state.tombstones_old = {(source, tid): tomb for (source, tid), tomb in doc.tombstones_old}
     state.orphan_tombstones = {t.key: t for t in _restored(doc.orphan_tombstones)}
-    state.orphan_tombstones_old = {t.key: t for t in _restored(doc.orphan_tombstones_old)}
-    state.orphan_tombstones_max = doc.orphan_tombstones_max
-    state.orphans_evicted = doc.orphans_evicted
-    state.sides_unchecked = doc.sides_unchecked
-    state.tombstones_max = doc.tombstones_max
-    state.tombstones_evicted = doc.tombstones_evicted
-    try:
-        state.id_memory = IdMemory.from_plain(doc.id_memory) if doc.id_memory is not None else None
-    except ValueError as error:
-        raise SnapshotFormatError(f"snapshot id memory: {error}") from None
-    state.late_after_eviction = doc.late_after_eviction
-    state.reused_after_eviction = doc.reused_after_eviction
+    state.retire_queue = [(retire_at, source, tid) for retire_at, source, tid in doc.retire_queue]
+    state.retired_through = doc.retired_through
+    state.arrival_lag_s = doc.arrival_lag_s
+    state.behind_horizon = doc.behind_horizon
+    state.unstamped_held = doc.unstamped_held
+    state.past_window = {(r.source, r.transfer_id): r for r in doc.past_window}
+    state.settled = {(source, tid): tomb for (source, tid), tomb in doc.settled}
     state.releases_by_cause = dict(doc.releases_by_cause)
     state.blocks_held = doc.blocks_held
     state.put_decided(doc.decided, sides)

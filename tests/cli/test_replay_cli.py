@@ -27,7 +27,7 @@ CHECKOUT_CLI = [sys.executable, "-m", "kvledger.cli"]
 
 
 def _incident(tmp_path: Path, seed: int = 5, **overrides: object) -> Path:
-    cfg = SynthConfig(**{"transfers": 400, "concurrency": 64, "fault_rate": 0.2, **overrides})  # type: ignore[arg-type]
+    cfg = SynthConfig(**{"transfers": 400, "concurrency": 64, "fault_rate": 0.2, "stamped": False, **overrides})  # type: ignore[arg-type]
     path = tmp_path / f"incident-{seed}.jsonl"
     write_log(path, generate(cfg, seed=seed))
     return path

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from kvledger.connector.figures import FINDINGS, FINDINGS_FOUND, MEMORY_BOUND, LedgerFigures
 from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.ids import stamped_id
 from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.limits import ARRIVAL_LAG_S, ID_WINDOW_S
 from kvledger.ledger.summary import compaction_report
 from tests.connector.prom_registry import registry_metrics, sample
 from tests.ledger.builders import Side
@@ -19,7 +21,7 @@ def test_the_counters_name_every_count_the_ledger_keeps() -> None:
     from kvledger.connector.prom import BOUND_COUNTS, FOUND_CODES
 
     state = LedgerState()
-    assert set(BOUND_COUNTS) == set(compaction_report(state)) - {"tombstones"}
+    assert set(BOUND_COUNTS) == set(compaction_report(state)) - {"tombstones", "unstamped_held"}
     p = Side("prefill-0/tp0")
     for event in (
         p.map("a", "r-1"), p.map("a", "r-1"), p.map("a", "r-2"), p.ack("a", "release"), p.ack("a", "release"),
@@ -49,26 +51,24 @@ def test_findings_found_outlive_the_ledger_forgetting_them_and_are_counted_once(
     assert sample(registry, FOUND, code="late_event") == 1  # kept, and counted once
 
 
-def test_a_ledger_past_its_orphan_bound_counts_the_sides_it_could_not_check() -> None:
-    p = Side("prefill-0/tp0")
+def test_a_ledger_counts_events_behind_its_horizon_and_the_unstamped_ids_it_holds() -> None:
+    p = Side("prefill-0/tp0", start_ts=5000.0)
     ledger = Ledger(p.source)
-    ledger.state.orphan_tombstones_max = 4
     figures = LedgerFigures(ledger)
     registry, prom = registry_metrics(1)
-    for i in range(6):
-        ledger.append(p.ack(f"orphan-{i}", "release"))
-        ledger.append(p.expire(f"orphan-{i}", "transfer"))
+    stamped = stamped_id(5000.0, 1)
+    for tid in (stamped, "tx-unstamped"):
+        ledger.append(p.map(tid, f"p-{tid}", blocks=(len(tid),)))
+        ledger.append(p.ack(tid, "release"))
     ledger.state.forget_decided(p.ts + 1)
     prom.observe(figures.take(p.ts), 0)
-    assert sample(registry, BOUND, what="orphans_evicted") == 4
-    assert sample(registry, BOUND, what="sides_unchecked") == 0
-    ledger.append(p.map("orphan-0", "p-late", blocks=(9,)))  # an evicted orphan's map: held as a new transfer
-    ledger.append(p.map("fresh", "p-1", blocks=(5,)))
+    assert sample(registry, BOUND, what="behind_horizon") == 0
+    assert sample(registry, "vllm:kvledger_unstamped_ids_held") == 1
+    ledger.state.forget_decided(5000.0 + ID_WINDOW_S + ARRIVAL_LAG_S + 1)  # retires the stamped id
+    ledger.append(p.ack(stamped, "release", rank=1, ts=5000.0 + ID_WINDOW_S - 1))  # inside its window, late
     taken = figures.take(p.ts)
-    assert taken[MEMORY_BOUND]["sides_unchecked"] == 2
+    assert taken[MEMORY_BOUND] == {"behind_horizon": 1}
     prom.observe(taken, 0)
     prom.observe(taken, 0)
-    assert sample(registry, BOUND, what="sides_unchecked") == 2
-    assert sample(registry, BOUND, what="orphans_evicted") == 4
-    assert sample(registry, BOUND, what="tombstones_evicted") == 0
-    assert sample(registry, FOUND, code="orphan_ack") == 6
+    assert sample(registry, BOUND, what="behind_horizon") == 1  # counted once
+    assert sample(registry, "vllm:kvledger_unstamped_ids_held") == 1

@@ -18,6 +18,8 @@ from kvledger.connector.reasons import REASON_ENGINE_RESTARTED
 from kvledger.connector.scheduler import SchedulerCore
 from kvledger.connector.store import open_ledger
 from kvledger.ledger.events import Fail, ReqId, TransferId
+from kvledger.ledger.ids import stamped_id
+from kvledger.ledger.limits import ARRIVAL_LAG_S, ID_WINDOW_S, MAINTENANCE_INTERVAL_S
 from tests.connector.pd import EnginePorts, make_config
 
 T0 = 1_700_000_000.0
@@ -97,24 +99,30 @@ def _remote(producer: ConnectorConfig) -> dict[str, object]:
 
 
 def test_a_restart_holds_no_more_sides_than_the_running_ledger_did(tmp_path: Path) -> None:
-    """Hours of history reopen into what a running ledger keeps: recent sides whole, older ones as tombstones
-    within the bound, the oldest in the id memory; every id used before is still refused."""
+    """Hours of history reopen into what a running ledger keeps: recent sides whole, tombstones of the ids
+    inside their window, older ids retired; every id used before is still refused (by time past its
+    window)."""
     producer, _ = _configs(f"sqlite:///{tmp_path}/ledger.db")
-    tombstones_max, sides = 16, 400
+    sides, every_s = 400, 30.0
     first = build_scheduler(producer)
-    for i in range(sides):  # one transfer every 30 s: more than three hours of log
-        now = T0 + 30.0 * i
-        assert _producer_maps(first, f"p-{i}", TransferId(f"tx-{i}"), now)[0]
+    tids = [stamped_id(T0 + every_s * i, i) for i in range(sides)]
+    for i, tid in enumerate(tids):  # one transfer every 30 s: more than three hours of log
+        now = T0 + every_s * i
+        assert _producer_maps(first, f"p-{i}", tid, now)[0]
         first.on_worker_output([ReqId(f"p-{i}")], [], [], now + 0.5)  # the consumer's release
     whole_before = len(first.state.transfers)  # what maintenance left whole (the last few minutes)
+    held_before = first.state.tombstone_count
     assert whole_before < 10
     first.ledger.close()
 
-    again = open_ledger(producer, producer.source(scheduler=True), tombstones_max=tombstones_max)
+    again = open_ledger(producer, producer.source(scheduler=True))
     state = again.state
-    assert state.tombstones_max == tombstones_max
-    assert len(state.transfers) <= whole_before and state.tombstone_count < tombstones_max
-    assert state.tombstones_evicted >= sides - tombstones_max - 2
+    # Held: the ids issued within the window, the arrival lag and the retention before the last maintenance.
+    span = ID_WINDOW_S + ARRIVAL_LAG_S + producer.defer_timeout_s + MAINTENANCE_INTERVAL_S
+    assert len(state.transfers) <= whole_before and held_before <= span / every_s + 2
+    assert state.tombstone_count <= span / every_s + 2 and state.unstamped_held == 0
+    assert (again.source, tids[0]) not in state.tombstones  # retired
+    now = T0 + every_s * sides
     for i in (0, sides // 2, sides - 1):
-        assert state.was_mapped((again.source, TransferId(f"tx-{i}")))
+        assert state.was_mapped((again.source, tids[i]), now)
     again.close()

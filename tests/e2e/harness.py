@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
+import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger.ids import stamped_id
 from tests.connector.pd import EnginePorts
 from tests.e2e.engine_main import ANSWER_MARKER
 
@@ -188,7 +189,8 @@ def prompts(count: int, base_len: int = 150) -> list[list[int]]:
 
 
 def transfer_id() -> str:
-    return f"tx-{uuid.uuid4().hex}"
+    """A stamped id, as kvledger's proxy issues (proxy/app.py `new_transfer_id`)."""
+    return stamped_id(time.time(), os.urandom(10))
 
 
 def peer_params(ports: EnginePorts) -> dict[str, Any]:

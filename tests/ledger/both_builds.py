@@ -9,8 +9,8 @@ Per seed, one unkind history (tests/ledger/histories.py, its shape drawn from th
 the property tests) and one synthetic run with faults (ledger/synth.py), each folded three ways:
 - whole (`fold_all`): every release in order, every side's plain view, the indexes and counts, and the
   audit's findings at moments on its boundaries;
-- replayed with compaction after every few events and a tombstone bound small enough to be hit
-  (the upkeep: tombstones, recall, eviction, the id memory);
+- replayed with compaction after every few events and an arrival lag small enough that stamped ids are
+  retired (the upkeep: tombstones, recall, retirement, rule S);
 - through a running `Ledger` that forgets decided sides as the connector does, then snapshotted and
   restored (what the store keeps);
 - as the service folds the store's rows (`kvledger.ledger.projection.fold_rows`): its releases and latencies, the
@@ -52,16 +52,17 @@ def _shape(rng: random.Random) -> Shape:
     """A shape from the domains tests/ledger/test_reference_oracle.py draws from, and sometimes longer."""
     return Shape(
         transfers=rng.randint(1, 24) if rng.random() < 0.8 else rng.randint(60, 200),
-        span_s=rng.choice([5.0, 40.0, 120.0, 600.0]),
+        span_s=rng.choice([5.0, 40.0, 120.0, 600.0, 6000.0]),
         faults_per_side=rng.choice([0.5, 1.0, 2.0, 4.0]),
         reuse_rate=rng.choice([0.0, 0.15, 0.4]),
         orphan_rate=rng.choice([0.0, 0.1, 0.3]),
         premature_rate=rng.choice([0.0, 0.3]),
         overfull_rate=rng.choice([0.0, 0.1]),
-        late_gap_s=rng.choice([5.0, 30.0, 200.0]),
+        late_gap_s=rng.choice([5.0, 30.0, 200.0, 2500.0]),
         block_pool=rng.randint(3, 64),
         producers=rng.choice([("prefill-0/tp0",), ("prefill-0/tp0", "prefill-1/tp0")]),
         consumers=rng.choice([("decode-0/tp0",), ("decode-0/tp0", "decode-1/tp0")]),
+        stamped_rate=rng.choice([0.0, 0.5, 1.0]),
     )
 
 
@@ -101,19 +102,21 @@ def _state(state: LedgerState, events: list[Event], seed: int) -> dict[str, Any]
             state.compacted_by_phase,
             state.compacted_by_mode,
             state.tombstone_count,
-            state.tombstones_evicted,
-            state.orphans_evicted,
-            state.late_after_eviction,
-            state.reused_after_eviction,
+            state.unstamped_held,
+            state.behind_horizon,
+            state.retired_through,
         ],
-        "tombstones": sorted(state.tombstones) + sorted(state.tombstones_old),
+        "tombstones": sorted(state.tombstones) + sorted(state.orphan_tombstones),
+        "retire_queue": sorted(state.retire_queue),
+        "past_window": list(state.past_window.items()),
+        "settled": sorted(state.settled),
         "findings": [canonical(audit(state, now)) for now in audit_moments(events, random.Random(seed))],
     }
 
 
 def _folded(events: list[Event], seed: int) -> dict[str, Any]:
     state, releases = fold_all(events)
-    with mock.patch.object(upkeep_module, "TOMBSTONES_MAX", 8):  # read when a state is made
+    with mock.patch.object(upkeep_module, "ARRIVAL_LAG_S", 1.0):  # read when a state is made
         replayed = replay_chunks(batched(events, BATCH), compact_every=3)
     by_source: dict[str, list[Event]] = {}
     for event in events:

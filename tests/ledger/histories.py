@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from kvledger.ledger.ids import stamped_id
 from kvledger.ledger.limits import LAYERS_MAX, RANKS_MAX
 
 TICK = 1 / 64
@@ -59,6 +60,10 @@ class Shape:
     """Block ids per source are drawn from range(block_pool): concurrent sides collide."""
     producers: tuple[str, ...] = ("prefill-0/tp0", "prefill-1/tp0")
     consumers: tuple[str, ...] = ("decode-0/tp0",)
+    stamped_rate: float = 0.0
+    """Chance a transfer's id is stamped (ledger/ids.py), issued up to `issue_lead_s` before its start: its
+    reuses and late events past `ID_WINDOW_S` are judged by rule S (ledger/upkeep.py)."""
+    issue_lead_s: float = 5.0
 
 
 def _t(x: float) -> float:
@@ -103,6 +108,8 @@ def history(seed: int, shape: Shape = Shape()) -> list[Event]:
             tid, producer, consumer = rng.choice(used)
         else:
             tid, producer, consumer = f"tx-{i}", rng.choice(shape.producers), rng.choice(shape.consumers)
+            if shape.stamped_rate and rng.random() < shape.stamped_rate:  # no draw when none are: old seeds hold
+                tid = stamped_id(max(0.0, start - rng.uniform(0.0, shape.issue_lead_s)), rng.getrandbits(74))
             used.append((tid, producer, consumer))
         sides.extend(_transfer(rng, shape, i, tid, producer, consumer, start))
     return _merge(rng, sides)

@@ -2,8 +2,8 @@
 many retention windows (REPLAY_RETAIN_S) of log time, both sides, every event kind, expires, late and
 duplicate events, ids reused before and after the decision and after compaction.
 
-- a replay with compaction decides and finds exactly what a replay without it does, also with a small
-  tombstone bound that is not hit; when it is hit, it is counted and the replay warns;
+- a replay with compaction decides and finds exactly what a replay without it does (stamped ids past
+  their window, and retirement, in tests/ledger/test_exact_memory.py);
 - a running ledger that forgets decided sides often decides exactly what one that never forgets does,
   and answers `was_mapped` the same;
 - a snapshot taken mid-history continues exactly as the state it was taken of.
@@ -12,14 +12,10 @@ duplicate events, ids reused before and after the decision and after compaction.
 from __future__ import annotations
 
 import random
-from unittest import mock
 
-import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-import kvledger.ledger.upkeep as upkeep_module
-from kvledger.cli.replay import report_compaction
 from kvledger.ledger.audit import audit
 from kvledger.ledger.decisions import Release
 from kvledger.ledger.events import Event
@@ -30,7 +26,7 @@ from kvledger.ledger.merge import batched
 from kvledger.ledger.replay import ReplayResult, replay_chunks
 from kvledger.ledger.side import due_at
 from kvledger.ledger.store import snapshot
-from kvledger.ledger.summary import compaction_report, compaction_warning, summarize
+from kvledger.ledger.summary import compaction_warning, summarize
 from tests.ledger.histories import Shape, audit_moments, history
 from tests.ledger.reference import Reference, canonical
 
@@ -78,7 +74,7 @@ def test_a_replay_with_compaction_decides_and_finds_what_one_without_does(
     compacted = _replay(events, chunk, every)
     assert whole.state.tombstone_count == 0
     assert compacted.state.tombstone_count > 0, "the history is long enough to compact"
-    assert compacted.state.tombstones_evicted == 0 and compaction_warning(compacted.state) is None
+    assert compacted.state.behind_horizon == 0 and compaction_warning(compacted.state) is None
     assert compacted.releases == whole.releases
     assert _counts(compacted.state) == _counts(whole.state)
     _same_findings(compacted.state, whole.state, events, seed)
@@ -87,49 +83,6 @@ def test_a_replay_with_compaction_decides_and_finds_what_one_without_does(
     assert whole.releases == reference.releases
     now = events[-1].ts + 1.0
     assert canonical(audit(compacted.state, now)) == canonical(reference.findings(now))
-
-
-def _forgets(events: list[Event]) -> int:
-    """How many sides a replay compacting after every event turns into tombstones (with repeats)."""
-    state = _replay(events, 1, 1).state
-    return state.id_memory.added if state.id_memory is not None else 0
-
-
-@PROPERTY
-@given(seed=SEEDS)
-def test_a_small_tombstone_bound_that_is_not_hit_changes_nothing(seed: int) -> None:
-    note(f"history({seed}, {LONG!r})")
-    events = history(seed, LONG)
-    forgets = _forgets(events)
-    bound = 2 * (forgets // 2 + 1)  # one generation turns over, the second never fills
-    whole = _replay(events, 1, None)
-    with mock.patch.object(upkeep_module, "TOMBSTONES_MAX", bound):
-        small = _replay(events, 1, 1)
-    assert small.state.tombstones_max == bound and small.state.tombstones_old, "a generation turned over"
-    assert small.state.tombstones_evicted == 0 and compaction_warning(small.state) is None
-    assert small.releases == whole.releases
-    _same_findings(small.state, whole.state, events, seed)
-
-
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_tombstone_bound_that_is_hit_is_counted_and_the_replay_warns(
-    seed: int, capsys: pytest.CaptureFixture[str]
-) -> None:
-    events = history(seed, LONG)
-    whole = _replay(events, 1, None)
-    with mock.patch.object(upkeep_module, "TOMBSTONES_MAX", 8):
-        hit = _replay(events, 1, 1)
-    state = hit.state
-    assert state.tombstones_evicted > 0 and state.tombstone_count <= 8
-    assert compaction_report(state)["tombstones_evicted"] == state.tombstones_evicted
-    warning = compaction_warning(state)
-    evicted = f"{state.tombstones_evicted} compacted transfer sides evicted past 8 tombstones"
-    assert warning is not None and evicted in warning
-    report_compaction(hit)
-    assert f"kvledger: warning: {warning}" in capsys.readouterr().err
-    # Past the bound findings may be lost (counted), decisions are not: the id memory refuses reused ids.
-    assert hit.releases == whole.releases
-    assert state.late_after_eviction + state.reused_after_eviction > 0
 
 
 def _by_source(events: list[Event]) -> dict[str, list[Event]]:
@@ -166,7 +119,7 @@ def test_a_running_ledger_that_forgets_decides_what_one_that_never_forgets_does(
             if n % 97 == 0:
                 for key in keys:
                     assert forgetting.state.was_mapped(key) == keeping.state.was_mapped(key), key
-        assert forgot > 0 and forgetting.state.tombstones_evicted == 0
+        assert forgot > 0 and forgetting.state.behind_horizon == 0
         expected: list[Release] = keeping.take_releases()
         assert forgetting.take_releases() == expected
         assert maintained.take_releases() == expected

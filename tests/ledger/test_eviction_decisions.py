@@ -1,113 +1,81 @@
-"""Past the tombstone bound, a running ledger must still take the decisions the whole history takes.
+"""However much traffic came before, a running ledger takes the decisions the whole history takes: nothing
+is evicted by count, and no decision rests on a probabilistic structure (DESIGN.md, "Long runs").
 
 An orphan (events for a side never mapped) that expired is kept whole once compacted: a map arriving later
-is decided "expired before its map arrived". Orphans are kept apart from the mapped sides' tombstones, under
-a bound of their own, so the ordinary traffic that evicts tombstones never evicts them; and exactly (no
-filter), because a false positive there would release a fresh transfer at once.
+inside its id's window is decided "expired before its map arrived", after any amount of other traffic. A
+fresh id is never taken for a used one. The only answer that may not be exact, an event behind the horizon
+of retired stamped ids, is counted and named by the warning.
 """
 
 from __future__ import annotations
 
 from kvledger.ledger.fold import LedgerState, fold_all
-from kvledger.ledger.idmemory import IdMemory
+from kvledger.ledger.ids import stamped_id
+from kvledger.ledger.limits import ID_WINDOW_S
 from kvledger.ledger.summary import compaction_report, compaction_warning
 from tests.ledger.builders import Side
 
+TRAFFIC = 3000
+"""Transfers folded and forgotten between an id's first events and its late ones: more than the old count
+bounds the tests once set small (a few), and enough that a count bound of any size under it would show."""
 
-def test_a_map_after_an_orphan_is_decided_as_the_whole_history_decides_it_past_the_tombstone_bound() -> None:
-    p = Side("prefill-0/tp0")
-    events = [p.ack("orphan", "release"), p.expire("orphan", "transfer")]  # a release for a side never mapped
-    for i in range(10):
-        events += [p.map(f"tx-{i}", f"p-{i}", blocks=(i,)), p.ack(f"tx-{i}", "release")]
-    late_map = p.map("orphan", "p-late", blocks=(99,))
-    _, whole_history = fold_all([*events, late_map])
 
+def _traffic(p: Side, n: int, *, stamped: bool) -> list:  # type: ignore[type-arg]
+    events = []
+    for i in range(n):
+        tid = stamped_id(p.ts, i) if stamped else f"tx-{i}"
+        events += [p.map(tid, f"p-{i}", blocks=(i,)), p.ack(tid, "release")]
+    return events
+
+
+def _forgetting(events: list) -> tuple[LedgerState, list]:  # type: ignore[type-arg]
+    state, releases = LedgerState(), []
+    for n, event in enumerate(events, 1):
+        release = state.apply(event)
+        if release is not None:
+            releases.append(release)
+        if n % 50 == 0:
+            state.forget_decided(event.ts - 1.0)
+    return state, releases
+
+
+def test_a_map_after_an_orphan_is_decided_as_the_whole_history_decides_it_after_any_traffic() -> None:
+    for stamped in (False, True):
+        p = Side("prefill-0/tp0", start_ts=5000.0)
+        orphan = stamped_id(p.ts, 10**6) if stamped else "orphan"
+        events = [p.ack(orphan, "release"), p.expire(orphan, "transfer"), *_traffic(p, TRAFFIC, stamped=stamped)]
+        events.append(p.map(orphan, "p-late", blocks=(10**6,)))
+        _, whole_history = fold_all(events)
+        state, releases = _forgetting(events)
+        assert releases == whole_history
+        assert releases[-1].transfer_id == orphan and releases[-1].why == "expired_before_map"
+        assert compaction_warning(state) is None
+
+
+def test_a_fresh_id_after_any_traffic_is_never_taken_for_a_used_one() -> None:
+    p = Side("prefill-0/tp0", start_ts=5000.0)
+    events = _traffic(p, TRAFFIC, stamped=False)
+    fresh = p.map("tx-fresh", "p-fresh", blocks=(10**6,))
+    state, _ = _forgetting([*events, fresh])
+    assert not state.was_mapped((p.source, "tx-never")) and (p.source, "tx-fresh") in state.live
+    state.forget_decided(p.ts + 1)
+    assert state.tombstone_count == state.unstamped_held == TRAFFIC  # unstamped: all held, exactly
+    assert compaction_report(state)["unstamped_held"] == TRAFFIC
+    assert all(state.was_mapped((p.source, f"tx-{i}")) for i in range(TRAFFIC))
+
+
+def test_behind_the_horizon_the_warning_counts_what_may_not_be_exact() -> None:
+    p = Side("prefill-0/tp0", start_ts=5000.0)
+    tid = stamped_id(5000.0, 1)
     state = LedgerState()
-    state.tombstones_max = 4
-    for event in events:
-        state.apply(event)
+    state.apply(p.map(tid, "p-1", blocks=(1,)))
+    state.apply(p.ack(tid, "release"))
     state.forget_decided(before_ts=p.ts + 1)
-    key = (p.source, "orphan")
-    assert state.tombstones_evicted and not state.orphans_evicted  # ordinary traffic evicts tombstones only
-    assert not state.was_mapped(key)  # never mapped: not a reused id
-    assert state.apply(late_map) == whole_history[-1]
-    assert whole_history[-1].cause == "expired" and whole_history[-1].reason == "expired before its map arrived"
-    assert not state.live and state.blocks_held == 0
-
-
-def test_past_the_orphan_bound_a_late_map_is_a_fresh_transfer_and_it_is_counted() -> None:
-    """The safe side of the bound: held until released or expired, never released at once on a guess."""
-    p = Side("prefill-0/tp0")
-    state = LedgerState()
-    state.orphan_tombstones_max = 4
-    for i in range(6):
-        state.apply(p.ack(f"orphan-{i}", "release"))
-        state.apply(p.expire(f"orphan-{i}", "transfer"))
-    state.forget_decided(before_ts=p.ts + 1)
-    assert state.orphans_evicted == 4 and state.side((p.source, "orphan-0")) is None
-    assert state.apply(p.map("orphan-0", "p-late", blocks=(9,))) is None
-    assert (p.source, "orphan-0") in state.live
-    assert state.apply(p.map("orphan-5", "p-late-5", blocks=(10,))).cause == "expired"  # still held: exact
-
-
-def test_fresh_keys_are_not_taken_for_evicted_orphans() -> None:
-    p = Side("prefill-0/tp0")
-    state = LedgerState()
-    state.orphan_tombstones_max = 4
-    for i in range(10):
-        state.apply(p.ack(f"orphan-{i}", "release"))
-        state.apply(p.expire(f"orphan-{i}", "transfer"))
-    state.forget_decided(before_ts=p.ts + 1)
-    assert state.orphans_evicted
-    assert state.apply(p.map("fresh", "p-1", blocks=(5,))) is None  # held, as any first map
-    assert (p.source, "fresh") in state.live
-    assert state.id_memory is None  # orphans are never in the id memory: no false positive can release
-    assert not isinstance(state.id_memory, IdMemory)
-
-
-def test_past_the_orphan_bound_the_warning_names_the_sides_whose_decisions_are_not_exact() -> None:
-    """The bounded ledger decides a late map of an evicted orphan otherwise than the whole history: the warning
-    must not call that exact, and it counts every side first seen after the eviction (any may be such a map)."""
-    p = Side("prefill-0/tp0")
-    orphans = [e for i in range(6) for e in (p.ack(f"orphan-{i}", "release"), p.expire(f"orphan-{i}", "transfer"))]
-    later = [p.map("orphan-0", "p-late", blocks=(9,)), p.map("fresh", "p-1", blocks=(5,))]
-    whole, whole_releases = fold_all([*orphans, *later])
-    bounded = LedgerState()
-    bounded.orphan_tombstones_max = 4
-    for event in orphans:
-        bounded.apply(event)
-    bounded.forget_decided(before_ts=p.ts + 1)
-    assert compaction_warning(bounded) == (
-        "memory bound hit: 4 never-mapped sides evicted past 4, their ids forgotten: no side was first seen after "
-        "that; so every finding and decision is exact"
-    )
-    bounded_releases = [r for r in (bounded.apply(e) for e in later) if r is not None]
-    assert whole_releases[-1].transfer_id == "orphan-0" and whole_releases[-1].cause == "expired"
-    assert bounded_releases == [] and (p.source, "orphan-0") in bounded.live  # decided otherwise
-    report = compaction_report(bounded)
-    assert (report["orphans_evicted"], report["sides_unchecked"]) == (4, 2)
-    warning = compaction_warning(bounded)
-    assert warning is not None
-    assert "4 never-mapped sides evicted past 4" in warning
-    assert "2 sides first seen after that could not be checked against them" in warning
-    assert warning.endswith("so the decisions and findings about those are not exact")
-    assert compaction_warning(whole) is None and compaction_report(whole)["sides_unchecked"] == 0
-
-
-def test_past_the_tombstone_bound_the_warning_counts_what_was_not_judged() -> None:
-    p = Side("prefill-0/tp0")
-    state = LedgerState()
-    state.tombstones_max = 4
-    for i in range(6):
-        state.apply(p.map(f"tx-{i}", f"p-{i}", blocks=(i,)))
-        state.apply(p.ack(f"tx-{i}", "release"))
-    state.forget_decided(before_ts=p.ts + 1)
-    assert state.tombstones_evicted == 4
-    assert compaction_warning(state) == (
-        "memory bound hit: 4 compacted transfer sides evicted past 4 tombstones: no later event fell on them; so "
-        "every finding and decision is exact"
-    )
-    state.apply(p.ack("tx-0", "release"))  # late, for an evicted side: counted, not judged
+    assert compaction_warning(state) is None
+    state.forget_decided(before_ts=5000.0 + ID_WINDOW_S + state.arrival_lag_s + 10)  # retires it
+    assert compaction_warning(state) is None  # retiring alone changes no answer
+    state.apply(p.ack(tid, "release", rank=1, ts=5000.0 + ID_WINDOW_S - 1))  # inside the window, far behind
+    assert state.behind_horizon == 1 and compaction_report(state)["behind_horizon"] == 1
     warning = compaction_warning(state)
-    assert warning is not None and "1 later events for them were counted, not judged" in warning
+    assert warning is not None and "1 events arrived more than 300 s behind" in warning
     assert warning.endswith("not exact")

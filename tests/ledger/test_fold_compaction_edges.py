@@ -1,12 +1,13 @@
 """The edges of the fold's compaction calls and counters: which sides `compact` and `forget_decided` take
-at their limits, what the counts of compacted sides and evicted keys say, and that the tombstone bound
-holds for any size."""
+at their limits, what the counts of compacted sides say, and how stamped ids retire by time."""
 
 from __future__ import annotations
 
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Event
 from kvledger.ledger.fold import LedgerState, fold, fold_all
+from kvledger.ledger.ids import stamped_id
+from kvledger.ledger.limits import ID_WINDOW_S
 from kvledger.ledger.store import snapshot
 from tests.ledger.builders import Side
 
@@ -64,29 +65,38 @@ def test_a_late_event_keeps_a_side_whole_a_little_longer_even_when_evidence_is_n
     assert state.forget_decided(before_ts=21.0) == 1 and not state.transfers
 
 
-def test_the_tombstone_bound_holds_for_an_odd_size() -> None:
-    p = Side(P)
+def test_retirement_goes_by_issue_time_never_by_count() -> None:
+    p = Side(P, start_ts=5000.0)
+    tids = [stamped_id(5000.0 + i, i) for i in range(12)]
     state = LedgerState()
-    state.tombstones_max = 5
-    for event in _clean(p, 12):
-        state.apply(event)
-    assert state.forget_decided(before_ts=p.ts + 1) == 12
-    # Generations of 5 // 2 = 2: the twelfth turns the sixth over, five full ones evicted before it.
-    assert state.tombstone_count == 2 and state.tombstones_evicted == 10
+    for tid in tids:
+        state.apply(p.map(tid, f"p-{tid}"))
+        state.apply(p.ack(tid, "release"))
+    assert state.forget_decided(before_ts=p.ts + 1) == 12 and state.tombstone_count == 12
+    # Each id goes once the clock passes its own issue time + window + lag: one per second here.
+    cut = 5000.0 + ID_WINDOW_S + state.arrival_lag_s
+    assert state.retire(cut + 5.5) == 6 and state.tombstone_count == 6
+    assert state.retire(cut + 5.5) == 0
+    assert state.retire(cut + 100) == 6 and state.tombstone_count == 0 and not state.retire_queue
 
 
-def test_events_past_the_bound_are_counted_by_kind() -> None:
-    p = Side(P)
+def test_events_of_retired_ids_are_judged_alone_by_kind() -> None:
+    p = Side(P, start_ts=5000.0)
+    tid = stamped_id(5000.0, 0)
     state = LedgerState()
-    state.tombstones_max = 2
-    for event in _clean(p, 4):
-        state.apply(event)
+    state.apply(p.map(tid, "p-0"))
+    state.apply(p.ack(tid, "release"))
     state.forget_decided(before_ts=p.ts + 1)
-    assert state.tombstones_evicted >= 2 and (P, "tx-0") not in state.tombstones_old
-    again = [p.map("tx-0", "p-again"), p.map("tx-0", "p-3rd")]
-    again += [p.ack("tx-0", "release", rank=1), p.ack("tx-0", "recv"), p.expire("tx-0")]
+    state.retire(5000.0 + ID_WINDOW_S + state.arrival_lag_s + 1)
+    assert (P, tid) not in state.tombstones
+    late = 5000.0 + ID_WINDOW_S + state.arrival_lag_s + 2
+    again = [p.map(tid, "p-again", ts=late), p.map(tid, "p-3rd", ts=late + 1)]
+    again += [p.ack(tid, "release", rank=1, ts=late + 2), p.ack(tid, "recv", ts=late + 3), p.expire(tid, ts=late + 4)]
     assert [state.apply(event) for event in again] == [None] * 5
-    assert (state.late_after_eviction, state.reused_after_eviction) == (3, 2)
+    record = state.past_window[(P, tid)]
+    assert (record.maps, record.late, record.request_id) == (2, 3, "p-again")
+    assert not state.transfers and state.behind_horizon == 0
+    assert state.found_by_code["id_reuse"] == 1 and state.found_by_code["late_event"] == 1
 
 
 def test_the_snapshot_view_names_every_field_and_the_values_read_from_events() -> None:
@@ -144,17 +154,21 @@ def test_forget_decided_keeps_a_side_whose_last_event_is_exactly_at_the_cut() ->
     assert state.forget_decided(before_ts=10.0 + 1 / 64) == 1
 
 
-def test_an_evicted_expired_producer_is_no_premature_release_candidate_any_more() -> None:
-    p = Side(P)
+def test_a_retired_expired_producer_stays_a_premature_release_candidate() -> None:
+    p, c = Side(P, start_ts=5000.0), Side("decode-0/tp0", start_ts=5000.0)
+    gone = stamped_id(5000.0, 1)
     state = LedgerState()
-    state.tombstones_max = 2
-    events = [p.map("gone", "p-0", blocks=(1,)), p.expire("gone"), *_clean(p, 3)]
+    events = [p.map("gone", "p-0", blocks=(1,)), p.map(gone, "p-1", blocks=(2,)), p.expire(gone), p.expire("gone")]
+    events += [c.map(gone, "c-1", "consumer", blocks=(2,)), c.ack(gone, "read", ts=5010.0)]
     for event in events:
         state.apply(event)
-    assert list(state.expired_producers) == [(P, "gone")]
-    state.forget_decided(before_ts=p.ts + 1)
-    assert state.tombstones_evicted and (P, "gone") not in state.tombstones_old
-    assert state.expired_producers == {}
+    before = [f for f in audit(state, 5020.0) if f.code == "premature_release"]
+    assert len(before) == 1
+    state.forget_decided(before_ts=5011.0)
+    state.retire(5000.0 + ID_WINDOW_S + state.arrival_lag_s + 1)
+    assert (P, gone) not in state.tombstones and (P, gone) in state.settled
+    assert [f for f in audit(state, 9000.0) if f.code == "premature_release"] == before
+    assert list(state.expired_producers) == [(P, gone), (P, "gone")]
 
 
 def test_fold_all_continues_the_state_it_is_given() -> None:

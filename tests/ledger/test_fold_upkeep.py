@@ -4,13 +4,12 @@ forgetting decided sides in O(1), and a snapshot of all of it."""
 from __future__ import annotations
 
 import msgspec
-import pytest
 
-import kvledger.ledger.upkeep as upkeep_module
 from kvledger.ledger.audit import audit, counts_by_code
 from kvledger.ledger.events import Ack
 from kvledger.ledger.fold import LedgerState, fold_all
-from kvledger.ledger.limits import LAYERS_MAX, RANKS_MAX
+from kvledger.ledger.ids import stamped_id
+from kvledger.ledger.limits import ID_WINDOW_S, LAYERS_MAX, RANKS_MAX
 from kvledger.ledger.side import bits, copies, layers_mask
 from kvledger.ledger.store import snapshot
 from kvledger.ledger.transfer_state import TransferState
@@ -80,29 +79,32 @@ def test_the_inline_write_path_and_the_handlers_agree() -> None:
     assert t.duplicate_seqs == [4] and t.over_ack_seqs == [5]
 
 
-def test_tombstones_are_bounded_in_two_generations_and_eviction_is_counted() -> None:
-    p = Side("prefill-0/tp0")
+def test_unstamped_tombstones_are_all_held_and_stamped_ones_retire_after_their_window() -> None:
+    p = Side("prefill-0/tp0", start_ts=1000.0, step_s=1.0)
+    stamped = [stamped_id(1000.0, i) for i in range(5)]
     events = []
-    for i in range(10):
+    for i in range(5):
         events += [p.map(f"tx-{i}", f"p-{i}", blocks=(i,)), p.ack(f"tx-{i}", "release")]
+        events += [p.map(stamped[i], f"s-{i}", blocks=(10 + i,)), p.ack(stamped[i], "release")]
     state = LedgerState()
-    state.tombstones_max = 8
-    releases = [r for r in map(state.apply, events) if r is not None]
-    assert len(releases) == 10
+    assert len([r for r in map(state.apply, events) if r is not None]) == 10
     assert state.forget_decided(before_ts=p.ts + 1) == 10
-    assert not state.transfers
-    assert state.tombstone_count <= 8 and state.tombstones_evicted == 10 - state.tombstone_count
-    assert (p.source, "tx-9") in state.tombstones
-    # tx-5 is remembered (older generation): its late ack is judged on the recalled side.
-    assert state.apply(p.ack("tx-5", "release", rank=1)) is None
-    assert state.transfers[(p.source, "tx-5")].late_seqs is not None and not state.unmapped
-    # tx-0 is past the bound: the id memory still knows it was mapped, so its late ack is
-    # counted (not an orphan) and a second map of its id is refused, both reported.
-    assert state.was_mapped((p.source, "tx-0"))
-    state.apply(p.ack("tx-0", "release", rank=1))
-    assert state.apply(p.map("tx-0", "p-again", blocks=(77,))) is None
-    assert (p.source, "tx-0") not in state.transfers and not state.unmapped and not state.live
-    assert (state.late_after_eviction, state.reused_after_eviction) == (1, 1)
+    assert not state.transfers and state.tombstone_count == 10 and state.unstamped_held == 5
+    # Inside the window plus the arrival lag nothing goes; past it, only the stamped ids do.
+    window_end = 1000.0 + ID_WINDOW_S
+    assert state.retire(window_end + state.arrival_lag_s) == 0
+    assert state.retire(window_end + state.arrival_lag_s + 1) == 5
+    assert sorted(tid for _, tid in state.tombstones) == [f"tx-{i}" for i in range(5)]
+    # An unstamped id is exact for good: its late ack is judged on the recalled side, its reuse refused.
+    assert state.apply(p.ack("tx-0", "release", rank=1, ts=window_end + 10_000)) is None
+    assert state.transfers[(p.source, "tx-0")].late_seqs is not None and not state.unmapped
+    assert state.was_mapped((p.source, "tx-1"))
+    # A retired stamped id: its events are past the window, judged alone (rule S), with no side opened.
+    late_ts = window_end + 400
+    assert state.apply(p.ack(stamped[0], "release", rank=1, ts=late_ts)) is None
+    assert state.apply(p.map(stamped[0], "p-again", blocks=(77,), ts=late_ts)) is None
+    assert (p.source, stamped[0]) not in state.transfers and not state.unmapped and not state.live
+    assert state.was_mapped((p.source, stamped[0]), late_ts) and state.behind_horizon == 0
     assert not state.was_mapped((p.source, "tx-never"))
 
 
@@ -137,22 +139,25 @@ def test_an_orphan_expired_then_mapped_is_forgotten_once() -> None:
     assert state.forget_decided(before_ts=p.ts + 1) == 0 and not state.transfers
 
 
-def test_snapshot_round_trips_masks_and_both_tombstone_generations(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(upkeep_module, "TOMBSTONES_MAX", 4)  # read when the state is made
-    p = Side("prefill-0/tp0")
+def test_snapshot_round_trips_masks_tombstones_and_the_id_window() -> None:
+    p = Side("prefill-0/tp0", start_ts=5000.0)
     events = [p.map("w", "p-w", "producer", "write", blocks=(50,)), p.schedule("w", (0, 2, 70), op="write")]
     events.append(p.ack("w", "write", (2,)))
     for i in range(5):
-        events += [p.map(f"tx-{i}", f"p-{i}", blocks=(i,), acks=2), p.ack(f"tx-{i}", "release", rank=1)]
-        events.append(p.ack(f"tx-{i}", "release", rank=0))
+        tid = f"tx-{i}" if i % 2 else stamped_id(p.ts, i)
+        events += [p.map(tid, f"p-{i}", blocks=(i,), acks=2), p.ack(tid, "release", rank=1)]
+        events.append(p.ack(tid, "release", rank=0))
     state, _ = fold_all(events)
     state.forget_decided(before_ts=p.ts + 1)
-    assert state.tombstones and state.tombstones_old
+    gone = stamped_id(p.ts - ID_WINDOW_S - 10, 7)  # issued long ago: its map is past its window
+    state.apply(p.map(gone, "p-gone", blocks=(9,)))
+    assert state.tombstones and state.retire_queue and state.unstamped_held == 2 and state.past_window
     restored = snapshot.decode(snapshot.encode(state))
     assert snapshot.encode(restored) == snapshot.encode(state)
     w = restored.transfers[(p.source, "w")]
     assert w.scheduled == {0, 2, 70} and w.acked == {2}
-    assert restored.tombstones == state.tombstones and restored.tombstones_old == state.tombstones_old
+    assert restored.tombstones == state.tombstones and restored.retire_queue == state.retire_queue
+    assert restored.past_window == state.past_window and restored.unstamped_held == state.unstamped_held
     # The restored state folds on exactly as the original does.
     more = [p.ack("w", "write", (0, 70)), p.seal("w", 3), p.ack("tx-1", "release", rank=0)]
     assert [restored.apply(e) for e in more] == [state.apply(e) for e in more]
