@@ -13,23 +13,42 @@ from ledger.limits import FINDINGS_WORST_MAX
 
 
 def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
+    return summarize_counts(state_counts(state), findings)
+
+
+def state_counts(state: LedgerState) -> dict[str, Any]:
+    """What a summary reads of a state, as plain counts: the counts of a log's partitions add up to the
+    whole log's (`ledger.partitioned.merge_counts`)."""
     by_phase: Counter[str] = Counter(state.compacted_by_phase)
     by_mode: Counter[str] = Counter(state.compacted_by_mode)
     for t in state.transfers.values():
         by_phase[t.phase] += 1
         by_mode[t.mode or "unmapped"] += 1
-    oldest = min((t.first_ts for t in state.live.values()), default=None)
     return {
-        "transfers": sum(by_phase.values()),
-        "transfers_by_phase": {k: v for k, v in sorted(by_phase.items()) if v},
-        "transfers_by_mode": {k: v for k, v in sorted(by_mode.items()) if v},
-        "releases_by_cause": {k: v for k, v in state.releases_by_cause.items() if v},
+        "by_phase": {k: v for k, v in sorted(by_phase.items()) if v},
+        "by_mode": {k: v for k, v in sorted(by_mode.items()) if v},
+        "releases_by_cause": dict(state.releases_by_cause),
+        "compaction": compaction_report(state),
         "live_transfers": len(state.live),
         "blocks_held": state.blocks_held,
-        "oldest_held_ts": oldest,
+        "oldest_held_ts": min((t.first_ts for t in state.live.values()), default=None),
+    }
+
+
+def summarize_counts(counts: dict[str, Any], findings: list[Finding]) -> dict[str, Any]:
+    """The summary of a state whose `state_counts` are `counts`, with its audit's `findings`."""
+    by_phase: dict[str, int] = counts["by_phase"]
+    return {
+        "transfers": sum(by_phase.values()),
+        "transfers_by_phase": {k: v for k, v in by_phase.items() if v},
+        "transfers_by_mode": {k: v for k, v in counts["by_mode"].items() if v},
+        "releases_by_cause": {k: v for k, v in counts["releases_by_cause"].items() if v},
+        "live_transfers": counts["live_transfers"],
+        "blocks_held": counts["blocks_held"],
+        "oldest_held_ts": counts["oldest_held_ts"],
         "findings_by_code": {k: v for k, v in counts_by_code(findings).items() if v},
         "findings_by_severity": dict(Counter(f.severity for f in findings)),
-        "compaction": compaction_report(state),
+        "compaction": counts["compaction"],
         "worst": [msgspec.to_builtins(f) for f in findings[:FINDINGS_WORST_MAX]],
     }
 
@@ -54,30 +73,33 @@ def compaction_warning(state: LedgerState) -> str | None:
     the id memory's word). Past the orphan bound, no id of an evicted never-mapped side is kept: a side first
     seen after that may be one of them, taken for a new transfer where the whole history decides it as the
     orphan (a map released at once, as expired before it), so every such side is counted as unchecked."""
-    if not state.tombstones_evicted and not state.orphans_evicted:
+    return compaction_warning_of(compaction_report(state), state.tombstones_max, state.orphan_tombstones_max)
+
+
+def compaction_warning_of(report: dict[str, int], tombstones_max: int, orphan_tombstones_max: int) -> str | None:
+    """`compaction_warning` from a `compaction_report` (one state's, or a merge of partitions')."""
+    tombstones_evicted, orphans_evicted = report["tombstones_evicted"], report["orphans_evicted"]
+    if not tombstones_evicted and not orphans_evicted:
         return None
     parts: list[str] = []
     exact = True
-    if state.tombstones_evicted:
-        head = f"{state.tombstones_evicted} compacted transfer sides evicted past {state.tombstones_max} tombstones"
-        if state.late_after_eviction or state.reused_after_eviction:
+    if tombstones_evicted:
+        head = f"{tombstones_evicted} compacted transfer sides evicted past {tombstones_max} tombstones"
+        if report["late_after_eviction"] or report["reused_after_eviction"]:
             exact = False
             head += (
-                f": {state.late_after_eviction} later events for them were counted, not judged, and "
-                f"{state.reused_after_eviction} maps of their ids were refused on the id memory's word"
+                f": {report['late_after_eviction']} later events for them were counted, not judged, and "
+                f"{report['reused_after_eviction']} maps of their ids were refused on the id memory's word"
             )
         else:
             head += ": no later event fell on them"
         parts.append(head)
-    if state.orphans_evicted:
-        head = (
-            f"{state.orphans_evicted} never-mapped sides evicted past {state.orphan_tombstones_max}, their ids "
-            "forgotten"
-        )
-        if state.sides_unchecked:
+    if orphans_evicted:
+        head = f"{orphans_evicted} never-mapped sides evicted past {orphan_tombstones_max}, their ids forgotten"
+        if report["sides_unchecked"]:
             exact = False
             head += (
-                f": {state.sides_unchecked} sides first seen after that could not be checked against them (one "
+                f": {report['sides_unchecked']} sides first seen after that could not be checked against them (one "
                 "that names an evicted side is taken for a new transfer, its map held until released or expired, "
                 "where the whole history releases it at once as expired before its map)"
             )

@@ -125,7 +125,7 @@ def test_a_tombstone_bound_that_is_hit_is_counted_and_the_replay_warns(
     warning = compaction_warning(state)
     evicted = f"{state.tombstones_evicted} compacted transfer sides evicted past 8 tombstones"
     assert warning is not None and evicted in warning
-    report_compaction(hit)
+    report_compaction(compaction_warning(hit.state))
     assert f"kvledger: warning: {warning}" in capsys.readouterr().err
     # Past the bound findings may be lost (counted), decisions are not: the id memory refuses reused ids.
     assert hit.releases == whole.releases

@@ -1,0 +1,351 @@
+"""A log folded in partitions, and the merge of the partitions' answers into the one-fold answer.
+
+The unit of scale is a partition of the log by transfer (`ledger.partition.partition_of`): both sides
+of a transfer carry its id, so every per-transfer rule, and the cross-side premature-release audit,
+stay inside one partition. Each partition is folded on its own (`fold_partition`: replay's `--jobs`,
+the service's startup) into a `PartitionAnswer`; `merge` turns the answers of all partitions into
+exactly what one fold of the whole log (`ledger.replay.replay_chunks`) gives, in the same order:
+
+- releases in fold order: each carries its event's `index`, the position of the event that caused
+  it in the whole stream (`heapq.merge` by index);
+- findings in the audit's total order (`ledger.audit.finding_order`), plus the one cross-transfer
+  rule, `double_owner` (a block held by two live sides of one source), judged here on a per-source
+  block-ownership projection (`Ownership`) fed, in index order, by each partition's accepted maps
+  (`Claim`) and releases; the partitions' own `double_owner` findings are left out (a partition sees
+  only its own claimants);
+- the summary's counts added up, the latency advice recorded again from each release's held time in
+  fold order (float sums and the histograms' orders then match one fold's exactly).
+
+Compaction follows the whole stream, not the partition: a partition compacts after the same chunks
+of the stream as one fold does (by the count of the stream's events) with the
+same cut (the stream's newest ts, `Slice`), so its state is one fold's state restricted to its
+transfers, and the compaction counts add up to one fold's whatever the number of partitions.
+
+`drop` events (forged control messages) name no transfer side: `ledger.partition.partition_of_event`
+sends them all to partition 0, so its latest-drops evidence is the whole log's.
+
+Sans-IO: what reads the log and moves the answers (processes) lives above (cli/jobs.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeAlias
+
+import msgspec
+
+from ledger.advice import LatencyRecorder
+from ledger.audit import AuditConfig, Finding, audit, finding_of, finding_order
+from ledger.collector import collector_paused
+from ledger.decisions import Key, Release
+from ledger.events import Event, Map, ReqId, TransferId
+from ledger.fold import LedgerState
+from ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
+from ledger.partition import partition_of_event
+from ledger.replay import fold_indexed
+from ledger.summary import state_counts
+
+Slice: TypeAlias = tuple[list[Event], list[int], int, float]
+"""One chunk of the whole stream as a partition folds it: the chunk's events of the partition, in
+stream order; each one's position in the whole stream (1-based); how many events the chunk held in
+the whole stream (every partition's); the newest ts among those (`-inf` when none). What
+`slices` makes of decoded chunks and `ledger.jsonl.LogReader.partition_chunks` of a log's lines."""
+
+
+def slices(
+    chunks: Iterable[list[Event]],
+    partition: int,
+    partitions: int,
+    *,
+    until_seq: int | None = None,
+    until_ts: float | None = None,
+    stopped: list[bool] | None = None,
+) -> Iterator[Slice]:
+    """Decoded chunks of the whole stream as `partition`'s slices, cut by `until_seq`/`until_ts` as
+    `replay_chunks` cuts them (`stopped` gets True appended when the cut left something out)."""
+    if not 0 <= partition < partitions:
+        raise ValueError(f"partition {partition} is not in range({partitions})")
+    index = 0
+    for chunk in chunks:
+        if until_ts is not None or until_seq is not None:
+            kept = [
+                e for e in chunk
+                if (until_ts is None or e.ts <= until_ts) and (until_seq is None or e.seq <= until_seq)
+            ]  # fmt: skip
+            if len(kept) < len(chunk) and stopped is not None:
+                stopped.append(True)
+            chunk = kept
+        if not chunk:
+            continue
+        newest = max(e.ts for e in chunk)
+        if partitions == 1:
+            yield chunk, list(range(index + 1, index + len(chunk) + 1)), len(chunk), newest
+        else:
+            mine = [(i, e) for i, e in enumerate(chunk, index + 1) if partition_of_event(e, partitions) == partition]
+            yield [e for _, e in mine], [i for i, _ in mine], len(chunk), newest
+        index += len(chunk)
+
+
+class Claim(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A map a partition accepted (its side now holds `block_ids` on `source`): what `Ownership` reads."""
+
+    index: int
+    """The map's position in the whole stream."""
+    source: str
+    transfer_id: TransferId
+    request_id: ReqId
+    block_ids: tuple[int, ...]
+    map_seq: int
+
+
+class Decided(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A release with its event's position in the whole stream and how long its side held the blocks
+    (`LatencyRecorder.observe`'s measure, taken where the side was)."""
+
+    index: int
+    release: Release
+    held_s: float
+
+
+class PartitionAnswer(msgspec.Struct, kw_only=True, array_like=True):
+    """What one partition's fold says: the parts `merge` needs (plain data: msgpack round-trips it)."""
+
+    partition: int
+    partitions: int
+    events: int
+    """Events of this partition folded."""
+    first_index: int
+    first_ts: float | None
+    last_ts: float | None
+    decided: list[Decided]
+    """In index order."""
+    claims: list[Claim]
+    """In index order."""
+    findings: list[Finding]
+    """The partition's audit at the merged clock, `double_owner` left out."""
+    counts: dict[str, Any]
+    """`ledger.summary.state_counts` of the partition's state."""
+
+
+class Folded:
+    """One partition of a stream, folded (`fold_partition`): what `answer` audits."""
+
+    def __init__(self, partition: int, partitions: int) -> None:
+        self.partition, self.partitions = partition, partitions
+        self.state = LedgerState()
+        self.decided: list[Decided] = []
+        self.claims: list[Claim] = []
+        self.events = 0
+        self.first_index = 0
+        """The position of its first event in the whole stream (0: none)."""
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
+        """The newest ts of its events."""
+        self.stream_events = 0
+        self.stream_last_ts: float | None = None
+        """The newest ts of the whole stream's events: the audit clock's default."""
+
+
+def fold_partition(
+    parts: Iterable[Slice],
+    partition: int,
+    partitions: int,
+    *,
+    compact_every: int | None = REPLAY_COMPACT_EVERY,
+) -> Folded:
+    """Fold one partition's slices of a stream, as `ledger.replay.replay_chunks` folds the whole stream
+    (the same compaction, after the same chunks, with the same cut), keeping each release's and each
+    accepted map's position in the whole stream."""
+    if not 0 <= partition < partitions:
+        raise ValueError(f"partition {partition} is not in range({partitions})")
+    out = Folded(partition, partitions)
+    state = out.state
+    sides_of, compact = state.sides_of, state.compact
+    decided, claims = out.decided, out.claims
+    released: list[Release] = []
+    caused: list[int] = []
+    claimed: list[int] = []
+    n = mine = 0
+    next_compaction = compact_every or 0
+    last_ts = own_last = float("-inf")
+    with collector_paused():
+        for events, indices, stream_events, newest in parts:
+            if not stream_events:
+                continue
+            if events:
+                fold_indexed(state, events, released, caused, claimed)
+                for k in claimed:
+                    m = events[k]
+                    assert type(m) is Map
+                    claims.append(Claim(indices[k], m.source, m.transfer_id, m.request_id, m.block_ids, m.seq))
+                for release, k in zip(released, caused, strict=True):
+                    side = sides_of[release.source][release.transfer_id]
+                    decided.append(Decided(indices[k], release, max(0.0, release.ts - side.first_ts)))
+                released.clear()
+                caused.clear()
+                claimed.clear()
+                if out.first_ts is None:
+                    out.first_index, out.first_ts = indices[0], events[0].ts
+                own_last = max(own_last, max(e.ts for e in events))
+                mine += len(events)
+            if newest > last_ts:
+                last_ts = newest
+            n += stream_events
+            if compact_every is not None and n >= next_compaction:
+                compact(decided_before_ts=last_ts - REPLAY_RETAIN_S, clean_only=True)
+                next_compaction = n + compact_every
+    out.events = mine
+    out.last_ts = own_last if mine else None
+    out.stream_events = n
+    out.stream_last_ts = last_ts if n else None
+    return out
+
+
+def answer(folded: Folded, now: float, config: AuditConfig | None = None) -> PartitionAnswer:
+    """The partition's answer at the merged clock `now` (the whole log's last ts, or the caller's)."""
+    findings = [f for f in audit(folded.state, now, config) if f.code != "double_owner"]
+    return PartitionAnswer(
+        partition=folded.partition,
+        partitions=folded.partitions,
+        events=folded.events,
+        first_index=folded.first_index,
+        first_ts=folded.first_ts,
+        last_ts=folded.last_ts,
+        decided=folded.decided,
+        claims=folded.claims,
+        findings=findings,
+        counts=state_counts(folded.state),
+    )
+
+
+class Merged(msgspec.Struct, kw_only=True):
+    """One fold's answer, merged from every partition's."""
+
+    events: int
+    first_ts: float | None
+    last_ts: float | None
+    releases: list[Release]
+    findings: list[Finding]
+    counts: dict[str, Any]
+    latencies: LatencyRecorder
+
+
+def merge(answers: Iterable[PartitionAnswer]) -> Merged:
+    """The answers of every partition of one log (each exactly once, in any order) as one fold's answer."""
+    parts = sorted(answers, key=lambda a: a.partition)
+    if not parts:
+        raise ValueError("no partition answers to merge")
+    partitions = parts[0].partitions
+    if [a.partition for a in parts] != list(range(partitions)) or any(a.partitions != partitions for a in parts):
+        raise ValueError(f"partition answers {[a.partition for a in parts]} are not each of range({partitions}) once")
+    decided = list(heapq.merge(*(a.decided for a in parts), key=lambda d: d.index))
+    latencies = LatencyRecorder()
+    for d in decided:
+        latencies.record(d.release, d.held_s)
+    ownership = Ownership()
+    ownership.feed(heapq.merge(*(a.claims for a in parts), key=lambda c: c.index), decided)
+    findings = [f for a in parts for f in a.findings]
+    findings.extend(ownership.findings())
+    findings.sort(key=finding_order)
+    firsts = [a for a in parts if a.first_ts is not None]
+    lasts = [a.last_ts for a in parts if a.last_ts is not None]
+    return Merged(
+        events=sum(a.events for a in parts),
+        first_ts=min(firsts, key=lambda a: a.first_index).first_ts if firsts else None,
+        last_ts=max(lasts) if lasts else None,
+        releases=[d.release for d in decided],
+        findings=findings,
+        counts=merge_counts([a.counts for a in parts]),
+        latencies=latencies,
+    )
+
+
+def merge_counts(counts: list[dict[str, Any]]) -> dict[str, Any]:
+    """`state_counts` of several partitions as one state's: counters added, the oldest held the least."""
+    out: dict[str, Any] = {}
+    for name in ("by_phase", "by_mode", "releases_by_cause", "compaction"):
+        total: Counter[str] = Counter()
+        for c in counts:
+            total.update(c[name])
+        order = list(dict.fromkeys(k for c in counts for k in c[name]))
+        out[name] = {k: total[k] for k in (sorted(order) if name in ("by_phase", "by_mode") else order)}
+    out["live_transfers"] = sum(c["live_transfers"] for c in counts)
+    out["blocks_held"] = sum(c["blocks_held"] for c in counts)
+    oldest = [c["oldest_held_ts"] for c in counts if c["oldest_held_ts"] is not None]
+    out["oldest_held_ts"] = min(oldest) if oldest else None
+    return out
+
+
+class Ownership:
+    """Per source, which live sides hold each block: the fold's claims index (`Indexes._claim_blocks`,
+    `_free_blocks`) rebuilt from accepted maps and releases in fold order, for `double_owner` alone.
+
+    A block's claimants are kept in claim order; a second claimant of a held block records
+    (block, first claimant, its map seq) against itself, as the fold does, and a release lets go of
+    each of its side's blocks once. The finding is the audit's: both sides still live at the end.
+    Memory: the live sides' claims."""
+
+    def __init__(self) -> None:
+        self.holders: dict[tuple[str, int], list[Key]] = {}
+        self.sides: dict[Key, Claim] = {}
+        """The live sides' claims."""
+        self.double_owned: dict[Key, list[tuple[int, Key, int]]] = {}
+
+    def feed(self, claims: Iterable[Claim], decided: list[Decided]) -> None:
+        """Claims and releases, each in index order, taken together in index order (a map that is
+        released at once, by the same event, claims first)."""
+        releases = iter(decided)
+        pending = next(releases, None)
+        for claim in claims:
+            while pending is not None and pending.index < claim.index:
+                self._free(pending.release)
+                pending = next(releases, None)
+            self._claim(claim)
+        while pending is not None:
+            self._free(pending.release)
+            pending = next(releases, None)
+
+    def _claim(self, c: Claim) -> None:
+        key = (c.source, c.transfer_id)
+        self.sides[key] = c
+        self.double_owned.pop(key, None)  # a side of this key before, forgotten: its claims went with it
+        for block in dict.fromkeys(c.block_ids):
+            holders = self.holders.get((c.source, block))
+            if holders is None:
+                self.holders[(c.source, block)] = [key]
+                continue
+            if key in holders:
+                continue
+            self.double_owned.setdefault(key, []).append((block, holders[0], c.map_seq))
+            holders.append(key)
+
+    def _free(self, r: Release) -> None:
+        key = (r.source, r.transfer_id)
+        claim = self.sides.pop(key, None)
+        if claim is None:
+            return  # a side that claimed no blocks (a never-mapped side's release)
+        self.double_owned.pop(key, None)  # the finding needs both sides live at the end
+        for block in dict.fromkeys(claim.block_ids):
+            holders = self.holders.get((r.source, block))
+            if holders is not None and key in holders:
+                holders.remove(key)
+                if not holders:
+                    del self.holders[(r.source, block)]
+
+    def findings(self) -> list[Finding]:
+        out: list[Finding] = []
+        for key, claims in self.double_owned.items():
+            c = self.sides[key]
+            for block, other_key, map_seq in claims:
+                other = self.sides.get(other_key)
+                if other is not None:
+                    out.append(
+                        finding_of(
+                            "double_owner", c.source, c.transfer_id, c.request_id, c.block_ids,
+                            (other.map_seq, map_seq),
+                            f"block {block} also held by live transfer {other.transfer_id}",
+                        )
+                    )  # fmt: skip
+        return out
