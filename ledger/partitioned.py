@@ -7,7 +7,7 @@ the service's startup) into a `PartitionAnswer`; `merge` turns the answers of al
 exactly what one fold of the whole log (`ledger.replay.replay_chunks`) gives, in the same order:
 
 - releases in fold order: each carries its event's `index`, the position of the event that caused
-  it in the whole stream (`heapq.merge` by index);
+  it in the whole stream (sorted by it);
 - findings in the audit's total order (`ledger.audit.finding_order`), plus the one cross-transfer
   rule, `double_owner` (a block held by two live sides of one source), judged here on a per-source
   block-ownership projection (`Ownership`) fed, in index order, by each partition's accepted maps
@@ -29,9 +29,9 @@ Sans-IO: what reads the log and moves the answers (processes) lives above (cli/j
 
 from __future__ import annotations
 
-import heapq
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from operator import attrgetter
 from typing import Any, TypeAlias
 
 import msgspec
@@ -220,6 +220,9 @@ def answer(folded: Folded, now: float, config: AuditConfig | None = None) -> Par
     )
 
 
+_index_of = attrgetter("index")
+
+
 class Merged(msgspec.Struct, kw_only=True):
     """One fold's answer, merged from every partition's."""
 
@@ -240,12 +243,17 @@ def merge(answers: Iterable[PartitionAnswer]) -> Merged:
     partitions = parts[0].partitions
     if [a.partition for a in parts] != list(range(partitions)) or any(a.partitions != partitions for a in parts):
         raise ValueError(f"partition answers {[a.partition for a in parts]} are not each of range({partitions}) once")
-    decided = list(heapq.merge(*(a.decided for a in parts), key=lambda d: d.index))
+    # Positions are distinct: one sort in C orders them (a heap merge steps through Python per item).
+    decided = [d for a in parts for d in a.decided]
+    decided.sort(key=_index_of)
+    claims = [c for a in parts for c in a.claims]
+    claims.sort(key=_index_of)
     latencies = LatencyRecorder()
+    record = latencies.record
     for d in decided:
-        latencies.record(d.release, d.held_s)
+        record(d.release, d.held_s)
     ownership = Ownership()
-    ownership.feed(heapq.merge(*(a.claims for a in parts), key=lambda c: c.index), decided)
+    ownership.feed(claims, decided)
     findings = [f for a in parts for f in a.findings]
     findings.extend(ownership.findings())
     findings.sort(key=finding_order)
@@ -288,7 +296,8 @@ class Ownership:
     Memory: the live sides' claims."""
 
     def __init__(self) -> None:
-        self.holders: dict[tuple[str, int], list[Key]] = {}
+        self.held: dict[str, dict[int, Key | list[Key]]] = {}
+        """Per source, each held block's holder, or its holders in claim order where several hold it."""
         self.sides: dict[Key, Claim] = {}
         """The live sides' claims."""
         self.double_owned: dict[Key, list[tuple[int, Key, int]]] = {}
@@ -298,41 +307,55 @@ class Ownership:
         released at once, by the same event, claims first)."""
         releases = iter(decided)
         pending = next(releases, None)
+        claim_, free = self._claim, self._free
         for claim in claims:
             while pending is not None and pending.index < claim.index:
-                self._free(pending.release)
+                free(pending.release)
                 pending = next(releases, None)
-            self._claim(claim)
+            claim_(claim)
         while pending is not None:
-            self._free(pending.release)
+            free(pending.release)
             pending = next(releases, None)
 
     def _claim(self, c: Claim) -> None:
         key = (c.source, c.transfer_id)
         self.sides[key] = c
-        self.double_owned.pop(key, None)  # a side of this key before, forgotten: its claims went with it
-        for block in dict.fromkeys(c.block_ids):
-            holders = self.holders.get((c.source, block))
-            if holders is None:
-                self.holders[(c.source, block)] = [key]
-                continue
-            if key in holders:
-                continue
-            self.double_owned.setdefault(key, []).append((block, holders[0], c.map_seq))
-            holders.append(key)
+        if self.double_owned:
+            self.double_owned.pop(key, None)  # a side of this key before, forgotten: its claims went with it
+        held = self.held.get(c.source)
+        if held is None:
+            held = self.held[c.source] = {}
+        for block in c.block_ids:  # a block named twice is held once: the second finds this side holding it
+            holder = held.get(block)
+            if holder is None:
+                held[block] = key
+            elif isinstance(holder, list):
+                if key not in holder:
+                    self.double_owned.setdefault(key, []).append((block, holder[0], c.map_seq))
+                    holder.append(key)
+            elif holder != key:
+                self.double_owned.setdefault(key, []).append((block, holder, c.map_seq))
+                held[block] = [holder, key]
 
     def _free(self, r: Release) -> None:
         key = (r.source, r.transfer_id)
         claim = self.sides.pop(key, None)
         if claim is None:
             return  # a side that claimed no blocks (a never-mapped side's release)
-        self.double_owned.pop(key, None)  # the finding needs both sides live at the end
-        for block in dict.fromkeys(claim.block_ids):
-            holders = self.holders.get((r.source, block))
-            if holders is not None and key in holders:
-                holders.remove(key)
-                if not holders:
-                    del self.holders[(r.source, block)]
+        if self.double_owned:
+            self.double_owned.pop(key, None)  # the finding needs both sides live at the end
+        held = self.held[r.source]
+        for block in claim.block_ids:  # each block let go of once: a second mention finds it gone
+            holder = held.get(block)
+            if holder is None:
+                continue
+            if isinstance(holder, list):
+                if key in holder:
+                    holder.remove(key)
+                    if len(holder) == 1:
+                        held[block] = holder[0]
+            elif holder == key:
+                del held[block]
 
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
