@@ -128,6 +128,29 @@ def test_the_cli_with_jobs_prints_what_one_job_prints(tmp_path: Path) -> None:
         assert result.exit_code == 2
         errors.add(result.stderr)
     assert len(errors) == 1 and f"{bad}:41:" in errors.pop()
+    result = runner.invoke(app, ["audit", str(log), "--jobs", "0"])
+    assert result.exit_code == 2 and "--jobs: must be at least 1, got 0" in result.stderr
+
+
+def test_several_logs_merged_by_time_print_the_same_with_jobs(tmp_path: Path) -> None:
+    """Each worker merges the sources' logs itself, decoding them whole, and keeps its partition."""
+    from typer.testing import CliRunner
+
+    events = _with_drops(history(13, Shape(transfers=50, span_s=90.0, block_pool=5, faults_per_side=2.0)), 13)
+    paths = []
+    for source in sorted({e.source for e in events}):
+        path = tmp_path / f"{source.replace('/', '-')}.jsonl"
+        write_log(path, sorted((e for e in events if e.source == source), key=lambda e: e.seq))
+        paths.append(str(path))
+    assert len(paths) > 2
+    runner = CliRunner()
+    printed = {}
+    for jobs in (1, 2, 5):
+        result = runner.invoke(app, ["replay", *paths, "--json", "--fail-on", "never", "--jobs", str(jobs)])
+        assert result.exit_code == 0, result.output
+        printed[jobs] = result.stdout
+    assert printed[2] == printed[1] and printed[5] == printed[1]
+    assert json.loads(printed[1])["findings"]
 
 
 def _tricky(events: list[Event]) -> bytes:
