@@ -30,6 +30,9 @@ EXIT_FINDINGS = 1
 EXIT_BAD_INPUT = 2
 PROGRESS_MIN_BYTES = 32 << 20
 """Logs smaller than this replay in well under a second: no progress bar."""
+JOBS_MIN_BYTES = 32 << 20
+"""Without `--jobs`, logs smaller than this fold in one process: starting workers and merging their answers
+costs more than the fold they would share (docs/partitions.md)."""
 
 WIDTH_WHEN_PIPED = 160
 """rich falls back to 80 columns when stdout is not a terminal: too narrow for findings."""
@@ -53,7 +56,7 @@ Jobs = Annotated[
     int | None,
     typer.Option(
         help="Fold in this many processes, one partition of the transfers each, merged into exactly the "
-        "one-process answer (default: the cores available)"
+        "one-process answer (default: the cores available; one process for logs under 32 MiB)"
     ),
 ]
 
@@ -136,7 +139,7 @@ def fold(
     from cli.jobs import cores, fold_jobs
     from ledger.limits import ORPHAN_TOMBSTONES_MAX, TOMBSTONES_MAX
 
-    n = cores() if jobs is None else jobs
+    n = jobs if jobs is not None else cores() if _total_bytes(logs) >= JOBS_MIN_BYTES else 1
     if n < 1:
         raise _bad_input(f"--jobs: must be at least 1, got {n}")
     if n == 1 or not all(p.is_file() for p in logs):  # a pipe is read once, by one process; a bad path fails there
@@ -153,6 +156,11 @@ def fold(
     answer = Answer(merged.events, merged.counts, merged.latencies, merged.releases if keep_releases else [],
                     merged.findings, clock, warning)  # fmt: skip
     return answer, skipped
+
+
+def _total_bytes(logs: list[Path]) -> int:
+    """The logs' size on disk (a pipe or a missing path counts as nothing: it folds in one process)."""
+    return sum(p.stat().st_size for p in logs if p.is_file())
 
 
 def _fail_rank(fail_on: str) -> int | None:

@@ -155,7 +155,7 @@ def test_several_logs_merged_by_time_print_the_same_with_jobs(tmp_path: Path) ->
 
 def _tricky(events: list[Event]) -> bytes:
     """A log's lines with what `split_lines` must not take at its word: blank lines, escapes, a drop,
-    an id that is also another field's value, keys in another order and with spaces."""
+    an id that is also another field's value, keys in another order and with spaces, keys twice."""
     lines = write_lines(events)
     out = [lines[0], b"\n", b"  \t\r\n"]
     for k, line in enumerate(lines[1:], 1):
@@ -166,6 +166,8 @@ def _tricky(events: list[Event]) -> bytes:
             line = line.replace(b'"source":"', b'"source":"\\u0070', 1) if b'"source":"p' in line else line
         elif k % 13 == 0:
             line = line.replace(b'"request_id":"', b'"request_id":"ts', 1)
+        elif k % 19 == 0:  # keys twice: msgspec takes the last, so the first must not decide the partition
+            line = line.replace(b"{", b'{"transfer_id":"tx-decoy","ts":1.0,', 1)
         out.append(line)
         if k % 17 == 0:
             out.append(b"\n")
