@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from ledger.audit import AuditConfig
 from ledger.inputs import Inputs, is_sqlite_file
 from ledger.jsonl import LogFormatError, open_log
 from ledger.merge import OverlapError
-from ledger.partitioned import Merged, PartitionAnswer, Slice, answer, fold_partition, merge, slices
+from ledger.partitioned import Merged, PartitionAnswer, answer, fold_partition, merge, slices
 
 _answer_decoder = msgspec.msgpack.Decoder(PartitionAnswer)
 _ERRORS: dict[str, type[Exception]] = {
@@ -53,6 +52,7 @@ def _fold(
     until_ts: float | None,
     now: float | None,
     config: AuditConfig | None,
+    keep_releases: bool,
 ) -> tuple[PartitionAnswer, list[tuple[str, int, str]], float]:
     """One partition's answer, the lines skipped (the whole log's: every worker that skips reads them
     all) and the audit clock."""
@@ -60,16 +60,15 @@ def _fold(
     if plain and Path(paths[0]).exists() and not is_sqlite_file(paths[0]):
         reader = open_log(paths[0])
         try:
-            folded = fold_partition(reader.partition_chunks(partition, partitions), partition, partitions)
+            parts = reader.partition_chunks(partition, partitions)
+            folded = fold_partition(parts, partition, partitions, keep_releases=keep_releases)
         finally:
             reader._stream.close()
         skipped: list[tuple[str, int, str]] = []
     else:
         with Inputs(list(paths), skip_bad_lines=skip_bad) as inputs:
-            parts: Iterable[Slice] = slices(
-                inputs.chunks(), partition, partitions, until_seq=until_seq, until_ts=until_ts
-            )
-            folded = fold_partition(parts, partition, partitions)
+            parts = slices(inputs.chunks(), partition, partitions, until_seq=until_seq, until_ts=until_ts)
+            folded = fold_partition(parts, partition, partitions, keep_releases=keep_releases)
             skipped = inputs.skipped
     clock = now if now is not None else (folded.stream_last_ts or 0.0)
     return answer(folded, clock, config), skipped, clock
@@ -103,8 +102,10 @@ def fold_jobs(
     skip_bad: bool = False,
     now: float | None = None,
     config: AuditConfig | None = None,
+    keep_releases: bool = False,
 ) -> tuple[Merged, list[tuple[str, int, str]], float]:
-    """Fold `logs` in `jobs` processes and merge: the merged answer, the skipped lines and the audit clock.
+    """Fold `logs` in `jobs` processes and merge: the merged answer (its releases only with `keep_releases`),
+    the skipped lines and the audit clock.
     A bad input fails as one process fails on it (its first bad line: the least line any worker met)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
@@ -114,7 +115,7 @@ def fold_jobs(
     try:
         for partition in range(jobs):
             parent, child = context.Pipe(duplex=False)
-            args = ([str(p) for p in logs], partition, jobs, skip_bad, until_seq, until_ts, now, config)
+            args = ([str(p) for p in logs], partition, jobs, skip_bad, until_seq, until_ts, now, config, keep_releases)
             worker = context.Process(target=_worker, args=(child, *args), daemon=True)
             worker.start()
             child.close()

@@ -150,10 +150,19 @@ def fold(
                         audit(result.state, clock, config), clock, compaction_warning(result.state))  # fmt: skip
         return answer, skipped
     merged, skipped, clock = guarded(
-        lambda: fold_jobs(logs, n, until_seq=until_seq, until_ts=until_ts, skip_bad=skip_bad, now=now, config=config)
+        lambda: fold_jobs(
+            logs,
+            n,
+            until_seq=until_seq,
+            until_ts=until_ts,
+            skip_bad=skip_bad,
+            now=now,
+            config=config,
+            keep_releases=keep_releases,
+        )
     )
     warning = compaction_warning_of(merged.counts["compaction"], TOMBSTONES_MAX, ORPHAN_TOMBSTONES_MAX)
-    answer = Answer(merged.events, merged.counts, merged.latencies, merged.releases if keep_releases else [],
+    answer = Answer(merged.events, merged.counts, merged.latencies, merged.releases,
                     merged.findings, clock, warning)  # fmt: skip
     return answer, skipped
 

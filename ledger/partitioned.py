@@ -13,8 +13,8 @@ exactly what one fold of the whole log (`ledger.replay.replay_chunks`) gives, in
   block-ownership projection (`Ownership`) fed, in index order, by each partition's accepted maps
   (`Claim`) and releases; the partitions' own `double_owner` findings are left out (a partition sees
   only its own claimants);
-- the summary's counts added up, the latency advice recorded again from each release's held time in
-  fold order (float sums and the histograms' orders then match one fold's exactly).
+- the summary's counts added up; the latency histograms added up (counts and maxima), the expired
+  releases' block-seconds summed again in fold order (a float sum depends on its order).
 
 Compaction follows the whole stream, not the partition: a partition compacts after the same chunks
 of the stream as one fold does (by the count of the stream's events) with the
@@ -36,7 +36,7 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from ledger.advice import LatencyRecorder
+from ledger.advice import LatencyHistogram, LatencyRecorder, RecorderPlain
 from ledger.audit import AuditConfig, Finding, audit, finding_of, finding_order
 from ledger.collector import collector_paused
 from ledger.decisions import Key, Release
@@ -109,6 +109,15 @@ class Decided(msgspec.Struct, frozen=True, array_like=True, gc=False):
     held_s: float
 
 
+class Free(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A side decided (its blocks let go of) at its event's position in the whole stream: what `Ownership`
+    reads of a release."""
+
+    index: int
+    source: str
+    transfer_id: TransferId
+
+
 class PartitionAnswer(msgspec.Struct, kw_only=True, array_like=True):
     """What one partition's fold says: the parts `merge` needs (plain data: msgpack round-trips it)."""
 
@@ -120,9 +129,15 @@ class PartitionAnswer(msgspec.Struct, kw_only=True, array_like=True):
     first_ts: float | None
     last_ts: float | None
     decided: list[Decided]
-    """In index order."""
+    """In index order; empty unless the fold kept its releases."""
+    frees: list[Free]
+    """Every release's side, in index order."""
     claims: list[Claim]
     """In index order."""
+    latencies: RecorderPlain
+    """The partition's latency histograms (counts and maxima: they add up in any order)."""
+    expired: list[tuple[int, float]]
+    """(index, held seconds times blocks) of each expired release: summed again in fold order."""
     findings: list[Finding]
     """The partition's audit at the merged clock, `double_owner` left out."""
     counts: dict[str, Any]
@@ -136,7 +151,10 @@ class Folded:
         self.partition, self.partitions = partition, partitions
         self.state = LedgerState()
         self.decided: list[Decided] = []
+        self.frees: list[Free] = []
         self.claims: list[Claim] = []
+        self.latencies = LatencyRecorder()
+        self.expired: list[tuple[int, float]] = []
         self.events = 0
         self.first_index = 0
         """The position of its first event in the whole stream (0: none)."""
@@ -154,16 +172,18 @@ def fold_partition(
     partitions: int,
     *,
     compact_every: int | None = REPLAY_COMPACT_EVERY,
+    keep_releases: bool = True,
 ) -> Folded:
     """Fold one partition's slices of a stream, as `ledger.replay.replay_chunks` folds the whole stream
     (the same compaction, after the same chunks, with the same cut), keeping each release's and each
-    accepted map's position in the whole stream."""
+    accepted map's position in the whole stream (the releases themselves only with `keep_releases`)."""
     if not 0 <= partition < partitions:
         raise ValueError(f"partition {partition} is not in range({partitions})")
     out = Folded(partition, partitions)
     state = out.state
     sides_of, compact = state.sides_of, state.compact
-    decided, claims = out.decided, out.claims
+    decided, frees, claims, expired = out.decided, out.frees, out.claims, out.expired
+    record = out.latencies.record
     released: list[Release] = []
     caused: list[int] = []
     claimed: list[int] = []
@@ -182,7 +202,13 @@ def fold_partition(
                     claims.append(Claim(indices[k], m.source, m.transfer_id, m.request_id, m.block_ids, m.seq))
                 for release, k in zip(released, caused, strict=True):
                     side = sides_of[release.source][release.transfer_id]
-                    decided.append(Decided(indices[k], release, max(0.0, release.ts - side.first_ts)))
+                    held_s = record(release, max(0.0, release.ts - side.first_ts))
+                    index = indices[k]
+                    frees.append(Free(index, release.source, release.transfer_id))
+                    if release.cause == "expired":
+                        expired.append((index, held_s * len(release.block_ids)))
+                    if keep_releases:
+                        decided.append(Decided(index, release, held_s))
                 released.clear()
                 caused.clear()
                 claimed.clear()
@@ -214,7 +240,10 @@ def answer(folded: Folded, now: float, config: AuditConfig | None = None) -> Par
         first_ts=folded.first_ts,
         last_ts=folded.last_ts,
         decided=folded.decided,
+        frees=folded.frees,
         claims=folded.claims,
+        latencies=folded.latencies.to_plain(),
+        expired=folded.expired,
         findings=findings,
         counts=state_counts(folded.state),
     )
@@ -246,14 +275,12 @@ def merge(answers: Iterable[PartitionAnswer]) -> Merged:
     # Positions are distinct: one sort in C orders them (a heap merge steps through Python per item).
     decided = [d for a in parts for d in a.decided]
     decided.sort(key=_index_of)
+    frees = [f for a in parts for f in a.frees]
+    frees.sort(key=_index_of)
     claims = [c for a in parts for c in a.claims]
     claims.sort(key=_index_of)
-    latencies = LatencyRecorder()
-    record = latencies.record
-    for d in decided:
-        record(d.release, d.held_s)
     ownership = Ownership()
-    ownership.feed(claims, decided)
+    ownership.feed(claims, frees)
     findings = [f for a in parts for f in a.findings]
     findings.extend(ownership.findings())
     findings.sort(key=finding_order)
@@ -266,8 +293,35 @@ def merge(answers: Iterable[PartitionAnswer]) -> Merged:
         releases=[d.release for d in decided],
         findings=findings,
         counts=merge_counts([a.counts for a in parts]),
-        latencies=latencies,
+        latencies=merge_latencies(parts),
     )
+
+
+def merge_latencies(parts: list[PartitionAnswer]) -> LatencyRecorder:
+    """The partitions' latency recorders as one fold's: histogram counts added and maxima taken (the same
+    in any order), expired block-seconds summed again in fold order (a float sum is not)."""
+    out = LatencyRecorder()
+    for a in parts:
+        part = LatencyRecorder.from_plain(a.latencies)
+        for kind, histogram in part.by_kind.items():
+            _add_histogram(out.by_kind.setdefault(kind, LatencyHistogram()), histogram)
+        _add_histogram(out.completed, part.completed)
+        _add_histogram(out.all_causes, part.all_causes)
+        out.expired_releases += part.expired_releases
+    total = 0.0
+    for _, block_seconds in sorted(e for a in parts for e in a.expired):
+        total += block_seconds
+    out.expired_block_seconds = total
+    return out
+
+
+def _add_histogram(into: LatencyHistogram, other: LatencyHistogram) -> None:
+    counts = into.counts
+    for bucket, n in other.counts.items():
+        counts[bucket] = counts.get(bucket, 0) + n
+    into.count += other.count
+    if other.max_s > into.max_s:
+        into.max_s = other.max_s
 
 
 def merge_counts(counts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -302,19 +356,19 @@ class Ownership:
         """The live sides' claims."""
         self.double_owned: dict[Key, list[tuple[int, Key, int]]] = {}
 
-    def feed(self, claims: Iterable[Claim], decided: list[Decided]) -> None:
+    def feed(self, claims: Iterable[Claim], frees: list[Free]) -> None:
         """Claims and releases, each in index order, taken together in index order (a map that is
         released at once, by the same event, claims first)."""
-        releases = iter(decided)
+        releases = iter(frees)
         pending = next(releases, None)
         claim_, free = self._claim, self._free
         for claim in claims:
             while pending is not None and pending.index < claim.index:
-                free(pending.release)
+                free(pending)
                 pending = next(releases, None)
             claim_(claim)
         while pending is not None:
-            free(pending.release)
+            free(pending)
             pending = next(releases, None)
 
     def _claim(self, c: Claim) -> None:
@@ -337,7 +391,7 @@ class Ownership:
                 self.double_owned.setdefault(key, []).append((block, holder, c.map_seq))
                 held[block] = [holder, key]
 
-    def _free(self, r: Release) -> None:
+    def _free(self, r: Free) -> None:
         key = (r.source, r.transfer_id)
         claim = self.sides.pop(key, None)
         if claim is None:

@@ -57,7 +57,8 @@ def _one_fold(events: list[Event], now: float, compact_every: int = 128) -> tupl
 
 
 def _partitioned(events: list[Event], jobs: int, now: float, compact_every: int = 128) -> tuple[object, ...]:
-    answers = [answer(fold_partition(slices(batched(events, 64), p, jobs), p, jobs, compact_every=compact_every), now)
+    answers = [answer(fold_partition(slices(batched(events, 64), p, jobs), p, jobs, compact_every=compact_every),
+                      now)
                for p in range(jobs)]  # fmt: skip
     answers = [msgspec.msgpack.decode(msgspec.msgpack.encode(a), type=type(a)) for a in answers]  # as sent
     merged = merge(reversed(answers))  # any order in
