@@ -11,8 +11,8 @@ ctypedef const unsigned char *cbytes
 
 
 @cython.locals(
-    data=cbytes, table=cbytes, word=cbytes, size=Py_ssize_t, events=Py_ssize_t, newest=double, best_start=Py_ssize_t,
-    best_end=Py_ssize_t, start=Py_ssize_t, i=Py_ssize_t, blank=bint, odd=bint, ids=Py_ssize_t, stamps=Py_ssize_t,
+    data=cbytes, special=cbytes, table=cbytes, word=cbytes, size=Py_ssize_t, events=Py_ssize_t, newest=double, best_start=Py_ssize_t,
+    best_end=Py_ssize_t, start=Py_ssize_t, i=Py_ssize_t, odd=bint, ids=Py_ssize_t, stamps=Py_ssize_t,
     id_start=Py_ssize_t, ts_start=Py_ssize_t, c=cython.uchar, k=Py_ssize_t, line_start=Py_ssize_t,
     crc=cython.uint, id_end=Py_ssize_t, ts_end=Py_ssize_t, plain=bint, dots=Py_ssize_t, ts=double,
 )
