@@ -197,3 +197,30 @@ def test_a_log_split_by_its_lines_is_what_decoding_it_whole_and_filtering_gives(
             decoded = list(slices(read_chunks(log), partition, partitions))
             assert split == decoded, (partition, partitions)
             assert sum(len(s[0]) for s in split) < len(events) or partitions == 1
+
+
+def test_split_lines_is_the_same_compiled_and_interpreted(tmp_path: Path) -> None:
+    """The compiled loop over the bytes and the same source interpreted split a tricky log alike."""
+    import os
+    import subprocess
+    import sys
+
+    from ledger.compiled import INTERPRETED_ENV, compiled
+
+    if not compiled():
+        pytest.skip("one build only here")
+    events = _with_drops(history(9, Shape(transfers=40, span_s=60.0, faults_per_side=2.0)), 9)
+    log = tmp_path / "tricky.jsonl"
+    log.write_bytes(_tricky(events))
+    script = (
+        "import sys, json; from ledger.jsonl import split_lines; "
+        "body = open(sys.argv[1], 'rb').read().split(b'\\n', 1)[1]; "
+        "print(json.dumps([repr(split_lines(body, p, 3)) for p in range(3)]))"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, INTERPRETED_ENV: "1", "PYTHONPATH": str(root)}
+    run = subprocess.run([sys.executable, "-c", script, str(log)], env=env, capture_output=True, text=True, check=True)
+    from ledger.jsonl import split_lines
+
+    body = log.read_bytes().split(b"\n", 1)[1]
+    assert json.loads(run.stdout) == [repr(split_lines(body, p, 3)) for p in range(3)]
