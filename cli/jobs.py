@@ -5,17 +5,19 @@ partition (`ledger.partitioned.fold_partition`). A single JSONL log, read withou
 or a cut, is split line by line without decoding the other partitions' lines
 (`ledger.jsonl.LogReader.partition_chunks`); anything else (several logs merged by time, a SQLite
 store, skipped lines, `--until-*`) is decoded whole by every worker, which keeps its partition's events.
-Each worker sends back its answer at the audit clock (`--now`, or the whole log's newest ts, which
-every worker knows) msgpack-encoded; the parent merges them (`ledger.partitioned.merge`) into exactly
-what one process gives. A worker's memory is its partition's fold; the parent holds the answers (the
-releases and accepted maps, in compact form) while it merges.
+Each worker sends, msgpack-encoded, batches of its releases' sides and accepted maps as it folds, then
+its answer at the audit clock (`--now`, or the whole log's newest ts, which every worker knows); the
+parent merges what every worker has told up to a stream position as it comes
+(`ledger.partitioned.Merger`) and ends with exactly what one process gives. A worker's memory is its
+partition's fold; the parent's, the live sides' block ownership and what one worker told ahead of the
+slowest (and the releases themselves for `replay --json`, which prints them).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +27,11 @@ from ledger.audit import AuditConfig
 from ledger.inputs import Inputs, is_sqlite_file
 from ledger.jsonl import LogFormatError, open_log
 from ledger.merge import OverlapError
-from ledger.partitioned import Merged, PartitionAnswer, answer, fold_partition, merge, slices
+from ledger.partitioned import Batch, Merged, Merger, PartitionAnswer, answer, fold_partition, slices
 
 _answer_decoder = msgspec.msgpack.Decoder(PartitionAnswer)
+_batch_decoder = msgspec.msgpack.Decoder(Batch)
+_encode = msgspec.msgpack.Encoder().encode
 _ERRORS: dict[str, type[Exception]] = {
     "LogFormatError": LogFormatError, "OverlapError": OverlapError, "FileNotFoundError": FileNotFoundError,
     "IsADirectoryError": IsADirectoryError, "ValueError": ValueError,
@@ -44,6 +48,7 @@ def cores() -> int:
 
 
 def _fold(
+    conn: Connection,
     paths: list[str],
     partition: int,
     partitions: int,
@@ -54,21 +59,25 @@ def _fold(
     config: AuditConfig | None,
     keep_releases: bool,
 ) -> tuple[PartitionAnswer, list[tuple[str, int, str]], float]:
-    """One partition's answer, the lines skipped (the whole log's: every worker that skips reads them
-    all) and the audit clock."""
+    """One partition's answer, its batches sent on `conn` as it folds; the lines skipped (the whole log's:
+    every worker that skips reads them all) and the audit clock."""
+
+    def emit(batch: Batch) -> None:
+        conn.send_bytes(b"b" + _encode(batch))
+
     plain = len(paths) == 1 and not skip_bad and until_seq is None and until_ts is None
     if plain and Path(paths[0]).exists() and not is_sqlite_file(paths[0]):
         reader = open_log(paths[0])
         try:
             parts = reader.partition_chunks(partition, partitions)
-            folded = fold_partition(parts, partition, partitions, keep_releases=keep_releases)
+            folded = fold_partition(parts, partition, partitions, keep_releases=keep_releases, emit=emit)
         finally:
             reader._stream.close()
         skipped: list[tuple[str, int, str]] = []
     else:
         with Inputs(list(paths), skip_bad_lines=skip_bad) as inputs:
             parts = slices(inputs.chunks(), partition, partitions, until_seq=until_seq, until_ts=until_ts)
-            folded = fold_partition(parts, partition, partitions, keep_releases=keep_releases)
+            folded = fold_partition(parts, partition, partitions, keep_releases=keep_releases, emit=emit)
             skipped = inputs.skipped
     clock = now if now is not None else (folded.stream_last_ts or 0.0)
     return answer(folded, clock, config), skipped, clock
@@ -76,10 +85,11 @@ def _fold(
 
 def _worker(conn: Connection, *args: Any) -> None:
     try:
-        found, skipped, clock = _fold(*args)
+        found, skipped, clock = _fold(conn, *args)
+        conn.send_bytes(b"a" + _encode(found))
         conn.send(("ok", skipped, clock))
-        conn.send_bytes(msgspec.msgpack.encode(found))
     except BaseException as error:  # every failure goes back to the parent as one message
+        conn.send_bytes(b"e")
         conn.send(("error", type(error).__name__, str(error), _error_args(error)))
     finally:
         conn.close()
@@ -112,6 +122,8 @@ def fold_jobs(
     context = multiprocessing.get_context("fork")
     pipes: list[Connection] = []
     workers = []
+    merger = Merger(jobs)
+    replies: dict[int, tuple[Any, ...]] = {}
     try:
         for partition in range(jobs):
             parent, child = context.Pipe(duplex=False)
@@ -121,7 +133,15 @@ def fold_jobs(
             child.close()
             pipes.append(parent)
             workers.append(worker)
-        replies = [_receive(pipe) for pipe in pipes]
+        # Read every worker as it sends (a worker whose pipe is full waits), merging what all have told.
+        reading = {pipe: partition for partition, pipe in enumerate(pipes)}
+        while reading:
+            for pipe in wait(list(reading)):
+                partition = reading[pipe]  # type: ignore[index]
+                reply = _receive(pipe, partition, merger)  # type: ignore[arg-type]
+                if reply is not None:
+                    replies[partition] = reply
+                    del reading[pipe]  # type: ignore[arg-type]
     finally:
         for pipe in pipes:
             pipe.close()
@@ -129,21 +149,28 @@ def fold_jobs(
             worker.join(timeout=5)
             if worker.is_alive():
                 worker.kill()
-    errors = [r for r in replies if r[0] == "error"]
+    errors = [r for r in replies.values() if r[0] == "error"]
     if errors:
         _raise_first(errors)
     _, skipped, clock, _ = replies[0]
-    return merge(r[3] for r in replies), skipped, clock
+    return merger.finish([r[3] for r in replies.values()]), skipped, clock
 
 
-def _receive(pipe: Connection) -> tuple[Any, ...]:
+def _receive(pipe: Connection, partition: int, merger: Merger) -> tuple[Any, ...] | None:
+    """One message of a worker: a batch (merged; None), or its end: ("ok", skipped, clock, answer) or
+    ("error", kind, message, args)."""
     try:
-        message = pipe.recv()
-        if message[0] == "error":
-            return tuple(message)
-        return (*message, _answer_decoder.decode(pipe.recv_bytes()))
+        message = pipe.recv_bytes()
+        if message[:1] == b"b":
+            merger.add(partition, _batch_decoder.decode(message[1:]))
+            return None
+        found = _answer_decoder.decode(message[1:]) if message[:1] == b"a" else None
+        end = pipe.recv()
     except EOFError:
         raise RuntimeError("a --jobs worker died before it answered") from None
+    if end[0] == "error":
+        return tuple(end)
+    return (*end, found)
 
 
 def _raise_first(errors: list[tuple[Any, ...]]) -> None:

@@ -29,9 +29,10 @@ Sans-IO: what reads the log and moves the answers (processes) lives above (cli/j
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from operator import attrgetter
+from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter, itemgetter
 from typing import Any, TypeAlias
 
 import msgspec
@@ -118,6 +119,22 @@ class Free(msgspec.Struct, frozen=True, array_like=True, gc=False):
     transfer_id: TransferId
 
 
+class Batch(msgspec.Struct, array_like=True, gc=False):
+    """What a partition's fold told since its last batch: every item at a stream position up to `upto`
+    not told before, each list in index order. A worker sends these as it folds (`fold_partition`'s
+    `emit`), so neither it nor the merge holds a log's worth of them."""
+
+    upto: int
+    decided: list[Decided]
+    frees: list[Free]
+    claims: list[Claim]
+    expired: list[tuple[int, float]]
+
+
+BATCH_ITEMS = 8_192
+"""Items (releases and accepted maps) a partition's fold gathers before it emits a `Batch`."""
+
+
 class PartitionAnswer(msgspec.Struct, kw_only=True, array_like=True):
     """What one partition's fold says: the parts `merge` needs (plain data: msgpack round-trips it)."""
 
@@ -128,16 +145,11 @@ class PartitionAnswer(msgspec.Struct, kw_only=True, array_like=True):
     first_index: int
     first_ts: float | None
     last_ts: float | None
-    decided: list[Decided]
-    """In index order; empty unless the fold kept its releases."""
-    frees: list[Free]
-    """Every release's side, in index order."""
-    claims: list[Claim]
-    """In index order."""
+    rest: Batch
+    """What no `Batch` told (everything, when the fold emitted none): `upto` is the whole stream's length.
+    Its releases only where the fold kept them."""
     latencies: RecorderPlain
     """The partition's latency histograms (counts and maxima: they add up in any order)."""
-    expired: list[tuple[int, float]]
-    """(index, held seconds times blocks) of each expired release: summed again in fold order."""
     findings: list[Finding]
     """The partition's audit at the merged clock, `double_owner` left out."""
     counts: dict[str, Any]
@@ -165,6 +177,12 @@ class Folded:
         self.stream_last_ts: float | None = None
         """The newest ts of the whole stream's events: the audit clock's default."""
 
+    def take(self, upto: int) -> Batch:
+        """The items gathered since the last `take`, as a `Batch` told up to stream position `upto`."""
+        batch = Batch(upto, self.decided, self.frees, self.claims, self.expired)
+        self.decided, self.frees, self.claims, self.expired = [], [], [], []
+        return batch
+
 
 def fold_partition(
     parts: Iterable[Slice],
@@ -173,16 +191,18 @@ def fold_partition(
     *,
     compact_every: int | None = REPLAY_COMPACT_EVERY,
     keep_releases: bool = True,
+    emit: Callable[[Batch], None] | None = None,
+    batch_items: int = BATCH_ITEMS,
 ) -> Folded:
     """Fold one partition's slices of a stream, as `ledger.replay.replay_chunks` folds the whole stream
     (the same compaction, after the same chunks, with the same cut), keeping each release's and each
-    accepted map's position in the whole stream (the releases themselves only with `keep_releases`)."""
+    accepted map's position in the whole stream (the releases themselves only with `keep_releases`). With
+    `emit`, they go out in batches of about `batch_items` as the fold goes, the rest in the answer."""
     if not 0 <= partition < partitions:
         raise ValueError(f"partition {partition} is not in range({partitions})")
     out = Folded(partition, partitions)
     state = out.state
     sides_of, compact = state.sides_of, state.compact
-    decided, frees, claims, expired = out.decided, out.frees, out.claims, out.expired
     record = out.latencies.record
     released: list[Release] = []
     caused: list[int] = []
@@ -195,6 +215,7 @@ def fold_partition(
             if not stream_events:
                 continue
             if events:
+                decided, frees, claims, expired = out.decided, out.frees, out.claims, out.expired
                 fold_indexed(state, events, released, caused, claimed)
                 for k in claimed:
                     m = events[k]
@@ -222,6 +243,8 @@ def fold_partition(
             if compact_every is not None and n >= next_compaction:
                 compact(decided_before_ts=last_ts - REPLAY_RETAIN_S, clean_only=True)
                 next_compaction = n + compact_every
+            if emit is not None and len(out.frees) + len(out.claims) >= batch_items:
+                emit(out.take(n))
     out.events = mine
     out.last_ts = own_last if mine else None
     out.stream_events = n
@@ -239,17 +262,15 @@ def answer(folded: Folded, now: float, config: AuditConfig | None = None) -> Par
         first_index=folded.first_index,
         first_ts=folded.first_ts,
         last_ts=folded.last_ts,
-        decided=folded.decided,
-        frees=folded.frees,
-        claims=folded.claims,
+        rest=folded.take(folded.stream_events),
         latencies=folded.latencies.to_plain(),
-        expired=folded.expired,
         findings=findings,
         counts=state_counts(folded.state),
     )
 
 
 _index_of = attrgetter("index")
+_first = itemgetter(0)
 
 
 class Merged(msgspec.Struct, kw_only=True):
@@ -266,40 +287,109 @@ class Merged(msgspec.Struct, kw_only=True):
 
 def merge(answers: Iterable[PartitionAnswer]) -> Merged:
     """The answers of every partition of one log (each exactly once, in any order) as one fold's answer."""
-    parts = sorted(answers, key=lambda a: a.partition)
+    parts = list(answers)
     if not parts:
         raise ValueError("no partition answers to merge")
-    partitions = parts[0].partitions
-    if [a.partition for a in parts] != list(range(partitions)) or any(a.partitions != partitions for a in parts):
-        raise ValueError(f"partition answers {[a.partition for a in parts]} are not each of range({partitions}) once")
-    # Positions are distinct: one sort in C orders them (a heap merge steps through Python per item).
-    decided = [d for a in parts for d in a.decided]
-    decided.sort(key=_index_of)
-    frees = [f for a in parts for f in a.frees]
-    frees.sort(key=_index_of)
-    claims = [c for a in parts for c in a.claims]
-    claims.sort(key=_index_of)
-    ownership = Ownership()
-    ownership.feed(claims, frees)
-    findings = [f for a in parts for f in a.findings]
-    findings.extend(ownership.findings())
-    findings.sort(key=finding_order)
-    firsts = [a for a in parts if a.first_ts is not None]
-    lasts = [a.last_ts for a in parts if a.last_ts is not None]
-    return Merged(
-        events=sum(a.events for a in parts),
-        first_ts=min(firsts, key=lambda a: a.first_index).first_ts if firsts else None,
-        last_ts=max(lasts) if lasts else None,
-        releases=[d.release for d in decided],
-        findings=findings,
-        counts=merge_counts([a.counts for a in parts]),
-        latencies=merge_latencies(parts),
-    )
+    merger = Merger(parts[0].partitions)
+    return merger.finish(parts)
+
+
+class Merger:
+    """The merge of a log's partitions, fed their batches as they come (`add`) and their answers at the end
+    (`finish`). What every partition has told up to a stream position (the least of their `upto`) is
+    merged at once in fold order, so it holds only what one partition told ahead of the slowest."""
+
+    def __init__(self, partitions: int) -> None:
+        if partitions < 1:
+            raise ValueError(f"partitions must be at least 1, got {partitions}")
+        self.partitions = partitions
+        self.upto = [0] * partitions
+        self.pending = [Batch(0, [], [], [], []) for _ in range(partitions)]
+        self.merged_upto = 0
+        self.releases: list[Release] = []
+        self.ownership = Ownership()
+        self.expired_block_seconds = 0.0
+
+    def add(self, partition: int, batch: Batch) -> None:
+        """`partition`'s next batch."""
+        if batch.upto < self.upto[partition]:
+            raise ValueError(f"partition {partition} went back from {self.upto[partition]} to {batch.upto}")
+        held = self.pending[partition]
+        held.decided += batch.decided
+        held.frees += batch.frees
+        held.claims += batch.claims
+        held.expired += batch.expired
+        self.upto[partition] = batch.upto
+        self._advance()
+
+    def _advance(self) -> None:
+        upto = min(self.upto)
+        if upto <= self.merged_upto:
+            return
+        decided: list[Decided] = []
+        frees: list[Free] = []
+        claims: list[Claim] = []
+        expired: list[tuple[int, float]] = []
+        for held in self.pending:  # each list is in index order: what is ready is a prefix
+            k = bisect_right(held.decided, upto, key=_index_of)
+            decided += held.decided[:k]
+            del held.decided[:k]
+            k = bisect_right(held.frees, upto, key=_index_of)
+            frees += held.frees[:k]
+            del held.frees[:k]
+            k = bisect_right(held.claims, upto, key=_index_of)
+            claims += held.claims[:k]
+            del held.claims[:k]
+            k = bisect_right(held.expired, upto, key=_first)
+            expired += held.expired[:k]
+            del held.expired[:k]
+        # Positions are distinct: one sort in C orders them (a heap merge steps through Python per item).
+        decided.sort(key=_index_of)
+        frees.sort(key=_index_of)
+        claims.sort(key=_index_of)
+        expired.sort()
+        self.releases += [d.release for d in decided]
+        self.ownership.feed(claims, frees)
+        total = self.expired_block_seconds
+        for _, block_seconds in expired:
+            total += block_seconds
+        self.expired_block_seconds = total
+        self.merged_upto = upto
+
+    def finish(self, answers: list[PartitionAnswer]) -> Merged:
+        """Merge with every partition's answer (each exactly once, in any order): one fold's answer."""
+        parts = sorted(answers, key=lambda a: a.partition)
+        partitions = self.partitions
+        if [a.partition for a in parts] != list(range(partitions)) or any(a.partitions != partitions for a in parts):
+            raise ValueError(
+                f"partition answers {[a.partition for a in parts]} are not each of range({partitions}) once"
+            )
+        for a in parts:
+            self.add(a.partition, a.rest)
+        if len(set(self.upto)) != 1:
+            raise ValueError(f"partitions read streams of different lengths: {self.upto}")
+        findings = [f for a in parts for f in a.findings]
+        findings.extend(self.ownership.findings())
+        findings.sort(key=finding_order)
+        firsts = [a for a in parts if a.first_ts is not None]
+        lasts = [a.last_ts for a in parts if a.last_ts is not None]
+        latencies = merge_latencies(parts)
+        latencies.expired_block_seconds = self.expired_block_seconds
+        return Merged(
+            events=sum(a.events for a in parts),
+            first_ts=min(firsts, key=lambda a: a.first_index).first_ts if firsts else None,
+            last_ts=max(lasts) if lasts else None,
+            releases=self.releases,
+            findings=findings,
+            counts=merge_counts([a.counts for a in parts]),
+            latencies=latencies,
+        )
 
 
 def merge_latencies(parts: list[PartitionAnswer]) -> LatencyRecorder:
     """The partitions' latency recorders as one fold's: histogram counts added and maxima taken (the same
-    in any order), expired block-seconds summed again in fold order (a float sum is not)."""
+    in any order). Expired block-seconds are not theirs to add (a float sum depends on its order): the
+    merge sums them again in fold order."""
     out = LatencyRecorder()
     for a in parts:
         part = LatencyRecorder.from_plain(a.latencies)
@@ -308,10 +398,6 @@ def merge_latencies(parts: list[PartitionAnswer]) -> LatencyRecorder:
         _add_histogram(out.completed, part.completed)
         _add_histogram(out.all_causes, part.all_causes)
         out.expired_releases += part.expired_releases
-    total = 0.0
-    for _, block_seconds in sorted(e for a in parts for e in a.expired):
-        total += block_seconds
-    out.expired_block_seconds = total
     return out
 
 

@@ -5,6 +5,7 @@ split 1 to 8 ways by `partition_of`, in one process (`fold_partition`, `merge`) 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -21,7 +22,7 @@ from ledger.events import Drop, Event, TransferId
 from ledger.jsonl import write_log
 from ledger.merge import batched
 from ledger.partition import partition_of, partition_of_event
-from ledger.partitioned import answer, fold_partition, merge, slices
+from ledger.partitioned import Batch, Merger, answer, fold_partition, merge, slices
 from ledger.replay import replay_chunks
 from ledger.summary import state_counts
 from tests.ledger.histories import Shape, audit_moments, history
@@ -57,11 +58,23 @@ def _one_fold(events: list[Event], now: float, compact_every: int = 128) -> tupl
 
 
 def _partitioned(events: list[Event], jobs: int, now: float, compact_every: int = 128) -> tuple[object, ...]:
-    answers = [answer(fold_partition(slices(batched(events, 64), p, jobs), p, jobs, compact_every=compact_every),
-                      now)
-               for p in range(jobs)]  # fmt: skip
-    answers = [msgspec.msgpack.decode(msgspec.msgpack.encode(a), type=type(a)) for a in answers]  # as sent
-    merged = merge(reversed(answers))  # any order in
+    """Each partition folded alone, emitting small batches as it goes; the batches fed to the merge
+    interleaved as a parent receives them (round robin here), then the answers in reverse order."""
+    batches: list[list[Batch]] = [[] for _ in range(jobs)]
+    answers = []
+    for p in range(jobs):
+        folded = fold_partition(
+            slices(batched(events, 64), p, jobs), p, jobs, compact_every=compact_every, emit=batches[p].append,
+            batch_items=16,
+        )  # fmt: skip
+        answers.append(answer(folded, now))
+    as_sent = [msgspec.msgpack.decode(msgspec.msgpack.encode(a), type=type(a)) for a in answers]
+    merger = Merger(jobs)
+    for round_ in itertools.zip_longest(*batches):
+        for p, batch in enumerate(round_):
+            if batch is not None:
+                merger.add(p, msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=Batch))
+    merged = merger.finish(list(reversed(as_sent)))
     return merged.releases, merged.findings, merged.counts, timeout_advice(merged.latencies), merged.events
 
 
