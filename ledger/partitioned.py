@@ -2,9 +2,10 @@
 
 The unit of scale is a partition of the log by transfer (`ledger.partition.partition_of`): both sides
 of a transfer carry its id, so every per-transfer rule, and the cross-side premature-release audit,
-stay inside one partition. Each partition is folded on its own (`fold_partition`: replay's `--jobs`,
-the service's startup) into a `PartitionAnswer`; `merge` turns the answers of all partitions into
-exactly what one fold of the whole log (`ledger.replay.replay_chunks`) gives, in the same order:
+stay inside one partition. Each partition is folded on its own (`fold_partition`: replay's `--jobs`)
+into `Batch`es as it goes and a `PartitionAnswer` at the end; `Merger` (or `merge`, given the answers
+alone) turns them into exactly what one fold of the whole log (`ledger.replay.replay_chunks`) gives, in
+the same order:
 
 - releases in fold order: each carries its event's `index`, the position of the event that caused
   it in the whole stream (sorted by it);
