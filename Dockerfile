@@ -7,7 +7,9 @@ WORKDIR /app
 
 # Only what the package needs: the service never imports the connector's heavy extras (torch).
 COPY pyproject.toml setup.py README* alembic.ini ./
+COPY kvledger kvledger
 COPY ledger ledger
+COPY migrations migrations
 COPY api api
 COPY connector connector
 COPY cli cli

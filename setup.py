@@ -2,7 +2,9 @@
 .py files, compiled) where a C compiler is; anywhere else, or when the build fails, the package installs
 with them interpreted.
 
-Everything else about the package is in pyproject.toml. `KVLEDGER_INTERPRETED=1` at build time skips
+Which folders install as which package (the repository's top-level folders as kvledger.*) is here too,
+beside the compiled modules' names; everything else about the package is in pyproject.toml.
+`KVLEDGER_INTERPRETED=1` at build time skips
 the compiled modules altogether (and at run time loads the sources anyway: ledger/compiled.py).
 """
 
@@ -12,8 +14,23 @@ import os
 import sys
 from typing import Any
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_namespace_packages, setup
 from setuptools.command.build_ext import build_ext
+
+TOP_LEVEL = ("ledger", "connector", "api", "cli", "proxy", "migrations")
+"""The repository's top-level folders: each installs as kvledger.<folder>, so that an environment gets the one
+name kvledger (vLLM's may already hold an `api` or a `cli` of its own)."""
+
+PACKAGE_DIR = {"kvledger": "kvledger"} | {f"kvledger.{name}": name for name in TOP_LEVEL}
+"""Where each package's files are: kvledger/ holds its `__init__.py` (and, for a checkout, links to the same
+folders), the rest are the top-level folders themselves."""
+
+PACKAGES = ["kvledger"] + [
+    f"kvledger.{package}"
+    for package in find_namespace_packages(include=[*TOP_LEVEL, *(f"{name}.*" for name in TOP_LEVEL)])
+    if "__pycache__" not in package
+]
+"""Every package under them (api/templates, which holds no Python, included: its pages are package data)."""
 
 FOLD_SOURCES = (
     "ledger/decisions.py",
@@ -74,6 +91,12 @@ class OptionalBuildExt(build_ext):
             _warn(f"compiling {ext.name} failed ({error})")
 
 
+def _module_name(path: str) -> str:
+    """ledger/fold.py -> kvledger.ledger.fold: the name the compiled module is imported by (and its cimports,
+    which Cython resolves through kvledger/'s links)."""
+    return "kvledger." + path[:-3].replace("/", ".")
+
+
 def _extensions() -> list[Any]:
     if os.environ.get("KVLEDGER_INTERPRETED", "") not in ("", "0"):
         return []
@@ -82,8 +105,13 @@ def _extensions() -> list[Any]:
     except ImportError:
         _warn("Cython is not installed")
         return []
-    modules = [Extension(path[:-3].replace("/", "."), [path]) for path in FOLD_SOURCES + HOOK_SOURCES]
+    modules = [Extension(_module_name(path), [path]) for path in FOLD_SOURCES + HOOK_SOURCES]
     return list(cythonize(modules, compiler_directives=DIRECTIVES, build_dir="build/cython", quiet=True))
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
+setup(
+    packages=PACKAGES,
+    package_dir=PACKAGE_DIR,
+    ext_modules=_extensions(),
+    cmdclass={"build_ext": OptionalBuildExt},
+)

@@ -1,1 +1,1 @@
-"""The audit service: a FastAPI application over a kvledger store (`api.app.create_app`)."""
+"""The audit service: a FastAPI application over a kvledger store (`kvledger.api.app.create_app`)."""

@@ -14,17 +14,17 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.templating import Jinja2Templates
 
-from api import errors, snapshots
-from api.board import BoardKeeper
-from api.event_schema import add_event_components
-from api.guards import BodyDeadline
-from api.limits import frozen_at_start
-from api.live import Live
-from api.metrics import build_registry
-from api.routes import audit, events, health, replay, transfers, web
-from api.settings import Settings
-from api.trust import TrustChecks
-from ledger.store.limits import TAIL_EVENTS_MAX
+from kvledger.api import errors, snapshots
+from kvledger.api.board import BoardKeeper
+from kvledger.api.event_schema import add_event_components
+from kvledger.api.guards import BodyDeadline
+from kvledger.api.limits import frozen_at_start
+from kvledger.api.live import Live
+from kvledger.api.metrics import build_registry
+from kvledger.api.routes import audit, events, health, replay, transfers, web
+from kvledger.api.settings import Settings
+from kvledger.api.trust import TrustChecks
+from kvledger.ledger.store.limits import TAIL_EVENTS_MAX
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from markupsafe import Markup
 from starlette.concurrency import run_in_threadpool
 
-from api import plots
-from api.limits import BOARD_COST_FACTOR, BOARD_SYNC_BUILD_MAX_S
-from api.live import Live
-from ledger.advice import late_after_expire, percentiles, verdict
-from ledger.audit import CODES, SEVERITY_RANK, Finding, found_at
-from ledger.side import TransferState
-from ledger.sources import SourceHealth
+from kvledger.api import plots
+from kvledger.api.limits import BOARD_COST_FACTOR, BOARD_SYNC_BUILD_MAX_S
+from kvledger.api.live import Live
+from kvledger.ledger.advice import late_after_expire, percentiles, verdict
+from kvledger.ledger.audit import CODES, SEVERITY_RANK, Finding, found_at
+from kvledger.ledger.side import TransferState
+from kvledger.ledger.sources import SourceHealth
 
 CODE_ORDER = {code: i for i, code in enumerate(CODES)}
 

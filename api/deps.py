@@ -11,9 +11,9 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.live import Live
-from api.settings import Settings
-from ledger.store.base import EventStore
+from kvledger.api.live import Live
+from kvledger.api.settings import Settings
+from kvledger.ledger.store.base import EventStore
 
 _bearer = HTTPBearer(auto_error=False, description="The token set in KVLEDGER_TOKEN")
 

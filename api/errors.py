@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
-from ledger.store.base import ConflictError, StoreError
+from kvledger.ledger.store.base import ConflictError, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The OpenAPI schema of ledger events, generated from the ledger's msgspec structs (one definition),
-with the bounds of a valid event (`ledger.valid`) written in."""
+with the bounds of a valid event (`kvledger.ledger.valid`) written in."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from ledger.events import Event
-from ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
+from kvledger.ledger.events import Event
+from kvledger.ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
 
 
 def _bound_integers(node: Any) -> None:

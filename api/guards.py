@@ -12,7 +12,7 @@ import asyncio
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import InvalidBody
+from kvledger.api.errors import InvalidBody
 
 
 class BodyDeadline:

@@ -13,10 +13,10 @@ from operator import and_, attrgetter, eq, ge, lt
 
 import msgspec
 
-from api.errors import InvalidBody, msgspec_loc
-from api.schemas import Gap
-from ledger.events import Event
-from ledger.valid import event_problem, json_chunk_valid
+from kvledger.api.errors import InvalidBody, msgspec_loc
+from kvledger.api.schemas import Gap
+from kvledger.ledger.events import Event
+from kvledger.ledger.valid import event_problem, json_chunk_valid
 
 
 class IngestBatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -30,7 +30,7 @@ _source, _seq = attrgetter("source"), attrgetter("seq")
 def decode_batch(body: bytes, events_max: int) -> list[Event]:
     """The batch's events, or `InvalidBody` naming the first field that is wrong.
 
-    Every event must be valid as `ledger.valid` defines it (the same rules the store and the JSONL
+    Every event must be valid as `kvledger.ledger.valid` defines it (the same rules the store and the JSONL
     reader apply), so what is accepted here can always be stored and exported."""
     try:
         events = _decoder.decode(body).events

@@ -28,19 +28,19 @@ from typing import NamedTuple, ParamSpec, TypeVar
 import anyio.to_thread
 from anyio import CapacityLimiter
 
-from api.settings import Settings
-from ledger.advice import LatencyRecorder
-from ledger.audit import AuditConfig, Finding, audit
-from ledger.collector import collector_paused, untrack
-from ledger.decisions import Key
-from ledger.events import KINDS, Event
-from ledger.fold import LedgerState
-from ledger.projection import ReleaseHook, fold_rows
-from ledger.series import HoldingSeries
-from ledger.sources import SourceHealth, judge_sources
-from ledger.store.base import Appended, EventStore, StoreError
-from ledger.store.connect import open_store
-from ledger.store.limits import TAIL_EVENTS_MAX
+from kvledger.api.settings import Settings
+from kvledger.ledger.advice import LatencyRecorder
+from kvledger.ledger.audit import AuditConfig, Finding, audit
+from kvledger.ledger.collector import collector_paused, untrack
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import KINDS, Event
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.projection import ReleaseHook, fold_rows
+from kvledger.ledger.series import HoldingSeries
+from kvledger.ledger.sources import SourceHealth, judge_sources
+from kvledger.ledger.store.base import Appended, EventStore, StoreError
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.limits import TAIL_EVENTS_MAX
 
 Restore = Callable[["Live", EventStore], Awaitable[int | None]]
 """Starts a fold from a snapshot of the store; the cursor it starts after, or None."""
@@ -71,13 +71,13 @@ class Live:
     ) -> None:
         self.settings = settings
         self._restore = restore
-        """Starts the fold from a snapshot when the store is first opened (`api.snapshots.restore`)."""
+        """Starts the fold from a snapshot when the store is first opened (`kvledger.api.snapshots.restore`)."""
         self.store: EventStore | None = None
         self.store_error: str | None = "store not opened yet"
         self.state = LedgerState()
         self.cursor = 0
         self.rows_folded = 0
-        """Rows read from the store's tail so far (a snapshot records it: `api.snapshots`)."""
+        """Rows read from the store's tail so far (a snapshot records it: `kvledger.api.snapshots`)."""
         self.last_folded: tuple[str, int] | None = None
         """(source, seq) of the event at `cursor`, the last folded (a snapshot records it: a start finds the
         same event at that cursor, or the store changed under the snapshot)."""
@@ -91,7 +91,7 @@ class Live:
         thousand requests cost its full collections nothing (lists made them take seconds under load)."""
         self.latency = LatencyRecorder()
         self.last_ts: dict[str, float] = {}
-        """Each source's newest event: how long a source has been silent (ledger.sources)."""
+        """Each source's newest event: how long a source has been silent (kvledger.ledger.sources)."""
         self.holding = HoldingSeries()
         """Blocks held per source over log time, for the page's plot."""
         self.caught_up_from = time.time()
@@ -130,7 +130,7 @@ class Live:
 
     async def append_ingested(self, store: EventStore, events: list[Event]) -> Appended:
         """An ingest's batch appended (`append_returning`; `decode_batch` checked every event against
-        ledger.valid, so the store need not check them again), on the ingest thread. Queued there at once, in
+        kvledger.ledger.valid, so the store need not check them again), on the ingest thread. Queued there at once, in
         this coroutine's step: appends then run back to back while earlier batches fold on the event loop.
         Taken in turn under an asyncio lock, the next batch's append started only once the loop came back to
         its coroutine, after the fold of the one before (never beside it: each batch waited for the last)."""
@@ -179,7 +179,7 @@ class Live:
         # the batch's new objects, that all live on in the state: nothing to free, a tenth of the fold's time.
         with collector_paused():
             self._fold_rows(rows)
-            # Before the collector resumes: what the batch grew is kept out of its passes (ledger.collector).
+            # Before the collector resumes: what the batch grew is kept out of its passes (kvledger.ledger.collector).
             untrack([*self.state.grown_containers(), self.order, self.by_request])
 
     def _fold_rows(self, rows: list[tuple[int, Event]]) -> None:

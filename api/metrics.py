@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from api.live import Live
-from ledger.audit import CODES, counts_by_code
+from kvledger.api.live import Live
+from kvledger.ledger.audit import CODES, counts_by_code
 
 RELEASE_LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
@@ -79,7 +79,8 @@ class LiveCollector(Collector):
 
 
 def _by_phase_and_lost(live: Live) -> Iterator[Metric]:
-    """Live sides by phase, and what lost sources hold (ledger.sources: silent while holding, or known dead)."""
+    """Live sides by phase, and what lost sources hold (kvledger.ledger.sources: silent while holding, or known
+    dead)."""
     phases = GaugeMetricFamily("kvledger_live_transfers_by_phase", "Transfer sides holding blocks, by phase",
                                labels=["phase"])  # fmt: skip
     counts: dict[str, int] = {}

@@ -6,15 +6,15 @@ from typing import Annotated
 
 from fastapi import Path, Query
 
-from api.errors import InvalidBody
-from api.live import Live
-from ledger.limits import TRANSFER_ID_CHARS_MAX, TS_MAX
+from kvledger.api.errors import InvalidBody
+from kvledger.api.live import Live
+from kvledger.ledger.limits import TRANSFER_ID_CHARS_MAX, TS_MAX
 
 Now = Annotated[float | None, Query(ge=0, le=TS_MAX, description="Audit time (s since epoch); default: now")]
 TransferIdPath = Annotated[
     str, Path(min_length=1, max_length=TRANSFER_ID_CHARS_MAX, pattern="^[^\x00]*$", description="A transfer id")
 ]
-"""What a valid event's transfer id may be (ledger.valid): anything else is 422, never a store error."""
+"""What a valid event's transfer id may be (kvledger.ledger.valid): anything else is 422, never a store error."""
 
 
 def check_limit(live: Live, limit: int) -> None:

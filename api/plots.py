@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 
 from markupsafe import Markup
 
-from api.limits import PLOT_BARS, PLOT_HEIGHT_PX, PLOT_LATENCY_BINS_PER_DECADE, PLOT_SOURCES_MAX, PLOT_WIDTH_PX
-from api.svg import (
+from kvledger.api.limits import PLOT_BARS, PLOT_HEIGHT_PX, PLOT_LATENCY_BINS_PER_DECADE, PLOT_SOURCES_MAX, PLOT_WIDTH_PX
+from kvledger.api.svg import (
     Scale,
     clock_label,
     count_ticks,
@@ -26,10 +26,10 @@ from api.svg import (
     time_ticks,
     titled,
 )
-from ledger.audit import CODES
-from ledger.humanize import duration, utc
-from ledger.series import HoldingSeries, Point
-from ledger.sources import SourceHealth
+from kvledger.ledger.audit import CODES
+from kvledger.ledger.humanize import duration, utc
+from kvledger.ledger.series import HoldingSeries, Point
+from kvledger.ledger.sources import SourceHealth
 
 LEFT_PX, TOP_PX, BOTTOM_PX = 58, 26, 30
 LABELS_PX = 190

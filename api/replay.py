@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from api.errors import InvalidBody
-from api.schemas import ReplayOut
-from api.views import finding_out, release_out
-from ledger.audit import AuditConfig, audit, counts_by_code
-from ledger.inputs import Inputs
-from ledger.jsonl import LogFormatError
-from ledger.merge import OverlapError
-from ledger.replay import ReplayResult, replay_chunks
-from ledger.store.base import StoreError
-from ledger.summary import summarize
+from kvledger.api.errors import InvalidBody
+from kvledger.api.schemas import ReplayOut
+from kvledger.api.views import finding_out, release_out
+from kvledger.ledger.audit import AuditConfig, audit, counts_by_code
+from kvledger.ledger.inputs import Inputs
+from kvledger.ledger.jsonl import LogFormatError
+from kvledger.ledger.merge import OverlapError
+from kvledger.ledger.replay import ReplayResult, replay_chunks
+from kvledger.ledger.store.base import StoreError
+from kvledger.ledger.summary import summarize
 
 
 def _replay(path: Path, until_seq: int | None, until_ts: float | None) -> ReplayResult:

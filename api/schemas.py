@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 EventJson = Annotated[dict[str, Any], WithJsonSchema({"allOf": [{"$ref": "#/components/schemas/Event"}]})]
-"""One ledger event as JSON; its schema is generated from the ledger's msgspec structs (api.event_schema)."""
+"""One ledger event as JSON; its schema is generated from the ledger's msgspec structs (kvledger.api.event_schema)."""
 
 
 class Health(BaseModel):

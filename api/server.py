@@ -7,7 +7,7 @@ Which mechanism bounds what (the limits themselves are `Settings` fields):
 - header time: `HeaderTimeoutProtocol` below, the one piece uvicorn lacks: a connection whose next
   request head is not complete `header_timeout_s` after it opened (or after its previous response)
   is closed;
-- body time: `api.guards.BodyDeadline`, an ASGI middleware: the whole body must arrive within
+- body time: `kvledger.api.guards.BodyDeadline`, an ASGI middleware: the whole body must arrive within
   `body_timeout_s`, else 408 and close;
 - idle keep-alive: uvicorn's `timeout_keep_alive`;
 - connections: uvicorn's `limit_concurrency` (new requests beyond it get 503).
@@ -24,7 +24,7 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from api.settings import Settings
+from kvledger.api.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class HeaderTimeoutProtocol(H11Protocol):
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:
-            self._disarm()  # the head is in: the body's own deadline (api.guards) takes over
+            self._disarm()  # the head is in: the body's own deadline (kvledger.api.guards) takes over
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

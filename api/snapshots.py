@@ -1,9 +1,9 @@
 """The service's snapshots: the live fold as of a store-wide cursor, so that a start folds only what follows.
 
-A snapshot holds the ledger's state (`ledger.store.snapshot` encodes it) and what `Live` derives from the
+A snapshot holds the ledger's state (`kvledger.ledger.store.snapshot` encodes it) and what `Live` derives from the
 fold beside it (event counts, the transfers' order, the request index, latencies, the holdings plot), as of
 cursor C. It is kept in the store's snapshots table under the source "" (no event has an empty source:
-`ledger.valid`), C as its seq. Snapshots are written in the background (`write_forever`), never on a
+`kvledger.ledger.valid`), C as its seq. Snapshots are written in the background (`write_forever`), never on a
 request's path; the newest two are kept. The fold waits only while the state is copied (`_take`), not while
 the copy is encoded (an ingest waited two seconds per snapshot of a million events' fold that way).
 
@@ -26,7 +26,7 @@ A snapshot that cannot be used (corrupt: its CRC-32 does not match, or it does n
 another format; the fold's fields changed; another store's; the count or the last event above) is ignored
 with a warning naming its cursor and why, and the next older one is tried; with none left the fold starts
 from zero. Either way the state equals a fold of the whole store. One thing a start from a snapshot does not
-rebuild: the Prometheus release-latency histogram (`api.metrics`), fed as releases are folded, counts the
+rebuild: the Prometheus release-latency histogram (`kvledger.api.metrics`), fed as releases are folded, counts the
 releases this process folded, as any Prometheus counter starts again with its process; the fold's own counts
 (`kvledger_releases_total`, the latency percentiles of /audit/summary) are restored whole.
 """
@@ -46,18 +46,18 @@ import anyio.to_thread
 import msgspec
 import zstandard
 
-from api.limits import SNAPSHOT_COST_FACTOR, frozen_at_start
-from api.live import Live, Written
-from ledger.advice import LatencyRecorder, RecorderPlain
-from ledger.collector import collector_paused
-from ledger.decisions import Key
-from ledger.events import KINDS, Event
-from ledger.fold import LedgerState
-from ledger.series import HoldingSeries, SeriesPlain
-from ledger.side import requests_of
-from ledger.store import snapshot
-from ledger.store.base import EventStore, StoredSnapshot
-from ledger.store.snapshot import SnapshotFormatError
+from kvledger.api.limits import SNAPSHOT_COST_FACTOR, frozen_at_start
+from kvledger.api.live import Live, Written
+from kvledger.ledger.advice import LatencyRecorder, RecorderPlain
+from kvledger.ledger.collector import collector_paused
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import KINDS, Event
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.series import HoldingSeries, SeriesPlain
+from kvledger.ledger.side import requests_of
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.store.base import EventStore, StoredSnapshot
+from kvledger.ledger.store.snapshot import SnapshotFormatError
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ def load_newest(store: EventStore) -> _Restored | None:
             if frozen_at_start(len(restored.state.transfers)):
                 # Before the collector resumes: its first pass would otherwise walk the million tuples the
                 # decoding just built (keys, decided entries) to find them all alive, 0.4 s of a start. The
-                # service's startup freezes what it built anyway, and unfreezes it at shutdown (api.app).
+                # service's startup freezes what it built anyway, and unfreezes it at shutdown (kvledger.api.app).
                 gc.freeze()
             return restored
     return None

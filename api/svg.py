@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from markupsafe import Markup, escape
 
-from ledger.humanize import duration, utc
+from kvledger.ledger.humanize import duration, utc
 
 TIME_STEPS_S: tuple[float, ...] = (
     0.001,

@@ -1,16 +1,16 @@
 """A transfer's events laid out for the web page: marks on a time axis (one lane per source) and a row in words
-each. Presentation only: the words are ledger.timeline's `describe`, and the story a fold tells (decisions and
-why) is ledger.timeline's `build`."""
+each. Presentation only: the words are kvledger.ledger.timeline's `describe`, and the story a fold tells (decisions and
+why) is kvledger.ledger.timeline's `build`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from api.svg import time_ticks
-from ledger.events import Event, kind_of
-from ledger.humanize import duration, offset, utc
-from ledger.side import TransferState
-from ledger.timeline import describe
+from kvledger.api.svg import time_ticks
+from kvledger.ledger.events import Event, kind_of
+from kvledger.ledger.humanize import duration, offset, utc
+from kvledger.ledger.side import TransferState
+from kvledger.ledger.timeline import describe
 
 WIDTH_PX, LANE_PX, MARGIN_LEFT_PX, MARGIN_RIGHT_PX, TOP_PX = 960, 56, 170, 30, 36
 COLORS = {"map": "#2563eb", "schedule": "#7c3aed", "seal": "#0891b2", "ack": "#16a34a",

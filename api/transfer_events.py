@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from itertools import islice
 
-from ledger.events import Event, TransferId
-from ledger.store.base import EventStore
+from kvledger.ledger.events import Event, TransferId
+from kvledger.ledger.store.base import EventStore
 
 
 def transfer_events(store: EventStore, transfer_id: str, events_max: int) -> list[Event]:

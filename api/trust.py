@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
-from api.limits import STORE_PROBE_TIMEOUT_S
-from api.live import Live
-from ledger.humanize import ago, duration, utc
-from ledger.store.base import StoreError
+from kvledger.api.limits import STORE_PROBE_TIMEOUT_S
+from kvledger.api.live import Live
+from kvledger.ledger.humanize import ago, duration, utc
+from kvledger.ledger.store.base import StoreError
 
 
 @dataclass(frozen=True)

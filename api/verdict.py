@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from api.board import Board
-from api.trust import Problem
-from ledger.audit import CODES
-from ledger.humanize import ago, duration, utc
+from kvledger.api.board import Board
+from kvledger.api.trust import Problem
+from kvledger.ledger.audit import CODES
+from kvledger.ledger.humanize import ago, duration, utc
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ from typing import Any
 
 import msgspec
 
-from api.schemas import FindingOut, ReleaseOut, TransferOut
-from ledger.audit import Finding
-from ledger.decisions import Release
-from ledger.events import Event
-from ledger.side import TransferState
-from ledger.store.base import StoreError
-from ledger.store.url import parse_url
+from kvledger.api.schemas import FindingOut, ReleaseOut, TransferOut
+from kvledger.ledger.audit import Finding
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Event
+from kvledger.ledger.side import TransferState
+from kvledger.ledger.store.base import StoreError
+from kvledger.ledger.store.url import parse_url
 
 
 def transfer_out(t: TransferState) -> TransferOut:

@@ -1,8 +1,8 @@
 """The audit service under load: GET /audit latency over 1M events and 100k live transfers, and HTTP ingest.
 
 Run: python benchmarks/api.py [--events 1000000] [--live 100000] [--pg-url URL] [--only ingest]. Builds a SQLite store
-(ledger.synth traffic plus live maps, loaded with the store's batched append), serves it with uvicorn on
-loopback, and ends with one JSON line. Baselines in the same run: one uncached `ledger.audit.audit()`
+(kvledger.ledger.synth traffic plus live maps, loaded with the store's batched append), serves it with uvicorn on
+loopback, and ends with one JSON line. Baselines in the same run: one uncached `kvledger.ledger.audit.audit()`
 call, and for ingest raw `executemany` of the same events' rows in the same batches (sqlite3 into a
 table made from the store's DDL; psycopg into a store of its own). Ingest into PostgreSQL goes to a
 schema of its own (a store prefilled with --pg-events), dropped at the end; --pg-url '' skips it.
@@ -14,7 +14,7 @@ the service's process, a client would share its GIL and time the client's work a
 starts once the snapshot a start writes over the store it folded is stored (`start_snapshot_wait_s`): while
 one is encoded (3-4 CPU seconds for a million events' fold) it shares the service's GIL with ingest. The
 1,000,000 events posted (--ingest-batches) double the fold and are past the service's snapshot cadence (every
-100,000 events, at most once per ten times the last one's cost: `api.snapshots.due`) and the collector's
+100,000 events, at most once per ten times the last one's cost: `kvledger.api.snapshots.due`) and the collector's
 full passes, so the figure is sustained ingest with the snapshots and collections it brings, not a window
 short enough to miss them. 50 batches hid that a million events' fold was snapshotted every 2 s (a third of
 the rate over 200 batches); 200 batches ended before the collector's first full pass and hid that it walked
@@ -47,17 +47,17 @@ from fastapi import FastAPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.app import create_app
-from api.settings import Settings
 from benchmarks.quick import parse_args
 from benchmarks.ready import measure_ready_in_child
 from benchmarks.store import events_ddl, raw_rows_per_s
-from ledger.audit import audit
-from ledger.events import Event, Map, ReqId, TransferId
-from ledger.store.connect import open_store
-from ledger.store.rows import INSERT_COLUMNS, encode_row
-from ledger.store.url import parse_url
-from ledger.synth import SynthConfig, generate
+from kvledger.api.app import create_app
+from kvledger.api.settings import Settings
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event, Map, ReqId, TransferId
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.rows import INSERT_COLUMNS, encode_row
+from kvledger.ledger.store.url import parse_url
+from kvledger.ledger.synth import SynthConfig, generate
 
 TOKEN = "bench"
 LOAD_BATCH_EVENTS = 10_000

@@ -41,24 +41,24 @@ import torch  # noqa: E402
 import zmq  # noqa: E402
 
 from benchmarks.quick import parse_args, quick  # noqa: E402
-from connector.assemble import build_scheduler, build_worker  # noqa: E402
-from connector.channel import Channel  # noqa: E402
-from connector.compiled import compiled  # noqa: E402
-from connector.config import ConnectorConfig, PeerEngine  # noqa: E402
-from connector.groups import flatten_groups  # noqa: E402
-from connector.limits import HOOK_CALL_BOUND_S, LEASE_IDS_PER_MESSAGE_MAX  # noqa: E402
-from connector.messages import LeaseRenew, Message, ReleaseBlocks, encode  # noqa: E402
-from connector.params import TransferParams, parse_params  # noqa: E402
-from connector.ports import free_loopback_ports  # noqa: E402
-from connector.reasons import REASON_PEER_UNLINKED  # noqa: E402
-from connector.scheduler import SchedulerCore  # noqa: E402
-from connector.transports.base import Code, RegionDescriptor, TransportEndpoint  # noqa: E402
-from connector.transports.tcp import TcpTransport  # noqa: E402
-from connector.worker import WorkerCore  # noqa: E402
-from ledger.compiled import INTERPRETED_ENV  # noqa: E402
-from ledger.compiled import compiled as fold_compiled  # noqa: E402
-from ledger.events import Drop, Fail, ReqId, TransferId  # noqa: E402
-from ledger.ledger import Ledger  # noqa: E402
+from kvledger.connector.assemble import build_scheduler, build_worker  # noqa: E402
+from kvledger.connector.channel import Channel  # noqa: E402
+from kvledger.connector.compiled import compiled  # noqa: E402
+from kvledger.connector.config import ConnectorConfig, PeerEngine  # noqa: E402
+from kvledger.connector.groups import flatten_groups  # noqa: E402
+from kvledger.connector.limits import HOOK_CALL_BOUND_S, LEASE_IDS_PER_MESSAGE_MAX  # noqa: E402
+from kvledger.connector.messages import LeaseRenew, Message, ReleaseBlocks, encode  # noqa: E402
+from kvledger.connector.params import TransferParams, parse_params  # noqa: E402
+from kvledger.connector.ports import free_loopback_ports  # noqa: E402
+from kvledger.connector.reasons import REASON_PEER_UNLINKED  # noqa: E402
+from kvledger.connector.scheduler import SchedulerCore  # noqa: E402
+from kvledger.connector.transports.base import Code, RegionDescriptor, TransportEndpoint  # noqa: E402
+from kvledger.connector.transports.tcp import TcpTransport  # noqa: E402
+from kvledger.connector.worker import WorkerCore  # noqa: E402
+from kvledger.ledger.compiled import INTERPRETED_ENV  # noqa: E402
+from kvledger.ledger.compiled import compiled as fold_compiled  # noqa: E402
+from kvledger.ledger.events import Drop, Fail, ReqId, TransferId  # noqa: E402
+from kvledger.ledger.ledger import Ledger  # noqa: E402
 
 LIVE_TRANSFERS = 512
 STEPS = 3000
@@ -565,7 +565,7 @@ def raw_zmq_throughput() -> float:
 
 def main() -> None:
     # Every dropped forgery and failed handshake logs a warning: thousands here, none of them news.
-    logging.getLogger("connector").setLevel(logging.ERROR)
+    logging.getLogger("kvledger.connector").setLevel(logging.ERROR)
     if sys.argv[1:] == [HOOK_TRIAL_FLAG]:
         _serve_hook_trial()
         return

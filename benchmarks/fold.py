@@ -23,16 +23,16 @@ import tracemalloc
 from collections.abc import Iterable
 from pathlib import Path
 
-import ledger
+import kvledger.ledger as ledger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
 
 from benchmarks.quick import parse_args
-from ledger.compiled import INTERPRETED_ENV, compiled
-from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
-from ledger.fold import LedgerState
-from ledger.ledger import Ledger
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.compiled import INTERPRETED_ENV, compiled
+from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.synth import SynthConfig, generate
 
 BATCH = 64
 """Events a worker appends at once (buffered during the forward, appended at wait_for_save)."""

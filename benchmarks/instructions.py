@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.fold import run_baseline, run_ledger, traffic
 from benchmarks.quick import parse_args
-from ledger.compiled import INTERPRETED_ENV, compiled
+from kvledger.ledger.compiled import INTERPRETED_ENV, compiled
 
 REPEATS = 2
 """Runs of the measured part per process (the difference to the process without it is divided by these)."""

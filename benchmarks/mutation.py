@@ -58,12 +58,12 @@ TESTS = "tests/ledger"
 SUPPORT = ("tests/fuzz",)
 """Test helpers the ledger tests import (tests/ledger/test_valid.py uses tests.fuzz's strategies): copied too."""
 DEFAULT_EVERY = 4
-FIRST_BATCH = "ledger.audit.x_counts_by_code__mutmut_*"
+FIRST_BATCH = "kvledger.ledger.audit.x_counts_by_code__mutmut_*"
 """A few quick mutants run first: mutmut generates every mutant and measures the tests on its way to them."""
 
 QUICK_MUTATED = ("ledger/partition.py",)
 QUICK_TESTS = "tests/ledger/test_partition.py"
-QUICK_FIRST_BATCH = "ledger.partition.*"
+QUICK_FIRST_BATCH = "kvledger.ledger.partition.*"
 """--quick: every mutant of the partition function against its own tests (seconds): the pipeline, not a score."""
 
 FIELDS: tuple[str, ...] = (
@@ -78,9 +78,10 @@ CRASHED = {-11, -9}
 
 def setup_cfg(mutated: tuple[str, ...], tests: str) -> str:
     """mutmut's configuration: which files it mutates, which tests it runs."""
-    files = "\n    ".join(mutated)
+    files = "\n    ".join(f"kvledger/{path}" for path in mutated)
     return f"""[mutmut]
-source_paths = ledger/
+source_paths = kvledger/ledger/
+also_copy = kvledger/__init__.py
 only_mutate = {files}
 pytest_add_cli_args_test_selection = {tests}
 pytest_add_cli_args = -p
@@ -110,7 +111,10 @@ def _ensure_mutmut() -> str:
 def _scratch(work: Path, mutated: tuple[str, ...], tests: str) -> None:
     """The code and the tests, copied: mutmut writes its `mutants/` folder next to them."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", "*.so")
-    shutil.copytree(ROOT / "ledger", work / "ledger", ignore=ignore)
+    package = work / "kvledger"  # as the checkout lays it out: mutmut names mutants by their module's path
+    package.mkdir()
+    shutil.copy2(ROOT / "kvledger" / "__init__.py", package / "__init__.py")
+    shutil.copytree(ROOT / "ledger", package / "ledger", ignore=ignore)
     (work / "tests").mkdir()
     shutil.copy2(ROOT / "tests" / "__init__.py", work / "tests" / "__init__.py")
     folder = tests if (ROOT / tests).is_dir() else str(Path(tests).parent)
@@ -133,7 +137,7 @@ def _results(work: Path, mutated: tuple[str, ...]) -> dict[str, int | None]:
     """Every mutant's name and exit code, from mutmut's per-file records."""
     out: dict[str, int | None] = {}
     for path in mutated:
-        meta = json.loads((work / "mutants" / f"{path}.meta").read_text())
+        meta = json.loads((work / "mutants" / "kvledger" / f"{path}.meta").read_text())
         out.update(meta["exit_code_by_key"])
     return out
 
@@ -190,13 +194,15 @@ def main() -> int:
     crashed = sum(code in CRASHED for code in codes)
     survivors = [name for name, code in zip(sample, codes, strict=True) if code not in KILLED | TIMEOUT | CRASHED]
     caught = killed + timeouts + crashed
-    by_file = {path: sum(name.startswith(path[:-3].replace("/", ".")) for name in sample) for path in mutated}
+    by_file = {
+        path: sum(name.startswith("kvledger." + path[:-3].replace("/", ".")) for name in sample) for path in mutated
+    }
     per_file = ", ".join(f"{path}: {n}" for path, n in by_file.items())
     print(f"tested {len(sample)} ({per_file}) in {time.perf_counter() - started:.0f} s")
     print(f"killed {killed}, timed out {timeouts}, crashed {crashed}, survived {len(survivors)}")
     for name in survivors:
         status = "no tests" if results[name] in (5, 33) else "survived"
-        short = name.removeprefix("ledger.")
+        short = name.removeprefix("kvledger.ledger.")
         print(f"  {status}: {short}: {_location(work, name)}")
     if args.keep is None:
         shutil.rmtree(work, ignore_errors=True)

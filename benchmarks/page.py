@@ -1,7 +1,7 @@
 """The web page's time to first byte with 100k findings, against what an audit per request would cost.
 
 Run: python benchmarks/page.py [--findings 100000] [--sources 8] [--events 200000] [--seconds 60]. Builds a
-SQLite store (ledger.synth traffic plus `--findings` producer sides whose deadlines passed ten minutes ago,
+SQLite store (kvledger.ledger.synth traffic plus `--findings` producer sides whose deadlines passed ten minutes ago,
 spread over `--sources` sources that stay live), serves it with uvicorn on loopback, and requests `GET /`
 back to back for `--seconds` (long enough for the page's audit to be rebuilt in the background several
 times while requests are served). Baselines in the same run: `GET /healthz` (the HTTP stack alone) and one
@@ -24,14 +24,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.app import create_app
-from api.board import build
-from api.settings import Settings
 from benchmarks.api import LOAD_BATCH_EVENTS, percentile, start_server
 from benchmarks.quick import parse_args
-from ledger.events import Ack, Event, Map, ReqId, TransferId
-from ledger.store.connect import open_store
-from ledger.synth import SynthConfig, generate
+from kvledger.api.app import create_app
+from kvledger.api.board import build
+from kvledger.api.settings import Settings
+from kvledger.ledger.events import Ack, Event, Map, ReqId, TransferId
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.synth import SynthConfig, generate
 
 TARGET_FIRST_BYTE_MS = 200.0
 LEAKED_AGO_S = 600.0

@@ -2,7 +2,7 @@
 
 Run: python benchmarks/ready.py [--events 1000000] [--tail 50000] (benchmarks/api.py reports the same figures
 as `ready_s_1m` and `ready_s_1m_refold`). The store is written with raw sqlite3 executemany of the store's
-own rows (ledger.synth traffic). Ready is the time from `create_app` until uvicorn has started (the app's
+own rows (kvledger.ledger.synth traffic). Ready is the time from `create_app` until uvicorn has started (the app's
 startup, which folds the store, is done) and GET /healthz has answered, imports excluded.
 
 1. a service folds the first `events - tail` events from zero and writes its snapshot in the background
@@ -37,15 +37,15 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.app import create_app
-from api.live import Live
-from api.settings import Settings
 from benchmarks.quick import parse_args
-from ledger.events import Event
-from ledger.store import snapshot
-from ledger.store.connect import open_store
-from ledger.store.rows import INSERT_COLUMNS, encode_rows
-from ledger.synth import SynthConfig, generate
+from kvledger.api.app import create_app
+from kvledger.api.live import Live
+from kvledger.api.settings import Settings
+from kvledger.ledger.events import Event
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.rows import INSERT_COLUMNS, encode_rows
+from kvledger.ledger.synth import SynthConfig, generate
 
 WRITE_BATCH_ROWS = 100_000
 SNAPSHOT_POLLS_MAX = 6_000

@@ -28,10 +28,10 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
 
 from benchmarks.quick import parse_args
-from ledger.events import Event
-from ledger.jsonl import header_line, read_chunks, read_events
-from ledger.replay import replay_chunks
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import header_line, read_chunks, read_events
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.synth import SynthConfig, generate
 
 EVENTS_PER_TRANSFER = 13
 """About how many events (both sides) the generator makes per transfer with these settings."""
@@ -113,12 +113,12 @@ def fold(path: Path) -> dict[str, float]:
 
 
 def jobs_figures(path: Path, events: int) -> dict[str, object]:
-    """`kvledger replay`'s fold and audit of `path` (cli.replay.fold) with --jobs 1, 2, 4 and the cores."""
-    from cli.jobs import cores
-    from cli.replay import fold as fold_jobs
-    from ledger.advice import timeout_advice
-    from ledger.audit import AuditConfig
-    from ledger.summary import summarize_counts
+    """`kvledger replay`'s fold and audit of `path` (kvledger.cli.replay.fold) with --jobs 1, 2, 4 and the cores."""
+    from kvledger.cli.jobs import cores
+    from kvledger.cli.replay import fold as fold_jobs
+    from kvledger.ledger.advice import timeout_advice
+    from kvledger.ledger.audit import AuditConfig
+    from kvledger.ledger.summary import summarize_counts
 
     config = AuditConfig()
     figures: dict[str, object] = {"cores": cores()}

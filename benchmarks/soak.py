@@ -23,17 +23,17 @@ import time  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 from benchmarks.quick import parse_args  # noqa: E402
-from connector.sim.config import FaultKind  # noqa: E402
-from connector.sim.report import soak_account, soak_figures  # noqa: E402
-from connector.sim.soak_config import (  # noqa: E402
+from kvledger.connector.sim.config import FaultKind  # noqa: E402
+from kvledger.connector.sim.report import soak_account, soak_figures  # noqa: E402
+from kvledger.connector.sim.soak_config import (  # noqa: E402
     SOAK_FAULT_KINDS,
     STORM_KINDS_IN_SOAK,
     SoakConfig,
     SoakFaultKind,
     SoakResult,
 )
-from connector.sim.storm import run_soak  # noqa: E402
-from ledger.events import Mode  # noqa: E402
+from kvledger.connector.sim.storm import run_soak  # noqa: E402
+from kvledger.ledger.events import Mode  # noqa: E402
 
 FIELDS: tuple[str, ...] = (
     "sim_hours",

@@ -29,13 +29,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: the repository's packages
 
 from benchmarks.quick import parse_args
-from ledger.events import Event
-from ledger.log import EventLog
-from ledger.store.connect import SQLITE_SYNCHRONOUS, open_store
-from ledger.store.limits import WRITER_BATCH_EVENTS_MAX
-from ledger.store.rows import INSERT_COLUMNS, encode_row
-from ledger.store.writer import BackgroundWriter
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Event
+from kvledger.ledger.log import EventLog
+from kvledger.ledger.store.connect import SQLITE_SYNCHRONOUS, open_store
+from kvledger.ledger.store.limits import WRITER_BATCH_EVENTS_MAX
+from kvledger.ledger.store.rows import INSERT_COLUMNS, encode_row
+from kvledger.ledger.store.writer import BackgroundWriter
+from kvledger.ledger.synth import SynthConfig, generate
 
 PACE_EVENTS = 100
 """Appends between two looks at the clock when pacing."""

@@ -29,11 +29,11 @@ import time  # noqa: E402
 from dataclasses import replace  # noqa: E402
 
 from benchmarks.quick import parse_args  # noqa: E402
-from connector.sim.config import FAULT_KINDS, FaultKind, StormConfig, StormResult  # noqa: E402
-from connector.sim.errors import SimulationError  # noqa: E402
-from connector.sim.report import account, figures, side_by_side  # noqa: E402
-from connector.sim.storm import run_storm  # noqa: E402
-from ledger.events import Mode  # noqa: E402
+from kvledger.connector.sim.config import FAULT_KINDS, FaultKind, StormConfig, StormResult  # noqa: E402
+from kvledger.connector.sim.errors import SimulationError  # noqa: E402
+from kvledger.connector.sim.report import account, figures, side_by_side  # noqa: E402
+from kvledger.connector.sim.storm import run_storm  # noqa: E402
+from kvledger.ledger.events import Mode  # noqa: E402
 
 FULL_REQUESTS = 2000
 FULL_CONCURRENCY = 512

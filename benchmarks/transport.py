@@ -35,9 +35,9 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 
-from connector.layout import block_ops, geometry_of  # noqa: E402
-from connector.transports.base import Op  # noqa: E402
-from connector.transports.tcp import TcpTransport  # noqa: E402
+from kvledger.connector.layout import block_ops, geometry_of  # noqa: E402
+from kvledger.connector.transports.base import Op  # noqa: E402
+from kvledger.connector.transports.tcp import TcpTransport  # noqa: E402
 
 FIELDS: tuple[str, ...] = (
     "tcp_gb_s_cpu",

@@ -1,5 +1,5 @@
-"""`python -m cli`: the `kvledger` command from a checkout, without the console script."""
+"""`python -m kvledger.cli`: the `kvledger` command from a checkout, without the console script."""
 
-from cli.app import app
+from kvledger.cli.app import app
 
 app()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import typer
 
-from cli.db import db_app
-from cli.demo import demo_command
-from cli.export import export_command
-from cli.proxy import proxy
-from cli.replay import audit_command, replay_command, timeline_command
-from cli.serve import serve
+from kvledger.cli.db import db_app
+from kvledger.cli.demo import demo_command
+from kvledger.cli.export import export_command
+from kvledger.cli.proxy import proxy
+from kvledger.cli.replay import audit_command, replay_command, timeline_command
+from kvledger.cli.serve import serve
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
 app.command("demo")(demo_command)
@@ -27,5 +27,5 @@ def main() -> None:
     """kvledger: an event-sourced ledger of KV-cache transfers for vLLM P/D disaggregation."""
 
 
-if __name__ == "__main__":  # `python -m cli.app` (or `python -m cli`): the command from a checkout
+if __name__ == "__main__":  # `python -m kvledger.cli.app` (or `python -m kvledger.cli`): the command from a checkout
     app()

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from ledger.store.base import StoreError
-from ledger.store.upgrade import upgrade_store
+from kvledger.ledger.store.base import StoreError
+from kvledger.ledger.store.upgrade import upgrade_store
 
 DEFAULT_DB = "sqlite:///kvledger.db"
 
@@ -33,14 +33,14 @@ def upgrade(db: DbUrl = DEFAULT_DB) -> None:
 @db_app.command()
 def current(db: DbUrl = DEFAULT_DB) -> None:
     """Print the store's schema version; exit 1 when kvledger cannot use it as is."""
-    from ledger.store.connect import open_store
+    from kvledger.ledger.store.connect import open_store
 
     try:
         store = open_store(db)
     except StoreError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
-    from ledger.store.schema import SCHEMA_VERSION
+    from kvledger.ledger.store.schema import SCHEMA_VERSION
 
     store.close()
     typer.echo(f"{db}: schema at version {SCHEMA_VERSION}")

@@ -16,10 +16,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ledger.humanize import duration, utc
+from kvledger.ledger.humanize import duration, utc
 
 if TYPE_CHECKING:
-    from api.settings import Settings
+    from kvledger.api.settings import Settings
 
 DEMO_DIR_DEFAULT = Path("kvledger-demo")
 
@@ -98,7 +98,7 @@ def demo_command(
     if result.problems:
         raise typer.Exit(1)
     if serve:
-        from cli.serve import run_service
+        from kvledger.cli.serve import run_service
 
         wait_for_storm_end(result, config)
         out.print(f"audit service: http://127.0.0.1:{port}/  (Ctrl-C to stop)")
@@ -108,8 +108,8 @@ def demo_command(
 def run_demo_storm(directory: Path, *, requests: int, concurrency: int, seed: int, mode: str) -> tuple[Any, Any]:
     """The demo's storm on a fresh SQLite ledger and incident log in `directory`: (StormResult, StormConfig)."""
     # The CLI is the one place that composes the packages: the simulator lives with the connector.
-    from connector.channel import REFUSED_LOGGER
-    from connector.sim import StormConfig, run_storm
+    from kvledger.connector.channel import REFUSED_LOGGER
+    from kvledger.connector.sim import StormConfig, run_storm
 
     if directory.exists():
         shutil.rmtree(directory)
@@ -148,7 +148,7 @@ def wait_for_storm_end(result: Any, config: Any) -> None:
 def demo_settings(result: Any, config: Any) -> Settings:
     """The service over the demo's ledger, with the storm's timeouts, told (as an orchestrator would tell
     it) which engine the storm killed."""
-    from cli.serve import service_settings
+    from kvledger.cli.serve import service_settings
 
     dead = {result.dead_engine: "killed by the demo's storm"} if result.dead_engine is not None else {}
     return service_settings(

@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 
-from cli.replay import guarded
-from ledger.events import Event
-from ledger.inputs import is_sqlite_file
-from ledger.jsonl import LogWriter, open_log
-from ledger.limits import EXPORT_BATCH_EVENTS
+from kvledger.cli.replay import guarded
+from kvledger.ledger.events import Event
+from kvledger.ledger.inputs import is_sqlite_file
+from kvledger.ledger.jsonl import LogWriter, open_log
+from kvledger.ledger.limits import EXPORT_BATCH_EVENTS
 
 Source = Annotated[str, typer.Argument(help="A store URL or SQLite file, or a JSONL incident log")]
 Target = Annotated[str, typer.Argument(help="A .jsonl file, or a store URL / SQLite file to load into")]
@@ -36,7 +36,7 @@ def _batches(events: Iterable[Event], size: int) -> Iterator[list[Event]]:
 
 def store_to_jsonl(url: str, path: Path) -> int:
     """Every event of the store, in its cursor order, into a new JSONL file (atomic rename)."""
-    from ledger.store.connect import open_store
+    from kvledger.ledger.store.connect import open_store
 
     store = open_store(url)
     tmp = path.with_name(path.name + ".tmp")
@@ -58,7 +58,7 @@ def store_to_jsonl(url: str, path: Path) -> int:
 def jsonl_to_store(path: Path, url: str) -> tuple[int, int]:
     """Load a JSONL log into a store (created if new). The whole file is checked before any
     row is written, so a bad line leaves the store untouched. Returns (read, inserted)."""
-    from ledger.store.connect import open_store
+    from kvledger.ledger.store.connect import open_store
 
     reader = open_log(path)
     try:

@@ -1,14 +1,14 @@
 """`--jobs N`: a replay or audit folded in N processes, one partition of the log's transfers each, merged.
 
 Each worker opens the logs itself (no reader funnels events to it) and folds the events of its
-partition (`ledger.partitioned.fold_partition`). A single JSONL log, read without `--skip-bad-lines`
+partition (`kvledger.ledger.partitioned.fold_partition`). A single JSONL log, read without `--skip-bad-lines`
 or a cut, is split line by line without decoding the other partitions' lines
-(`ledger.jsonl.LogReader.partition_chunks`); anything else (several logs merged by time, a SQLite
+(`kvledger.ledger.jsonl.LogReader.partition_chunks`); anything else (several logs merged by time, a SQLite
 store, skipped lines, `--until-*`) is decoded whole by every worker, which keeps its partition's events.
 Each worker sends, msgpack-encoded, batches of its releases' sides and accepted maps as it folds, then
 its answer at the audit clock (`--now`, or the whole log's newest ts, which every worker knows); the
 parent merges what every worker has told up to a stream position as it comes
-(`ledger.partitioned.Merger`) and ends with exactly what one process gives. A worker's memory is its
+(`kvledger.ledger.partitioned.Merger`) and ends with exactly what one process gives. A worker's memory is its
 partition's fold; the parent's, the live sides' block ownership and what one worker told ahead of the
 slowest (and the releases themselves for `replay --json`, which prints them).
 """
@@ -23,11 +23,11 @@ from typing import Any
 
 import msgspec
 
-from ledger.audit import AuditConfig
-from ledger.inputs import Inputs, is_sqlite_file
-from ledger.jsonl import LogFormatError, open_log
-from ledger.merge import OverlapError
-from ledger.partitioned import Batch, Merged, Merger, PartitionAnswer, answer, fold_partition, slices
+from kvledger.ledger.audit import AuditConfig
+from kvledger.ledger.inputs import Inputs, is_sqlite_file
+from kvledger.ledger.jsonl import LogFormatError, open_log
+from kvledger.ledger.merge import OverlapError
+from kvledger.ledger.partitioned import Batch, Merged, Merger, PartitionAnswer, answer, fold_partition, slices
 
 _answer_decoder = msgspec.msgpack.Decoder(PartitionAnswer)
 _batch_decoder = msgspec.msgpack.Decoder(Batch)

@@ -26,7 +26,7 @@ def proxy(
     # Imported here: the web stack loads only for this command.
     import uvicorn
 
-    from proxy.app import KvAddress, ProxySettings, create_app
+    from kvledger.proxy.app import KvAddress, ProxySettings, create_app
 
     settings = ProxySettings(
         prefill_url=prefill.rstrip("/"),

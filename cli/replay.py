@@ -15,16 +15,16 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from ledger.advice import LatencyRecorder, timeout_advice
-from ledger.audit import SEVERITY_RANK, AuditConfig, Finding, audit
-from ledger.humanize import duration, offset, utc
-from ledger.inputs import Inputs
-from ledger.jsonl import LogFormatError
-from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
-from ledger.merge import OverlapError
-from ledger.replay import ReplayResult, replay_chunks
-from ledger.summary import compaction_warning, compaction_warning_of, state_counts, summarize_counts
-from ledger.timeline import build
+from kvledger.ledger.advice import LatencyRecorder, timeout_advice
+from kvledger.ledger.audit import SEVERITY_RANK, AuditConfig, Finding, audit
+from kvledger.ledger.humanize import duration, offset, utc
+from kvledger.ledger.inputs import Inputs
+from kvledger.ledger.jsonl import LogFormatError
+from kvledger.ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
+from kvledger.ledger.merge import OverlapError
+from kvledger.ledger.replay import ReplayResult, replay_chunks
+from kvledger.ledger.summary import compaction_warning, compaction_warning_of, state_counts, summarize_counts
+from kvledger.ledger.timeline import build
 
 EXIT_FINDINGS = 1
 EXIT_BAD_INPUT = 2
@@ -70,7 +70,7 @@ def _bad_input(message: str) -> typer.Exit:
 
 def guarded(fn: Callable[[], T]) -> T:
     """Run `fn`; turn bad input into one error line and exit status 2, nothing printed as success."""
-    from ledger.store.base import StoreError
+    from kvledger.ledger.store.base import StoreError
 
     try:
         return fn()
@@ -136,8 +136,8 @@ def fold(
     keep_releases: bool = False,
 ) -> tuple[Answer, list[tuple[str, int, str]]]:
     """Fold and audit `logs` in one process (`jobs` 1) or in `jobs` partitions (default: the cores)."""
-    from cli.jobs import cores, fold_jobs
-    from ledger.limits import ORPHAN_TOMBSTONES_MAX, TOMBSTONES_MAX
+    from kvledger.cli.jobs import cores, fold_jobs
+    from kvledger.ledger.limits import ORPHAN_TOMBSTONES_MAX, TOMBSTONES_MAX
 
     n = jobs if jobs is not None else cores() if _total_bytes(logs) >= JOBS_MIN_BYTES else 1
     if n < 1:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from api.settings import Settings
+    from kvledger.api.settings import Settings
 
 
 def parse_dead(values: list[str]) -> dict[str, str]:
@@ -29,7 +29,7 @@ def service_settings(
     dead: dict[str, str] | None = None,
 ) -> Settings:
     """The settings `serve` runs with (also what the demo's browser tests start the service with)."""
-    from api.settings import Settings
+    from kvledger.api.settings import Settings
 
     settings = Settings(db=db)
     if defer_timeout is not None:
@@ -71,8 +71,8 @@ def run_service(settings: Settings, *, host: str, port: int) -> None:
     # and the ledger package itself never depends on the service.
     import uvicorn
 
-    from api.app import create_app
-    from api.server import server_config
+    from kvledger.api.app import create_app
+    from kvledger.api.server import server_config
 
     # The limits on what one client may hold (header and body time, header size, connections) are the
     # settings' (KVLEDGER_* variables); api/server.py says which mechanism applies each.

@@ -6,13 +6,13 @@ from typing import Any
 
 import zmq
 
-from connector.channel import Channel
-from connector.config import ConnectorConfig
-from connector.generation import draw_generation
-from connector.scheduler import SchedulerCore
-from connector.store import open_ledger
-from connector.transports import make_transport
-from connector.worker import WorkerCore
+from kvledger.connector.channel import Channel
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.generation import draw_generation
+from kvledger.connector.scheduler import SchedulerCore
+from kvledger.connector.store import open_ledger
+from kvledger.connector.transports import make_transport
+from kvledger.connector.worker import WorkerCore
 
 
 def build_scheduler(config: ConnectorConfig) -> SchedulerCore:

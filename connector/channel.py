@@ -24,8 +24,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from connector import messages
-from connector.limits import (
+from kvledger.connector import messages
+from kvledger.connector.limits import (
     CHANNEL_INBOX_MAX,
     CHANNEL_POLL_MS,
     FORGED_RECORDS_MAX,
@@ -36,7 +36,7 @@ from connector.limits import (
     REFUSALS_LOGGED_PER_SENDER,
     STOP_JOIN_TIMEOUT_S,
 )
-from connector.messages import HandshakeMetadata, HandshakeRequest, Message, RankAddress, Rejected
+from kvledger.connector.messages import HandshakeMetadata, HandshakeRequest, Message, RankAddress, Rejected
 
 log = logging.getLogger(__name__)
 REFUSED_LOGGER = f"{__name__}.refused"

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from ledger.compiled import CompiledGroup
-from ledger.compiled import compiled as group_compiled
-from ledger.compiled import install as install_group
+from kvledger.ledger.compiled import CompiledGroup
+from kvledger.ledger.compiled import compiled as group_compiled
+from kvledger.ledger.compiled import install as install_group
 
 HOOK_MODULES: Final = (
-    "connector.params",
-    "connector.index",
-    "connector.maps",
-    "connector.scheduler",
+    "kvledger.connector.params",
+    "kvledger.connector.index",
+    "kvledger.connector.maps",
+    "kvledger.connector.scheduler",
 )
 """The modules setup.py compiles as HOOK_SOURCES, in import order."""
 

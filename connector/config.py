@@ -21,12 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connector import limits
-from connector.messages import RankAddress
-from connector.metadata import PeerRef
-from connector.ports import engine_ports, rank_port
-from ledger.events import Mode, Role
-from ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
+from kvledger.connector import limits
+from kvledger.connector.messages import RankAddress
+from kvledger.connector.metadata import PeerRef
+from kvledger.connector.ports import engine_ports, rank_port
+from kvledger.ledger.events import Mode, Role
+from kvledger.ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 
 BACKENDS = ("tcp", "mori")
 LEDGER_URL_SCHEMES = ("memory", "sqlite", "postgresql", "postgres", "postgresql+psycopg")

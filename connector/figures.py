@@ -17,11 +17,11 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from connector.limits import FIGURES_AUDIT_INTERVAL_S, FIGURES_LATENCY_SAMPLES_MAX
-from ledger.audit import audit, counts_by_code
-from ledger.events import Ack
-from ledger.ledger import Ledger
-from ledger.summary import compaction_report
+from kvledger.connector.limits import FIGURES_AUDIT_INTERVAL_S, FIGURES_LATENCY_SAMPLES_MAX
+from kvledger.ledger.audit import audit, counts_by_code
+from kvledger.ledger.events import Ack
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.summary import compaction_report
 
 REQUESTS_HELD = "requests_held"
 BLOCKS_HELD = "blocks_held"
@@ -34,7 +34,7 @@ ledger forgetting decided sides."""
 MEMORY_BOUND = "memory_bound"
 """What the ledger's memory bounds evicted and the events they left unjudged (`compaction_report` less the
 tombstones held): cumulative; a nonzero `late_after_eviction`, `reused_after_eviction` or `sides_unchecked`
-means some decisions or findings are not exact (`ledger.summary.compaction_warning` says which)."""
+means some decisions or findings are not exact (`kvledger.ledger.summary.compaction_warning` says which)."""
 ACK_LATENCY = "ack_latency_s"
 RELEASE_LATENCY = "release_latency_s"
 CONTROL_DROPPED = "control_dropped"

@@ -2,7 +2,7 @@
 
 A request holds blocks in every group, all from one block pool, so block ids are distinct across
 groups. What the core records is their concatenation plus each group's count
-(`ledger.events.Map.block_groups`); one group is recorded as before, with no counts.
+(`kvledger.ledger.events.Map.block_groups`); one group is recorded as before, with no counts.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
-from connector.limits import HOOK_CALL_BOUND_S
+from kvledger.connector.limits import HOOK_CALL_BOUND_S
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
-from connector.config import ConfigError
+from kvledger.connector.config import ConfigError
 
 ReceivedKvHook: TypeAlias = Callable[[Mapping[str, Any], Mapping[str, int], Iterable[int]], int]
 """Called with a consumer worker's KV caches (layer name -> tensor), each layer's block axis and the blocks

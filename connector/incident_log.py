@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ledger.events import Event
-from ledger.jsonl import LogWriter
-from ledger.ledger import Ledger
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import LogWriter
+from kvledger.ledger.ledger import Ledger
 
 
 class IncidentLog:

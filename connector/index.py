@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ledger.events import Event, Map, ReqId, TransferId
-from ledger.log import EventLog
+from kvledger.ledger.events import Event, Map, ReqId, TransferId
+from kvledger.ledger.log import EventLog
 
 
 class RequestIndex:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from connector.transports.base import Op, RegionDescriptor
+from kvledger.connector.transports.base import Op, RegionDescriptor
 
 
 class LayoutError(ValueError):

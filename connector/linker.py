@@ -27,9 +27,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from connector.limits import LINK_BACKOFF_MAX_S, LINK_BACKOFF_MIN_S, STOP_JOIN_TIMEOUT_S
-from connector.links import LinkState, PeerKey, PeerLink
-from connector.messages import HandshakeMetadata
+from kvledger.connector.limits import LINK_BACKOFF_MAX_S, LINK_BACKOFF_MIN_S, STOP_JOIN_TIMEOUT_S
+from kvledger.connector.links import LinkState, PeerKey, PeerLink
+from kvledger.connector.messages import HandshakeMetadata
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from connector.layout import Geometry
-from connector.limits import LINK_GENERATIONS_ENDED_MAX
-from connector.messages import HandshakeMetadata
-from connector.transports.base import Session
+from kvledger.connector.layout import Geometry
+from kvledger.connector.limits import LINK_GENERATIONS_ENDED_MAX
+from kvledger.connector.messages import HandshakeMetadata
+from kvledger.connector.transports.base import Session
 
 PeerKey = tuple[str, int]
 """A peer rank by its handshake (host, port)."""

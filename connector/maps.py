@@ -3,8 +3,8 @@ params) and the workers (from the step's metadata), so both halves describe a tr
 
 from __future__ import annotations
 
-from connector.metadata import PeerRef
-from ledger.events import UNASSIGNED_SEQ, Map, Mode, ReqId, Role, TransferId
+from kvledger.connector.metadata import PeerRef
+from kvledger.ledger.events import UNASSIGNED_SEQ, Map, Mode, ReqId, Role, TransferId
 
 
 def side_map(

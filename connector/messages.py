@@ -4,7 +4,7 @@ Every message is a frozen msgspec Struct tagged by `type` (MoRIIO's names:
 `remote_blocks`, `write_done`, `write_failed`, `release`, plus `lease` renewals
 and the handshake pair). `decode` never raises on bad input: it returns a `Rejected` value saying
 why, so the listener can count and drop it. A transfer id, rank or block id that
-the ledger will record must be valid there too (`ledger.valid`): a peer cannot
+the ledger will record must be valid there too (`kvledger.ledger.valid`): a peer cannot
 make this process append an event its store would refuse.
 """
 
@@ -16,14 +16,14 @@ from typing import Annotated, TypeAlias
 
 import msgspec
 
-from connector.layout import LayerDescriptor
-from connector.limits import LEASE_IDS_PER_MESSAGE_MAX, MESSAGE_BYTES_MAX, MESSAGE_VERSION
-from connector.mamba import MambaGroup
-from connector.metadata import PeerRef
-from connector.ports import rank_port
-from connector.transports.base import TransportEndpoint
-from ledger.events import FailCode
-from ledger.valid import Int64, TransferIdText
+from kvledger.connector.layout import LayerDescriptor
+from kvledger.connector.limits import LEASE_IDS_PER_MESSAGE_MAX, MESSAGE_BYTES_MAX, MESSAGE_VERSION
+from kvledger.connector.mamba import MambaGroup
+from kvledger.connector.metadata import PeerRef
+from kvledger.connector.ports import rank_port
+from kvledger.connector.transports.base import TransportEndpoint
+from kvledger.ledger.events import FailCode
+from kvledger.ledger.valid import Int64, TransferIdText
 
 
 class RankAddress(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,7 +79,7 @@ class RemoteBlocks(_Message, frozen=True, tag="remote_blocks"):
     """The consumer request's prompt digest (`params.prompt_digest`): a producer holding the id for a
     request with another prompt answers write_failed instead of writing that request's KV here."""
     block_groups: tuple[Int64, ...] | None = None
-    """Hybrid models: `block_ids` per KV cache group, as counts (`ledger.events.Map.block_groups`); the
+    """Hybrid models: `block_ids` per KV cache group, as counts (`kvledger.ledger.events.Map.block_groups`); the
     producer writes each layer into the blocks of its own group. None: one group."""
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from ledger.events import Mode, ReqId, TransferId
+from kvledger.ledger.events import Mode, ReqId, TransferId
 
 # The items are frozen and hold only strings, numbers, tuples and a PeerRef: they can make no cycle, so they
 # are kept out of the garbage collector (`gc=False`), as the events are: no tracking on every item's
@@ -47,7 +47,7 @@ class RecvItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     prompt_digest: str | None = None
     """WRITE: the request's prompt digest, sent with remote_blocks for the producer to check."""
     block_groups: tuple[int, ...] | None = None
-    """Hybrid models: `block_ids` per KV cache group, as counts (`ledger.events.Map.block_groups`)."""
+    """Hybrid models: `block_ids` per KV cache group, as counts (`kvledger.ledger.events.Map.block_groups`)."""
     remote_block_groups: tuple[int, ...] | None = None
 
 
@@ -72,7 +72,7 @@ class SaveItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     prompt_digest: str | None = None
     """The request's prompt digest: remote_blocks naming another prompt are refused."""
     block_groups: tuple[int, ...] | None = None
-    """Hybrid models: `block_ids` per KV cache group, as counts (`ledger.events.Map.block_groups`)."""
+    """Hybrid models: `block_ids` per KV cache group, as counts (`kvledger.ledger.events.Map.block_groups`)."""
 
 
 class AbortItem(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -7,23 +7,23 @@ from __future__ import annotations
 import functools
 import logging
 
-from connector.layout import Geometry, LayoutError, block_ops
-from connector.limits import (
+from kvledger.connector.layout import Geometry, LayoutError, block_ops
+from kvledger.connector.limits import (
     RETRY_BACKOFF_MAX_S,
     RETRY_BACKOFF_MIN_S,
 )
-from connector.ports import holder_ranks, rank_port
-from connector.reasons import (
+from kvledger.connector.ports import holder_ranks, rank_port
+from kvledger.connector.reasons import (
     REASON_LAYOUT,
     REASON_PEER_UNLINKED,
     REASON_READ_REFUSED,
     REASON_TRANSIENT_TIMEOUT,
     REASON_TRANSPORT,
 )
-from connector.transports.base import PEER_GONE, Code, Op, TransferHandle
-from connector.worker_base import Inflight, WorkerBase
-from ledger.events import Ack, Event, Fail, FailCode, Schedule, TransferId, block_groups_of
-from ledger.side import TransferState, awaits_data
+from kvledger.connector.transports.base import PEER_GONE, Code, Op, TransferHandle
+from kvledger.connector.worker_base import Inflight, WorkerBase
+from kvledger.ledger.events import Ack, Event, Fail, FailCode, Schedule, TransferId, block_groups_of
+from kvledger.ledger.side import TransferState, awaits_data
 
 log = logging.getLogger(__name__)
 

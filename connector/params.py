@@ -15,9 +15,9 @@ from typing import Any
 
 import msgspec
 
-from connector.metadata import PeerRef
-from ledger.events import TransferId
-from ledger.valid import ints_problem, text_problem
+from kvledger.connector.metadata import PeerRef
+from kvledger.ledger.events import TransferId
+from kvledger.ledger.valid import ints_problem, text_problem
 
 
 class ParamsError(ValueError):

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from connector.limits import (
+from kvledger.connector.limits import (
     POLL_IDS_MAX,
     REMOTE_DIRECTORY_MAX,
     UNMAPPED_SIDES_MAX,
 )
-from connector.messages import (
+from kvledger.connector.messages import (
     LeaseRenew,
     Message,
     RankAddress,
@@ -24,12 +24,12 @@ from connector.messages import (
     WriteDone,
     WriteFailed,
 )
-from connector.metadata import PeerRef
-from connector.moves import DataMoves
-from connector.reasons import REASON_READ_REFUSED
-from connector.transports.base import Code
-from connector.worker_base import RemoteTarget
-from ledger.events import Ack, Event, Fail, TransferId
+from kvledger.connector.metadata import PeerRef
+from kvledger.connector.moves import DataMoves
+from kvledger.connector.reasons import REASON_READ_REFUSED
+from kvledger.connector.transports.base import Code
+from kvledger.connector.worker_base import RemoteTarget
+from kvledger.ledger.events import Ack, Event, Fail, TransferId
 
 log = logging.getLogger(__name__)
 

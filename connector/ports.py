@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import socket
 
-from connector.limits import EPHEMERAL_PORT_LOW_DEFAULT, FREE_PORT_MIN, PORT_MAX
+from kvledger.connector.limits import EPHEMERAL_PORT_LOW_DEFAULT, FREE_PORT_MIN, PORT_MAX
 
 
 def port_offset(dp_rank: int, tp_rank: int, tp_size: int) -> int:

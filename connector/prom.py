@@ -29,7 +29,7 @@ log reports for those codes (tests/sim/test_running_audit.py) as long as the mem
 unjudged. `vllm:kvledger_memory_bound_total` says when they did: `tombstones_evicted` and `orphans_evicted`
 count what the bounds evicted; `late_after_eviction`, `reused_after_eviction` and `sides_unchecked` count
 the events and sides whose decisions or findings may then differ from the whole history's
-(`ledger.summary.compaction_warning`).
+(`kvledger.ledger.summary.compaction_warning`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, PromMetric, PromMetricT
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from connector.figures import (
+from kvledger.connector.figures import (
     ACK_LATENCY,
     BLOCKS_HELD,
     CONTROL_DROPPED,
@@ -52,9 +52,9 @@ from connector.figures import (
     RELEASED,
     REQUESTS_HELD,
 )
-from ledger.audit import CODES
-from ledger.decisions import CAUSES
-from ledger.lifecycle import Phase
+from kvledger.ledger.audit import CODES
+from kvledger.ledger.decisions import CAUSES
+from kvledger.ledger.lifecycle import Phase
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -71,8 +71,8 @@ BOUND_COUNTS = (
     "reused_after_eviction",
     "sides_unchecked",
 )
-"""What `vllm:kvledger_memory_bound_total` counts: `ledger.summary.compaction_report`'s counts (not the tombstones
-held: a level)."""
+"""What `vllm:kvledger_memory_bound_total` counts: `kvledger.ledger.summary.compaction_report`'s counts (not the
+tombstones held: a level)."""
 
 
 class LedgerPromMetrics(KVConnectorPromMetrics):

@@ -17,17 +17,30 @@ from typing import Any
 
 import msgspec
 
-from connector.config import ConnectorConfig
-from connector.index import RequestIndex
-from connector.limits import LEASES_TRACKED_MAX
-from connector.maps import side_map
-from connector.metadata import AbortItem, FailItem, LeaseItem, PeerRef, RecvItem, SaveItem, SendItem, StepMetadata
-from connector.params import ConsumerParams, TransferParams
-from connector.reasons import REASON_ABORTED_BEFORE_ALLOCATION, REASON_PEER_NOT_ALLOWED, REASON_WORKER_RECV_FAILED
-from connector.store import abandon_inherited
-from ledger.decisions import Release, VllmOutcome
-from ledger.events import Ack, Event, Fail, Map, ReqId, Role, TransferId
-from ledger.ledger import Ledger
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.index import RequestIndex
+from kvledger.connector.limits import LEASES_TRACKED_MAX
+from kvledger.connector.maps import side_map
+from kvledger.connector.metadata import (
+    AbortItem,
+    FailItem,
+    LeaseItem,
+    PeerRef,
+    RecvItem,
+    SaveItem,
+    SendItem,
+    StepMetadata,
+)
+from kvledger.connector.params import ConsumerParams, TransferParams
+from kvledger.connector.reasons import (
+    REASON_ABORTED_BEFORE_ALLOCATION,
+    REASON_PEER_NOT_ALLOWED,
+    REASON_WORKER_RECV_FAILED,
+)
+from kvledger.connector.store import abandon_inherited
+from kvledger.ledger.decisions import Release, VllmOutcome
+from kvledger.ledger.events import Ack, Event, Fail, Map, ReqId, Role, TransferId
+from kvledger.ledger.ledger import Ledger
 
 log = logging.getLogger(__name__)
 

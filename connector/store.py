@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from connector.config import ConnectorConfig
-from connector.reasons import REASON_ENGINE_RESTARTED
-from ledger.events import Fail
-from ledger.ledger import Ledger
-from ledger.store.url import StoreUrl, parse_url
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.reasons import REASON_ENGINE_RESTARTED
+from kvledger.ledger.events import Fail
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.store.url import StoreUrl, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,9 @@ def open_ledger(
         if tombstones_max is not None:
             ledger.state.tombstones_max = tombstones_max
         return ledger
-    from ledger.store.connect import open_store
-    from ledger.store.recovery import open_ledger as reopen
-    from ledger.store.writer import BackgroundWriter
+    from kvledger.ledger.store.connect import open_store
+    from kvledger.ledger.store.recovery import open_ledger as reopen
+    from kvledger.ledger.store.writer import BackgroundWriter
 
     store = open_store(store_url, create=True)
     spill = spill_dir(store_url, source)

@@ -6,7 +6,7 @@ instances drive a `SchedulerCore`, worker-role instances a `WorkerCore`; the
 clock is read here (`time.time()`) and passed in as `now`. With
 `kv_connector_extra_config.observe`, `__new__` hands vLLM an `ObserveConnector`
 wrapping the named connector instead. Load with
-`--kv-transfer-config '{"kv_connector": "LedgerConnector", "kv_connector_module_path": "connector",
+`--kv-transfer-config '{"kv_connector": "LedgerConnector", "kv_connector_module_path": "kvledger.connector",
 "kv_role": "kv_producer", "kv_connector_extra_config": {...}}'`.
 """
 
@@ -33,21 +33,21 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
-from connector.assemble import build_scheduler, build_worker
-from connector.config import ConnectorConfig, from_extra_config
-from connector.figures import CONTROL_DROPPED, LedgerFigures, dropped_since, merge_figures
-from connector.groups import flatten_groups, window_blocks
-from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
-from connector.hooks import ReceivedKvHook, load_hook
-from connector.incident_log import IncidentLog
-from connector.mamba import PREFILL_BACKOFF_TOKENS, MambaGroup, clip_state_blocks, loadable_tokens
-from connector.metadata import StepMetadata
-from connector.observe.config import ObserveConfig, ledger_extra, observe_config
-from connector.observe.names import KVLEDGER, WRAPPED
-from connector.params import ParamsError, TransferParams, parse_params, prompt_digest, remote_prefill_taken
-from connector.scheduler import SchedulerCore
-from connector.worker import WorkerCore
-from ledger.events import ReqId
+from kvledger.connector.assemble import build_scheduler, build_worker
+from kvledger.connector.config import ConnectorConfig, from_extra_config
+from kvledger.connector.figures import CONTROL_DROPPED, LedgerFigures, dropped_since, merge_figures
+from kvledger.connector.groups import flatten_groups, window_blocks
+from kvledger.connector.guard import guarded, hook_errors, hooks_over_bound, nothing
+from kvledger.connector.hooks import ReceivedKvHook, load_hook
+from kvledger.connector.incident_log import IncidentLog
+from kvledger.connector.mamba import PREFILL_BACKOFF_TOKENS, MambaGroup, clip_state_blocks, loadable_tokens
+from kvledger.connector.metadata import StepMetadata
+from kvledger.connector.observe.config import ObserveConfig, ledger_extra, observe_config
+from kvledger.connector.observe.names import KVLEDGER, WRAPPED
+from kvledger.connector.params import ParamsError, TransferParams, parse_params, prompt_digest, remote_prefill_taken
+from kvledger.connector.scheduler import SchedulerCore
+from kvledger.connector.worker import WorkerCore
+from kvledger.ledger.events import ReqId
 
 if TYPE_CHECKING:
     import torch
@@ -232,7 +232,7 @@ def _observed_class(kv_transfer_config: Any) -> type[KVConnectorBase_V1] | None:
     observe = observe_config(getattr(kv_transfer_config, "kv_connector_extra_config", None))
     if observe is None:
         return None
-    from connector.observe.adapter import wrapped_class
+    from kvledger.connector.observe.adapter import wrapped_class
 
     return wrapped_class(kv_transfer_config, observe)
 
@@ -248,7 +248,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         observe = _observed(vllm_config)
         if observe is None:
             return super().__new__(cls)
-        from connector.observe.adapter import ObserveConnector
+        from kvledger.connector.observe.adapter import ObserveConnector
 
         config = engine_config(vllm_config, role)
         return ObserveConnector(  # type: ignore[return-value]
@@ -336,13 +336,13 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         per_engine_labelvalues: dict[int, list[object]],
     ) -> KVConnectorPromMetrics | None:
         """`vllm:kvledger_*` in vLLM's /metrics, in both modes; observe mode adds the wrapped connector's own."""
-        from connector.prom import LedgerPromMetrics
+        from kvledger.connector.prom import LedgerPromMetrics
 
         wrapped_cls = _observed_class(vllm_config.kv_transfer_config)
         observe = _observed(vllm_config)
         wrapped = None
         if wrapped_cls is not None and observe is not None:
-            from connector.observe.adapter import wrapped_vllm_config
+            from kvledger.connector.observe.adapter import wrapped_vllm_config
 
             temp = wrapped_vllm_config(vllm_config, observe)
             wrapped = wrapped_cls.build_prom_metrics(temp, metric_types, labelnames, per_engine_labelvalues)
@@ -458,7 +458,7 @@ class LedgerConnector(KVConnectorBase_V1, SupportsHMA):
         """A stats payload back as stats (vLLM's log aggregates them); observe mode's nests the wrapped one's."""
         data = data or {}
         if KVLEDGER in data or WRAPPED in data:
-            from connector.observe.adapter import observed_stats_from
+            from kvledger.connector.observe.adapter import observed_stats_from
 
             return observed_stats_from(data)
         return LedgerStats(data=data)

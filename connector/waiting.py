@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from connector.links import PeerKey
-from ledger.events import TransferId
+from kvledger.connector.links import PeerKey
+from kvledger.ledger.events import TransferId
 
 
 class WaitingRoom:

@@ -18,14 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from connector.layout import LayerDescriptor, geometry_of
-from connector.limits import (
+from kvledger.connector.layout import LayerDescriptor, geometry_of
+from kvledger.connector.limits import (
     LEASE_IDS_PER_MESSAGE_MAX,
     POLL_DROPS_MAX,
 )
-from connector.mamba import MambaGroup, mamba_layer_groups, state_tensors
-from connector.maps import side_map
-from connector.messages import (
+from kvledger.connector.mamba import MambaGroup, mamba_layer_groups, state_tensors
+from kvledger.connector.maps import side_map
+from kvledger.connector.messages import (
     HandshakeMetadata,
     LeaseRenew,
     Message,
@@ -34,12 +34,12 @@ from connector.messages import (
     WriteDone,
     WriteFailed,
 )
-from connector.metadata import FailItem, LeaseItem, PeerRef, StepMetadata
-from connector.peer_messages import PeerMessages, consumer_of
-from connector.ports import releases_expected
-from connector.reasons import REASON_NOT_SENT
-from ledger.decisions import Release
-from ledger.events import Drop, Event, Fail, ReqId, Schedule, Seal, TransferId
+from kvledger.connector.metadata import FailItem, LeaseItem, PeerRef, StepMetadata
+from kvledger.connector.peer_messages import PeerMessages, consumer_of
+from kvledger.connector.ports import releases_expected
+from kvledger.connector.reasons import REASON_NOT_SENT
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Drop, Event, Fail, ReqId, Schedule, Seal, TransferId
 
 
 class WorkerCore(PeerMessages):

@@ -8,33 +8,33 @@ import logging
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
-from connector.channel import Channel, PeerNotAllowed
-from connector.config import ConnectorConfig
-from connector.index import RequestIndex
-from connector.layout import LayerDescriptor
-from connector.limits import (
+from kvledger.connector.channel import Channel, PeerNotAllowed
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.index import RequestIndex
+from kvledger.connector.layout import LayerDescriptor
+from kvledger.connector.limits import (
     HANDSHAKE_TIMEOUT_S,
     LINK_WAIT_MAX,
 )
-from connector.linker import Linker
-from connector.links import PeerKey, PeerLink
-from connector.mamba import MambaGroup, MambaMismatch, check_compatible
-from connector.messages import (
+from kvledger.connector.linker import Linker
+from kvledger.connector.links import PeerKey, PeerLink
+from kvledger.connector.mamba import MambaGroup, MambaMismatch, check_compatible
+from kvledger.connector.messages import (
     HandshakeMetadata,
     Message,
     RankAddress,
     ReadIntent,
 )
-from connector.metadata import PeerRef
-from connector.ports import holder_ranks, rank_port
-from connector.reasons import REASON_NOT_SENT, REASON_PEER_NOT_ALLOWED, REASON_PEER_RESTARTED, REASON_WAIT_FULL
-from connector.store import abandon_inherited
-from connector.transports.base import TransferHandle, Transport
-from connector.waiting import WaitingRoom
-from ledger.decisions import VllmOutcome
-from ledger.events import Fail, ReqId, TransferId
-from ledger.ledger import Ledger
-from ledger.side import TransferState
+from kvledger.connector.metadata import PeerRef
+from kvledger.connector.ports import holder_ranks, rank_port
+from kvledger.connector.reasons import REASON_NOT_SENT, REASON_PEER_NOT_ALLOWED, REASON_PEER_RESTARTED, REASON_WAIT_FULL
+from kvledger.connector.store import abandon_inherited
+from kvledger.connector.transports.base import TransferHandle, Transport
+from kvledger.connector.waiting import WaitingRoom
+from kvledger.ledger.decisions import VllmOutcome
+from kvledger.ledger.events import Fail, ReqId, TransferId
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.side import TransferState
 
 log = logging.getLogger(__name__)
 

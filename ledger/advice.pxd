@@ -5,7 +5,7 @@
 cimport cython
 cimport libc.math as math
 
-from ledger.structs cimport TransferState as Side
+from kvledger.ledger.structs cimport TransferState as Side
 
 
 cdef double _MIN_S, _LOG_RATIO

@@ -10,12 +10,12 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ledger.audit import Finding
-from ledger.decisions import Release
-from ledger.fold import LedgerState
-from ledger.humanize import duration
-from ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
-from ledger.side import TransferState
+from kvledger.ledger.audit import Finding
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.humanize import duration
+from kvledger.ledger.limits import DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
+from kvledger.ledger.side import TransferState
 
 BUCKET_RATIO = 1.02
 """Each histogram bucket is 2% wider than the last: percentiles are within 2%."""

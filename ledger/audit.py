@@ -11,11 +11,11 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from ledger.events import ReqId, TransferId
-from ledger.fold import LedgerState
-from ledger.humanize import duration, utc
-from ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_TRANSFER_TIMEOUT_S
-from ledger.side import TransferState
+from kvledger.ledger.events import ReqId, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.humanize import duration, utc
+from kvledger.ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_TRANSFER_TIMEOUT_S
+from kvledger.ledger.side import TransferState
 
 Severity: TypeAlias = Literal["error", "warning", "info"]
 SEVERITY_RANK: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
@@ -90,7 +90,7 @@ def finding_of(
 
 def finding_order(f: Finding) -> tuple[object, ...]:
     """The audit's order, total: worst first (severity, then oldest evidence), then by what the finding
-    names. Total, so that findings gathered from partitions of a log (ledger.partitioned) sort into exactly
+    names. Total, so that findings gathered from partitions of a log (kvledger.ledger.partitioned) sort into exactly
     one fold's order; a tie left to the fold's dicts would follow the order events were folded in."""
     return (SEVERITY_RANK[f.severity], f.evidence[0] if f.evidence else 0, f.code, f.source, f.transfer_id,
             f.evidence, f.detail, f.request_id or "", f.block_ids)  # fmt: skip

@@ -7,7 +7,7 @@ from typing import Literal, TypeAlias
 
 import msgspec
 
-from ledger.events import FailCode, Mode, ReqId, Role, TransferId
+from kvledger.ledger.events import FailCode, Mode, ReqId, Role, TransferId
 
 Cause: TypeAlias = Literal["completed", "failed", "expired"]
 CAUSES: tuple[Cause, ...] = ("completed", "failed", "expired")

@@ -4,10 +4,10 @@
 
 cimport cython
 
-from ledger.side cimport completed_by, count64, layers_mask, local_exceeds_remote, low_layers_mask
-from ledger.structs cimport _Envelope, Ack, Expire, Fail, Map, Schedule, Seal
-from ledger.structs cimport TransferState as Side
-from ledger.upkeep cimport Upkeep
+from kvledger.ledger.side cimport completed_by, count64, layers_mask, local_exceeds_remote, low_layers_mask
+from kvledger.ledger.structs cimport _Envelope, Ack, Expire, Fail, Map, Schedule, Seal
+from kvledger.ledger.structs cimport TransferState as Side
+from kvledger.ledger.upkeep cimport Upkeep
 
 
 cdef bint COMPILED  # a C flag, read without a module lookup where `apply` picks how to take a layer mask

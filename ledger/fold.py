@@ -21,13 +21,20 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Final
 
-from ledger.compiled import declared_fields
-from ledger.decisions import Cause, Key, Release, Why
-from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal
-from ledger.lifecycle import ACKS_A_SIDE_RECEIVES, DECIDED, NEXT_PHASE, Phase
-from ledger.limits import FORGED_KEPT_MAX, LAYER_MASKS_CACHED_MAX, RANKS_MAX
-from ledger.side import TransferState, completed_by, count64, layers_mask, local_exceeds_remote, low_layers_mask
-from ledger.upkeep import Upkeep
+from kvledger.ledger.compiled import declared_fields
+from kvledger.ledger.decisions import Cause, Key, Release, Why
+from kvledger.ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal
+from kvledger.ledger.lifecycle import ACKS_A_SIDE_RECEIVES, DECIDED, NEXT_PHASE, Phase
+from kvledger.ledger.limits import FORGED_KEPT_MAX, LAYER_MASKS_CACHED_MAX, RANKS_MAX
+from kvledger.ledger.side import (
+    TransferState,
+    completed_by,
+    count64,
+    layers_mask,
+    local_exceeds_remote,
+    low_layers_mask,
+)
+from kvledger.ledger.upkeep import Upkeep
 
 try:
     import cython

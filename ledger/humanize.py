@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from ledger.limits import TS_MAX  # the last second `datetime` can write
+from kvledger.ledger.limits import TS_MAX  # the last second `datetime` can write
 
 _MINUTE_S, _HOUR_S, _DAY_S = 60, 3600, 86400
 

@@ -29,7 +29,12 @@ from __future__ import annotations
 
 from collections import deque
 
-from ledger.limits import ID_MEMORY_BITS_PER_ID, ID_MEMORY_GENERATION_IDS, ID_MEMORY_GENERATIONS, ID_MEMORY_HASHES
+from kvledger.ledger.limits import (
+    ID_MEMORY_BITS_PER_ID,
+    ID_MEMORY_GENERATION_IDS,
+    ID_MEMORY_GENERATIONS,
+    ID_MEMORY_HASHES,
+)
 
 _FNV_OFFSET = 0xCBF29CE484222325
 _FNV_PRIME = 0x100000001B3

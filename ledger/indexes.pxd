@@ -4,8 +4,8 @@
 
 cimport cython
 
-from ledger.side cimport due_at
-from ledger.structs cimport TransferState as Side
+from kvledger.ledger.side cimport due_at
+from kvledger.ledger.structs cimport TransferState as Side
 
 
 cdef object _note(object seqs, object seq)

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections import deque
 from heapq import heapify, heappush
 
-from ledger.decisions import Key
-from ledger.events import ReqId, TransferId
-from ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX
-from ledger.side import TransferState, due_at
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import ReqId, TransferId
+from kvledger.ledger.limits import DEADLINE_HEAP_SLACK, EVIDENCE_SEQS_MAX
+from kvledger.ledger.side import TransferState, due_at
 
 DeadlineEntry = tuple[float, int, str, TransferId, TransferState]
 """(deadline, map seq, source, transfer id, side): ordered by the first four, which no two entries share (a
@@ -81,7 +81,7 @@ class Indexes:
 
     def grown_containers(self) -> list[object]:
         """The containers that grow with the fold, each holding only atomic values (keys, numbers, sides
-        and deadline or decision tuples of them): what `ledger.collector.untrack` may keep out of the
+        and deadline or decision tuples of them): what `kvledger.ledger.collector.untrack` may keep out of the
         collector's passes. The others hold lists, or stay small."""
         return [self.transfers, *self.sides_of.values(), self.live, self.unmapped, self.deadlines,
                 self.decided, *self.held.values()]  # fmt: skip
@@ -300,7 +300,7 @@ class Indexes:
         (the pair a premature_release is made of). Kept whole, such a side can never be lost to the
         tombstone bound. Each is about the side's own transfer: a double-owned block is not evidence
         here (only a live side is reported for it, and a decided side is what compaction takes), so
-        what a replay keeps does not depend on other transfers (ledger.partitioned)."""
+        what a replay keeps does not depend on other transfers (kvledger.ledger.partitioned)."""
         # Usually all empty: a key tuple is hashed into each only when it holds something (a replay's
         # compaction asks this of every side it forgets).
         if (self.anomalous and key in self.anomalous) or (self.orphans_expired and key in self.orphans_expired):

@@ -8,9 +8,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO
 
-from ledger.events import Event
-from ledger.jsonl import LogReader, open_log
-from ledger.merge import batched, merge_chunks
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import LogReader, open_log
+from kvledger.ledger.merge import batched, merge_chunks
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -89,7 +89,7 @@ class Inputs:
         return sum(_position(r._stream) for r in self.readers if not r._stream.closed)
 
     def _store_streams(self, path: Path) -> list[tuple[str, Iterator[Event]]]:
-        from ledger.store.connect import open_store
+        from kvledger.ledger.store.connect import open_store
 
         store = open_store(str(path))
         self._stack.callback(store.close)

@@ -1,7 +1,7 @@
 """The incident-log interchange format: JSON Lines, one header line, then one event a line.
 
 Reading streams and checks every line against the one definition of a valid event
-(`ledger.valid`); an error names the file, the line number and the field. With
+(`kvledger.ledger.valid`); an error names the file, the line number and the field. With
 `skip_bad_lines` the reader reports what it skipped instead.
 """
 
@@ -16,10 +16,10 @@ from typing import IO, Any
 
 import msgspec
 
-from ledger.events import Event
-from ledger.limits import JSONL_CHUNK_BYTES, JSONL_HEADER_DEPTH_MAX, JSONL_LINE_BYTES_MAX
-from ledger.partition import partition_of_event
-from ledger.valid import event_problem, json_chunk_valid
+from kvledger.ledger.events import Event
+from kvledger.ledger.limits import JSONL_CHUNK_BYTES, JSONL_HEADER_DEPTH_MAX, JSONL_LINE_BYTES_MAX
+from kvledger.ledger.partition import partition_of_event
+from kvledger.ledger.valid import event_problem, json_chunk_valid
 
 try:
     import cython
@@ -87,7 +87,7 @@ class LogReader:
     `skipped` lists `(line number, message)` of bad lines passed over when
     `skip_bad_lines` is set; without it the first bad line raises
     `LogFormatError`. The header is read at construction. Without `check`, events
-    that are well-typed but not valid (`ledger.valid`) are passed on: a writer's own
+    that are well-typed but not valid (`kvledger.ledger.valid`) are passed on: a writer's own
     spill files, whose events the store itself then checks and quarantines.
     """
 
@@ -168,7 +168,7 @@ class LogReader:
         return events
 
     def partition_chunks(self, partition: int, partitions: int) -> Iterator[tuple[list[Event], list[int], int, float]]:
-        """`chunks` as partition `partition` of `partitions` folds them (`ledger.partitioned.fold_partition`):
+        """`chunks` as partition `partition` of `partitions` folds them (`kvledger.ledger.partitioned.fold_partition`):
         each chunk's events of the partition, their positions in the whole log, how many events the
         chunk holds and its newest ts. Lines of other partitions are told by `split_lines` and never
         decoded; a chunk where that is not enough (a bad or very long line) is decoded whole, as `chunks`
@@ -274,7 +274,7 @@ _TRANSFER_ID = b'transfer_id"'
 def split_lines(chunk: bytes, partition: int, partitions: int) -> tuple[bytes, list[int], list[int], int, float]:
     """The lines of `chunk` (whole JSONL event lines) that partition `partition` of `partitions` folds,
     told without decoding them: a line names its transfer once (`"transfer_id":"ID"`) and its ts once
-    (`"ts":NUMBER`), and the partition is `ledger.partition.partition_of(ID)` (crc32 of the id's bytes:
+    (`"ts":NUMBER`), and the partition is `kvledger.ledger.partition.partition_of(ID)` (crc32 of the id's bytes:
     with no backslash in the line, the JSON string's bytes are the id's UTF-8).
 
     A line that is not that plain (a backslash, either key twice or not followed at once by its value,

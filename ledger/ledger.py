@@ -12,11 +12,11 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ledger.decisions import Release
-from ledger.events import Event, Expire
-from ledger.fold import LedgerState, apply_all
-from ledger.limits import LOG_EVENTS_RETAINED_MAX, MAINTENANCE_INTERVAL_S
-from ledger.log import EventLog
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Event, Expire
+from kvledger.ledger.fold import LedgerState, apply_all
+from kvledger.ledger.limits import LOG_EVENTS_RETAINED_MAX, MAINTENANCE_INTERVAL_S
+from kvledger.ledger.log import EventLog
 
 
 class Ledger:

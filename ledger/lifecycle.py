@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Final, Literal, TypeAlias
 
-from ledger.decisions import Cause
-from ledger.events import Mode, Role
+from kvledger.ledger.decisions import Cause
+from kvledger.ledger.events import Mode, Role
 
 PhaseName: TypeAlias = Literal["unmapped", "held", "active", "sealed", "completed", "failed", "expired"]
 

@@ -4,7 +4,7 @@
 
 cimport cython
 
-from ledger.structs cimport _Envelope
+from kvledger.ledger.structs cimport _Envelope
 
 
 @cython.locals(envelope=_Envelope, i=Py_ssize_t, found=cython.longlong)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import msgspec
 
-from ledger.events import UNASSIGNED_SEQ, Event
+from kvledger.ledger.events import UNASSIGNED_SEQ, Event
 
 Listener = Callable[[Event], None]
 
@@ -26,7 +26,7 @@ def number(batch: list[Event], seq: int, source: str) -> int:
         envelope = batch[i]
         try:
             found = envelope.seq
-        except (OverflowError, TypeError):  # compiled only: no 64-bit integer (ledger.valid refuses such seqs)
+        except (OverflowError, TypeError):  # compiled only: no 64-bit integer (kvledger.ledger.valid refuses such seqs)
             raise SeqError(f"event seq {envelope.seq!r} but the log expects {seq}") from None
         if found != seq:
             if found != UNASSIGNED_SEQ:

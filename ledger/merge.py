@@ -13,8 +13,8 @@ import heapq
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
-from ledger.events import Event
-from ledger.limits import REPLAY_BATCH_EVENTS
+from kvledger.ledger.events import Event
+from kvledger.ledger.limits import REPLAY_BATCH_EVENTS
 
 
 class OverlapError(ValueError):

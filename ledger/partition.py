@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 
-from ledger.events import Drop, Event, TransferId
+from kvledger.ledger.events import Drop, Event, TransferId
 
 
 def partition_of(transfer_id: TransferId | str, partitions: int) -> int:

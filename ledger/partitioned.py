@@ -1,15 +1,15 @@
 """A log folded in partitions, and the merge of the partitions' answers into the one-fold answer.
 
-The unit of scale is a partition of the log by transfer (`ledger.partition.partition_of`): both sides
+The unit of scale is a partition of the log by transfer (`kvledger.ledger.partition.partition_of`): both sides
 of a transfer carry its id, so every per-transfer rule, and the cross-side premature-release audit,
 stay inside one partition. Each partition is folded on its own (`fold_partition`: replay's `--jobs`)
 into `Batch`es as it goes and a `PartitionAnswer` at the end; `Merger` (or `merge`, given the answers
-alone) turns them into exactly what one fold of the whole log (`ledger.replay.replay_chunks`) gives, in
+alone) turns them into exactly what one fold of the whole log (`kvledger.ledger.replay.replay_chunks`) gives, in
 the same order:
 
 - releases in fold order: each carries its event's `index`, the position of the event that caused
   it in the whole stream (sorted by it);
-- findings in the audit's total order (`ledger.audit.finding_order`), plus the one cross-transfer
+- findings in the audit's total order (`kvledger.ledger.audit.finding_order`), plus the one cross-transfer
   rule, `double_owner` (a block held by two live sides of one source), judged here on a per-source
   block-ownership projection (`Ownership`) fed, in index order, by each partition's accepted maps
   (`Claim`) and releases; the partitions' own `double_owner` findings are left out (a partition sees
@@ -22,7 +22,7 @@ of the stream as one fold does (by the count of the stream's events) with the
 same cut (the stream's newest ts, `Slice`), so its state is one fold's state restricted to its
 transfers, and the compaction counts add up to one fold's whatever the number of partitions.
 
-`drop` events (forged control messages) name no transfer side: `ledger.partition.partition_of_event`
+`drop` events (forged control messages) name no transfer side: `kvledger.ledger.partition.partition_of_event`
 sends them all to partition 0, so its latest-drops evidence is the whole log's.
 
 Sans-IO: what reads the log and moves the answers (processes) lives above (cli/jobs.py).
@@ -38,22 +38,22 @@ from typing import Any, TypeAlias
 
 import msgspec
 
-from ledger.advice import LatencyHistogram, LatencyRecorder, RecorderPlain
-from ledger.audit import AuditConfig, Finding, audit, finding_of, finding_order
-from ledger.collector import collector_paused
-from ledger.decisions import Key, Release
-from ledger.events import Event, Map, ReqId, TransferId
-from ledger.fold import LedgerState
-from ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
-from ledger.partition import partition_of_event
-from ledger.replay import fold_indexed
-from ledger.summary import state_counts
+from kvledger.ledger.advice import LatencyHistogram, LatencyRecorder, RecorderPlain
+from kvledger.ledger.audit import AuditConfig, Finding, audit, finding_of, finding_order
+from kvledger.ledger.collector import collector_paused
+from kvledger.ledger.decisions import Key, Release
+from kvledger.ledger.events import Event, Map, ReqId, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
+from kvledger.ledger.partition import partition_of_event
+from kvledger.ledger.replay import fold_indexed
+from kvledger.ledger.summary import state_counts
 
 Slice: TypeAlias = tuple[list[Event], list[int], int, float]
 """One chunk of the whole stream as a partition folds it: the chunk's events of the partition, in
 stream order; each one's position in the whole stream (1-based); how many events the chunk held in
 the whole stream (every partition's); the newest ts among those (`-inf` when none). What
-`slices` makes of decoded chunks and `ledger.jsonl.LogReader.partition_chunks` of a log's lines."""
+`slices` makes of decoded chunks and `kvledger.ledger.jsonl.LogReader.partition_chunks` of a log's lines."""
 
 
 def slices(
@@ -154,7 +154,7 @@ class PartitionAnswer(msgspec.Struct, kw_only=True, array_like=True):
     findings: list[Finding]
     """The partition's audit at the merged clock, `double_owner` left out."""
     counts: dict[str, Any]
-    """`ledger.summary.state_counts` of the partition's state."""
+    """`kvledger.ledger.summary.state_counts` of the partition's state."""
 
 
 class Folded:
@@ -195,7 +195,7 @@ def fold_partition(
     emit: Callable[[Batch], None] | None = None,
     batch_items: int = BATCH_ITEMS,
 ) -> Folded:
-    """Fold one partition's slices of a stream, as `ledger.replay.replay_chunks` folds the whole stream
+    """Fold one partition's slices of a stream, as `kvledger.ledger.replay.replay_chunks` folds the whole stream
     (the same compaction, after the same chunks, with the same cut), keeping each release's and each
     accepted map's position in the whole stream (the releases themselves only with `keep_releases`). With
     `emit`, they go out in batches of about `batch_items` as the fold goes, the rest in the answer."""

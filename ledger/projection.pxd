@@ -4,10 +4,10 @@
 
 cimport cython
 
-from ledger.advice cimport LatencyRecorder
-from ledger.fold cimport Fold
-from ledger.series cimport HoldingSeries
-from ledger.structs cimport _Envelope, Map
+from kvledger.ledger.advice cimport LatencyRecorder
+from kvledger.ledger.fold cimport Fold
+from kvledger.ledger.series cimport HoldingSeries
+from kvledger.ledger.structs cimport _Envelope, Map
 
 
 @cython.locals(

@@ -3,7 +3,7 @@ first-seen order, the request index, the counts by kind, each source's newest ts
 the release latencies.
 
 One loop with the fold's own `apply` in it, compiled with the fold (setup.py, ledger/projection.pxd), the
-same file interpreted where nothing is compiled. Interpreted (it was `api.live.Live._fold_rows`), this
+same file interpreted where nothing is compiled. Interpreted (it was `kvledger.api.live.Live._fold_rows`), this
 bookkeeping was four tenths of the time an ingested batch's fold took on the event loop (benchmarks/api.py).
 Sans-IO like the fold: an event that raises is handed back with its error for the caller to count and log,
 and the rest of the rows are folded.
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ledger.advice import LatencyRecorder
-from ledger.decisions import Key, Release
-from ledger.events import KIND_OF_TYPE, Event, Map
-from ledger.fold import LedgerState
-from ledger.series import HoldingSeries
+from kvledger.ledger.advice import LatencyRecorder
+from kvledger.ledger.decisions import Key, Release
+from kvledger.ledger.events import KIND_OF_TYPE, Event, Map
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.series import HoldingSeries
 
 ReleaseHook = Callable[[Release, float], None]
 """Told of each release as it is folded, with how long its side held the blocks (seconds)."""

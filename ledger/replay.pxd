@@ -4,9 +4,9 @@
 
 cimport cython
 
-from ledger.advice cimport LatencyRecorder
-from ledger.fold cimport Fold
-from ledger.structs cimport _Envelope
+from kvledger.ledger.advice cimport LatencyRecorder
+from kvledger.ledger.fold cimport Fold
+from kvledger.ledger.structs cimport _Envelope
 
 
 @cython.locals(fold=Fold, first=_Envelope, envelope=_Envelope, ts=double, newest=double)

@@ -6,13 +6,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from ledger.advice import LatencyRecorder
-from ledger.collector import collector_paused
-from ledger.decisions import Release
-from ledger.events import Event, Map, TransferId
-from ledger.fold import LedgerState
-from ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
-from ledger.side import TransferState
+from kvledger.ledger.advice import LatencyRecorder
+from kvledger.ledger.collector import collector_paused
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Event, Map, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
+from kvledger.ledger.side import TransferState
 
 try:
     import cython
@@ -54,7 +54,7 @@ def replay_chunks(
     sides decided whose last event is more than `REPLAY_RETAIN_S` (log time) before the newest
     event are forgotten (their counts kept), so memory follows live transfers, not log length;
     sides with audit evidence are kept. Which sides go is a rule of each side alone (not of the
-    order sides were decided in), so a partition of the log folded alone (ledger.partitioned),
+    order sides were decided in), so a partition of the log folded alone (kvledger.ledger.partitioned),
     compacting after the same chunks with the same cut, forgets exactly its part of what this
     fold forgets. Each list is folded by `_fold_chunk`: no Python step per
     event besides the fold itself.
@@ -132,7 +132,7 @@ def fold_indexed(
     """Fold `chunk` into `state` as `_fold_chunk` does, appending each release to `decided` and the position
     in `chunk` of the event that caused it to `caused`, and the position of each map the fold accepted (its
     side now holds the map's blocks) to `claimed`: what a partition of a log tells the merge
-    (ledger.partitioned). Compiled, one C loop calling `apply` as a C method."""
+    (kvledger.ledger.partitioned). Compiled, one C loop calling `apply` as a C method."""
     fold = state
     sides_of = state.sides_of
     k = 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ledger.limits import SERIES_BUCKET_MIN_S, SERIES_POINTS_MAX
+from kvledger.ledger.limits import SERIES_BUCKET_MIN_S, SERIES_POINTS_MAX
 
 
 @dataclass(frozen=True)

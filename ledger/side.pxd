@@ -4,8 +4,8 @@
 
 cimport cython
 
-from ledger.structs cimport Map
-from ledger.structs cimport TransferState as Side
+from kvledger.ledger.structs cimport Map
+from kvledger.ledger.structs cimport TransferState as Side
 
 cpdef object completed_by(Side t)
 @cython.locals(m=Map)

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal, TypeAlias
 
-from ledger.decisions import Key
-from ledger.events import Map
-from ledger.limits import LAYERS_MAX
-from ledger.transfer_state import TransferState, bits
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import Map
+from kvledger.ledger.limits import LAYERS_MAX
+from kvledger.ledger.transfer_state import TransferState, bits
 
 __all__ = [
     "Evidence", "TransferState", "awaits_data", "bits", "completed_by", "copies", "count64", "due_at", "is_complete",

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ledger.fold import LedgerState
-from ledger.humanize import duration
-from ledger.limits import LOST_SILENCE_TRANSFER_TIMEOUTS
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.humanize import duration
+from kvledger.ledger.limits import LOST_SILENCE_TRANSFER_TIMEOUTS
 
 
 def engine_of(source: str) -> str:

@@ -51,7 +51,7 @@ cdef extern from *:
     } kvledger_Expire;
     """
 
-    ctypedef class ledger.transfer_state.TransferState [object kvledger_TransferState, check_size error]:
+    ctypedef class kvledger.ledger.transfer_state.TransferState [object kvledger_TransferState, check_size error]:
         cdef object acked_mask
         cdef object acks_expected
         cdef object arrived_seq
@@ -87,13 +87,13 @@ cdef extern from *:
         cdef object whole_acked
         cdef object whole_scheduled
 
-    ctypedef class ledger.events._Envelope [object kvledger__Envelope, check_size error]:
+    ctypedef class kvledger.ledger.events._Envelope [object kvledger__Envelope, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
         cdef object ts
 
-    ctypedef class ledger.events.Map [object kvledger_Map, check_size error]:
+    ctypedef class kvledger.ledger.events.Map [object kvledger_Map, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
@@ -109,7 +109,7 @@ cdef extern from *:
         cdef object request_id
         cdef object role
 
-    ctypedef class ledger.events.Schedule [object kvledger_Schedule, check_size error]:
+    ctypedef class kvledger.ledger.events.Schedule [object kvledger_Schedule, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
@@ -119,14 +119,14 @@ cdef extern from *:
         cdef object layers
         cdef object op
 
-    ctypedef class ledger.events.Seal [object kvledger_Seal, check_size error]:
+    ctypedef class kvledger.ledger.events.Seal [object kvledger_Seal, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
         cdef object ts
         cdef object expected
 
-    ctypedef class ledger.events.Ack [object kvledger_Ack, check_size error]:
+    ctypedef class kvledger.ledger.events.Ack [object kvledger_Ack, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
@@ -136,7 +136,7 @@ cdef extern from *:
         cdef object until
         cdef object what
 
-    ctypedef class ledger.events.Fail [object kvledger_Fail, check_size error]:
+    ctypedef class kvledger.ledger.events.Fail [object kvledger_Fail, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id
@@ -145,7 +145,7 @@ cdef extern from *:
         cdef object reason
         cdef object retryable
 
-    ctypedef class ledger.events.Expire [object kvledger_Expire, check_size error]:
+    ctypedef class kvledger.ledger.events.Expire [object kvledger_Expire, check_size error]:
         cdef object seq
         cdef object source
         cdef object transfer_id

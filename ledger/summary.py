@@ -7,9 +7,9 @@ from typing import Any
 
 import msgspec
 
-from ledger.audit import SEVERITY_RANK, Finding, counts_by_code
-from ledger.fold import LedgerState
-from ledger.limits import FINDINGS_WORST_MAX
+from kvledger.ledger.audit import SEVERITY_RANK, Finding, counts_by_code
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.limits import FINDINGS_WORST_MAX
 
 
 def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
@@ -18,7 +18,7 @@ def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
 
 def state_counts(state: LedgerState) -> dict[str, Any]:
     """What a summary reads of a state, as plain counts: the counts of a log's partitions add up to the
-    whole log's (`ledger.partitioned.merge_counts`)."""
+    whole log's (`kvledger.ledger.partitioned.merge_counts`)."""
     by_phase: Counter[str] = Counter(state.compacted_by_phase)
     by_mode: Counter[str] = Counter(state.compacted_by_mode)
     for t in state.transfers.values():

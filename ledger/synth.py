@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Schedule, Seal, TransferId
-from ledger.limits import DEFAULT_DEFER_TIMEOUT_S
+from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, Mode, ReqId, Schedule, Seal, TransferId
+from kvledger.ledger.limits import DEFAULT_DEFER_TIMEOUT_S
 
 
 @dataclass(frozen=True)

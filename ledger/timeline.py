@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ledger.decisions import Release
-from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal, kind_of
-from ledger.fold import LedgerState
-from ledger.humanize import utc
-from ledger.side import TransferState, completed_by
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Ack, Drop, Event, Expire, Fail, Map, Schedule, Seal, kind_of
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.humanize import utc
+from kvledger.ledger.side import TransferState, completed_by
 
 BLOCKS_SHOWN_MAX = 8
 """Block ids spelled out in a map's description; the rest are counted."""

@@ -3,7 +3,7 @@
 
 cimport cython
 
-from ledger.structs cimport Map
+from kvledger.ledger.structs cimport Map
 
 cdef dict _PACKERS
 cdef Py_ssize_t _PACKERS_MAX

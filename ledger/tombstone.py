@@ -18,9 +18,9 @@ import struct
 
 import msgspec
 
-from ledger.decisions import Cause, Release, Why
-from ledger.events import Map, Mode, ReqId, Role, TransferId
-from ledger.transfer_state import TransferState
+from kvledger.ledger.decisions import Cause, Release, Why
+from kvledger.ledger.events import Map, Mode, ReqId, Role, TransferId
+from kvledger.ledger.transfer_state import TransferState
 
 _NUMBERS = struct.Struct("<ddddqqqqq")
 """deadline, map ts, decision ts, arrived ts (NaN: none), acks expected, map seq, decision seq,

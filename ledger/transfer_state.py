@@ -10,9 +10,9 @@ from typing import Final
 
 import msgspec
 
-from ledger.decisions import Key, Release
-from ledger.events import Event, Fail, Map, Mode, ReqId, Role, TransferId
-from ledger.lifecycle import Phase, PhaseName
+from kvledger.ledger.decisions import Key, Release
+from kvledger.ledger.events import Event, Fail, Map, Mode, ReqId, Role, TransferId
+from kvledger.ledger.lifecycle import Phase, PhaseName
 
 
 class TransferState(msgspec.Struct, gc=False, array_like=True):

@@ -2,9 +2,9 @@
 
 cimport cython
 
-from ledger.idmemory cimport IdMemory
-from ledger.indexes cimport Indexes
-from ledger.structs cimport TransferState as Side
+from kvledger.ledger.idmemory cimport IdMemory
+from kvledger.ledger.indexes cimport Indexes
+from kvledger.ledger.structs cimport TransferState as Side
 
 
 cdef class Upkeep(Indexes):

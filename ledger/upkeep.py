@@ -8,14 +8,23 @@ from __future__ import annotations
 import struct
 from collections import deque
 
-from ledger.decisions import Key
-from ledger.events import Event, Map
-from ledger.idmemory import IdMemory
-from ledger.indexes import Indexes
-from ledger.lifecycle import CAUSE_PHASE
-from ledger.limits import ORPHAN_TOMBSTONES_MAX, TOMBSTONES_MAX
-from ledger.side import TransferState
-from ledger.tombstone import Compacted, compacted, found_bits, map_of, mark_found, release_of, unpack, with_found
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import Event, Map
+from kvledger.ledger.idmemory import IdMemory
+from kvledger.ledger.indexes import Indexes
+from kvledger.ledger.lifecycle import CAUSE_PHASE
+from kvledger.ledger.limits import ORPHAN_TOMBSTONES_MAX, TOMBSTONES_MAX
+from kvledger.ledger.side import TransferState
+from kvledger.ledger.tombstone import (
+    Compacted,
+    compacted,
+    found_bits,
+    map_of,
+    mark_found,
+    release_of,
+    unpack,
+    with_found,
+)
 
 
 class Upkeep(Indexes):
@@ -56,7 +65,7 @@ class Upkeep(Indexes):
         self.sides_unchecked = 0
         """Sides first seen (by their map or any other event) after an orphan was evicted: each may be an
         evicted orphan's, which the fold can no longer tell (no id of an evicted orphan is kept), so its
-        decision and findings may differ from the whole history's (`ledger.summary.compaction_warning`)."""
+        decision and findings may differ from the whole history's (`kvledger.ledger.summary.compaction_warning`)."""
         self.id_memory: IdMemory | None = None
         """Keys of mapped sides ever compacted (created at the first compaction), consulted only
         once a tombstone was evicted, so that below the bound every answer is exact."""

@@ -4,7 +4,7 @@
 
 cimport cython
 
-from ledger.structs cimport Ack, Map, Schedule, Seal
+from kvledger.ledger.structs cimport Ack, Map, Schedule, Seal
 
 
 cdef long long _INT64_MIN, _INT64_MAX

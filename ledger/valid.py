@@ -1,7 +1,7 @@
 """What a valid event is: the one definition that ingest, the JSONL reader, the connector's edges
 and the store all apply.
 
-An event's fields are typed by `ledger.events`; a *valid* event also fits everywhere an event
+An event's fields are typed by `kvledger.ledger.events`; a *valid* event also fits everywhere an event
 goes (every store, both encodings, the clock a timeline prints):
 
 - every integer (seq, counts, ranks, and each member of a block or layer list) fits in 64 signed
@@ -21,8 +21,8 @@ from typing import Annotated
 
 import msgspec
 
-from ledger.events import Ack, Event, Map, Schedule, Seal, TransferId
-from ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
+from kvledger.ledger.events import Ack, Event, Map, Schedule, Seal, TransferId
+from kvledger.ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
 
 try:
     import cython

@@ -1,7 +1,9 @@
 """The house's floors, read from the source: every import arrow points down, and no modules import each other.
 
-Floors: `ledger/` at the bottom (it imports none of the others); `connector/` and `api/` on it, side by side,
-never importing each other; `cli/` and `proxy/` on top, imported by nothing below. Every import counts:
+Floors (the top-level folders, installed as kvledger.<folder>): `ledger/` at the bottom (it imports none of the
+others, nor `migrations/`, whose env.py imports the store: the store finds the scripts by name and hands them
+to Alembic); `connector/` and `api/` on it, side by side, never importing each other; `cli/` and `proxy/` on
+top, imported by nothing below. Every import counts:
 module level, inside a function (a lazy import is still an arrow: the code cannot run without the module
 above), and under `if TYPE_CHECKING:` (a type named from a floor above still ties the floor to it, and a
 cycle through annotations is still a cycle a reader has to untangle). Read with `ast`, so the test runs
@@ -16,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("ledger", "connector", "api", "cli", "proxy")
+PACKAGES = ("ledger", "connector", "api", "cli", "proxy", "migrations")
+"""The floors: the repository's top-level folders, each installed as kvledger.<folder>."""
 
 FORBIDDEN: dict[str, frozenset[str]] = {
     "ledger": frozenset({"connector", "api", "cli", "proxy", "migrations"}),
@@ -24,8 +27,9 @@ FORBIDDEN: dict[str, frozenset[str]] = {
     "api": frozenset({"connector", "cli", "proxy"}),
     "proxy": frozenset({"connector", "api", "cli"}),
     "cli": frozenset(),
+    "migrations": frozenset({"connector", "api", "cli", "proxy"}),
 }
-"""For each package, the top-level packages it must not import."""
+"""For each floor, the floors it must not import (kvledger.<floor>)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join(["kvledger", *parts])
 
 
 def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -71,7 +75,7 @@ def arrows(path: Path, known: set[str], text: str | None = None) -> Iterator[Arr
         elif isinstance(node, ast.ImportFrom):
             target = _resolve(importer, path.name == "__init__.py", node)
             for alias in node.names:
-                # `from ledger.store import migrate` imports the module ledger.store.migrate.
+                # `from kvledger.ledger.store import migrate` imports the module kvledger.ledger.store.migrate.
                 child = f"{target}.{alias.name}"
                 yield Arrow(importer, child if child in known else target, path, node.lineno)
 
@@ -86,11 +90,17 @@ def all_arrows() -> list[Arrow]:
     return [arrow for path in files for arrow in arrows(path, known)]
 
 
+def _floor(module: str) -> str | None:
+    """kvledger.api.app -> api; None for a module not of ours."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "kvledger" else None
+
+
 def wrong_way(found: list[Arrow]) -> list[str]:
     bad = []
     for arrow in found:
-        floor, target = arrow.importer.split(".")[0], arrow.imported.split(".")[0]
-        if target in FORBIDDEN[floor]:
+        floor, target = _floor(arrow.importer), _floor(arrow.imported)
+        if target is not None and target in FORBIDDEN[floor]:
             bad.append(f"{arrow} ({floor}/ must not import {target}/)")
     return list(dict.fromkeys(bad))  # `from x import a, b` is one wrong arrow, said once
 
@@ -145,9 +155,11 @@ def describe_cycle(component: list[str], found: list[Arrow]) -> str:
 def test_every_package_is_read() -> None:
     """The test reads the tree it guards: each package has files, and a known downward arrow is seen."""
     found = all_arrows()
-    assert {module_name(p).split(".")[0] for p in all_files()} == set(PACKAGES)
-    assert any(a.importer == "cli.app" and a.imported == "cli.replay" for a in found)
-    assert any(a.importer.startswith("connector.") and a.imported.startswith("ledger.") for a in found)
+    assert {module_name(p).split(".")[1] for p in all_files()} == set(PACKAGES)
+    assert any(a.importer == "kvledger.cli.app" and a.imported == "kvledger.cli.replay" for a in found)
+    assert any(
+        a.importer.startswith("kvledger.connector.") and a.imported.startswith("kvledger.ledger.") for a in found
+    )
 
 
 def test_imports_point_down() -> None:
@@ -163,29 +175,33 @@ def test_no_import_cycles() -> None:
 def test_a_wrong_arrow_and_a_cycle_are_caught() -> None:
     """The checks themselves fail on what they guard against, naming the file, the line and the arrow."""
     here = ROOT / "ledger" / "x.py"
-    up = Arrow("ledger.x", "api.app", here, 3)
-    assert wrong_way([up]) == ["ledger/x.py:3: ledger.x -> api.app (ledger/ must not import api/)"]
-    sideways = Arrow("api.y", "connector.store", ROOT / "api" / "y.py", 7)
-    assert wrong_way([sideways]) == ["api/y.py:7: api.y -> connector.store (api/ must not import connector/)"]
-    a, b = ("ledger.store.connect", "ledger.store.sql")
+    up = Arrow("kvledger.ledger.x", "kvledger.api.app", here, 3)
+    assert wrong_way([up]) == ["ledger/x.py:3: kvledger.ledger.x -> kvledger.api.app (ledger/ must not import api/)"]
+    sideways = Arrow("kvledger.api.y", "kvledger.connector.store", ROOT / "api" / "y.py", 7)
+    assert wrong_way([sideways]) == [
+        "api/y.py:7: kvledger.api.y -> kvledger.connector.store (api/ must not import connector/)"
+    ]
+    a, b = ("kvledger.ledger.store.connect", "kvledger.ledger.store.sql")
     loop = [Arrow(a, b, ROOT / "ledger/store/connect.py", 1), Arrow(b, a, ROOT / "ledger/store/sql.py", 2)]
     assert cycles(loop) == [[a, b]]
-    assert "ledger/store/sql.py:2: ledger.store.sql -> ledger.store.connect" in describe_cycle([a, b], loop)
+    assert "ledger/store/sql.py:2: kvledger.ledger.store.sql -> kvledger.ledger.store.connect" in describe_cycle(
+        [a, b], loop
+    )
 
 
 def test_lazy_and_type_checking_imports_are_arrows() -> None:
     text = (
         "from typing import TYPE_CHECKING\n"
-        "if TYPE_CHECKING:\n    from api.settings import Settings\n"
-        "def f() -> None:\n    from . import audit\n    import connector.store\n"
+        "if TYPE_CHECKING:\n    from kvledger.api.settings import Settings\n"
+        "def f() -> None:\n    from . import audit\n    import kvledger.connector.store\n"
     )
     known = {module_name(p) for p in all_files()}
     found = sorted(arrows(ROOT / "ledger" / "probe.py", known, text), key=lambda a: a.line)
     assert [(a.imported, a.line) for a in found] == [
         ("typing", 1),
-        ("api.settings", 3),
-        ("ledger.audit", 5),
-        ("connector.store", 6),
+        ("kvledger.api.settings", 3),
+        ("kvledger.ledger.audit", 5),
+        ("kvledger.connector.store", 6),
     ]
     assert len(wrong_way(found)) == 2
 
@@ -206,5 +222,6 @@ def test_no_module_imports_another_modules_privates() -> None:
 
 def test_routes_import_no_other_route() -> None:
     """Routes share helpers through api modules named for what they hold (api/params.py, ...), not each other."""
-    found = [a for a in all_arrows() if a.importer.startswith("api.routes.") and a.imported.startswith("api.routes.")]
+    routes = "kvledger.api.routes."
+    found = [a for a in all_arrows() if a.importer.startswith(routes) and a.imported.startswith(routes)]
     assert not found, "routes importing routes:\n" + "\n".join(map(str, found))

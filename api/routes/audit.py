@@ -7,13 +7,13 @@ from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Query
 
-from api.deps import LiveDep
-from api.live import Live
-from api.params import Now, check_limit
-from api.schemas import AuditOut, AuditSummary, OldestHeld
-from api.views import finding_out
-from ledger.advice import late_after_expire, percentiles, verdict
-from ledger.audit import CODES, counts_by_code
+from kvledger.api.deps import LiveDep
+from kvledger.api.live import Live
+from kvledger.api.params import Now, check_limit
+from kvledger.api.schemas import AuditOut, AuditSummary, OldestHeld
+from kvledger.api.views import finding_out
+from kvledger.ledger.advice import late_after_expire, percentiles, verdict
+from kvledger.ledger.audit import CODES, counts_by_code
 
 router = APIRouter(tags=["audit"])
 
@@ -21,7 +21,7 @@ FindingCode = Literal[
     "leak", "double_owner", "premature_release", "id_reuse", "forged_message", "stuck", "orphan_ack", "late_event",
     "over_ack", "duplicate",
 ]  # fmt: skip
-assert set(get_args(FindingCode)) == set(CODES), "FindingCode must list ledger.audit.CODES"
+assert set(get_args(FindingCode)) == set(CODES), "FindingCode must list kvledger.ledger.audit.CODES"
 
 
 @router.get("/audit", response_model=AuditOut, summary="Findings at `now`, worst first, with evidence seqs")

@@ -11,13 +11,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from api.deps import LiveDep, StoreDep, require_token
-from api.errors import read_limited
-from api.ingest import decode_batch, find_gaps
-from api.live import Live
-from api.params import check_limit
-from api.schemas import EventPage, EventRow, IngestResult
-from api.views import event_json
+from kvledger.api.deps import LiveDep, StoreDep, require_token
+from kvledger.api.errors import read_limited
+from kvledger.api.ingest import decode_batch, find_gaps
+from kvledger.api.live import Live
+from kvledger.api.params import check_limit
+from kvledger.api.schemas import EventPage, EventRow, IngestResult
+from kvledger.api.views import event_json
 
 router = APIRouter(tags=["events"])
 

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from api.deps import LiveDep, StoreDep
-from api.params import check_limit
-from api.schemas import Health, QuarantinedOut, QuarantineOut, Ready
-from api.views import display_url
-from ledger.store.base import StoreError
+from kvledger.api.deps import LiveDep, StoreDep
+from kvledger.api.params import check_limit
+from kvledger.api.schemas import Health, QuarantinedOut, QuarantineOut, Ready
+from kvledger.api.views import display_url
+from kvledger.ledger.store.base import StoreError
 
 router = APIRouter(tags=["operations"])
 

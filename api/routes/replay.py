@@ -2,7 +2,7 @@
 
 No token is needed (it reads nothing of the store), so an upload must not be able to hold what
 others need: a replay slot (`replays_at_once_max`) is taken only once the upload is read, the
-body must arrive within `body_timeout_s` (api.guards), and at most `replay_uploads_at_once_max`
+body must arrive within `body_timeout_s` (kvledger.api.guards), and at most `replay_uploads_at_once_max`
 uploads are read at once (each is a temporary file of up to `replay_body_bytes_max`)."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import LiveDep
-from api.errors import read_limited
-from api.params import check_limit
-from api.replay import replay_file
-from api.schemas import ReplayOut
-from ledger.limits import TS_MAX
+from kvledger.api.deps import LiveDep
+from kvledger.api.errors import read_limited
+from kvledger.api.params import check_limit
+from kvledger.api.replay import replay_file
+from kvledger.api.schemas import ReplayOut
+from kvledger.ledger.limits import TS_MAX
 
 router = APIRouter(tags=["replay"])
 

@@ -7,15 +7,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
-from api.deps import LiveDep, StoreDep
-from api.params import Now, TransferIdPath, check_limit
-from api.schemas import RequestDetail, TransferDetail, TransferOut, TransferPage
-from api.transfer_events import transfer_events
-from api.views import event_json, findings_of, transfer_out
-from ledger.decisions import Key
-from ledger.events import TransferId
-from ledger.lifecycle import PhaseName
-from ledger.side import TransferState
+from kvledger.api.deps import LiveDep, StoreDep
+from kvledger.api.params import Now, TransferIdPath, check_limit
+from kvledger.api.schemas import RequestDetail, TransferDetail, TransferOut, TransferPage
+from kvledger.api.transfer_events import transfer_events
+from kvledger.api.views import event_json, findings_of, transfer_out
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import TransferId
+from kvledger.ledger.lifecycle import PhaseName
+from kvledger.ledger.side import TransferState
 
 SCAN_SIDES_MAX = 100_000
 """Transfer sides one page request looks at; a rare filter returns a short page and a cursor, not a stall."""

@@ -10,20 +10,20 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
-from api.board import Board, BoardKeeper
-from api.deps import LiveDep, StoreDep
-from api.limits import FINDINGS_PAGE_ROWS, GROUP_ROWS_SHOWN, GROUPS_SHOWN_MAX
-from api.live import Live
-from api.params import Now, TransferIdPath
-from api.timeline_view import lay_out
-from api.transfer_events import transfer_events
-from api.trust import TrustChecks
-from api.verdict import activity, headline, verdict
-from api.views import display_url
-from ledger import humanize
-from ledger.audit import CODES
-from ledger.events import TransferId
-from ledger.sources import silence_limit_s
+from kvledger.api.board import Board, BoardKeeper
+from kvledger.api.deps import LiveDep, StoreDep
+from kvledger.api.limits import FINDINGS_PAGE_ROWS, GROUP_ROWS_SHOWN, GROUPS_SHOWN_MAX
+from kvledger.api.live import Live
+from kvledger.api.params import Now, TransferIdPath
+from kvledger.api.timeline_view import lay_out
+from kvledger.api.transfer_events import transfer_events
+from kvledger.api.trust import TrustChecks
+from kvledger.api.verdict import activity, headline, verdict
+from kvledger.api.views import display_url
+from kvledger.ledger import humanize
+from kvledger.ledger.audit import CODES
+from kvledger.ledger.events import TransferId
+from kvledger.ledger.sources import silence_limit_s
 
 router = APIRouter(include_in_schema=False)
 

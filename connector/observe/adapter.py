@@ -40,16 +40,16 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from connector.config import ConnectorConfig
-from connector.figures import LedgerFigures, merge_figures
-from connector.groups import flatten_groups
-from connector.guard import guarded, hook_errors, hooks_over_bound, nothing
-from connector.incident_log import IncidentLog
-from connector.observe.config import ObserveConfig
-from connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
-from connector.observe.recorder import Recorder
-from connector.store import abandon_inherited, open_ledger
-from ledger.events import ReqId
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.figures import LedgerFigures, merge_figures
+from kvledger.connector.groups import flatten_groups
+from kvledger.connector.guard import guarded, hook_errors, hooks_over_bound, nothing
+from kvledger.connector.incident_log import IncidentLog
+from kvledger.connector.observe.config import ObserveConfig
+from kvledger.connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
+from kvledger.connector.observe.recorder import Recorder
+from kvledger.connector.store import abandon_inherited, open_ledger
+from kvledger.ledger.events import ReqId
 
 if TYPE_CHECKING:
     import torch

@@ -1,6 +1,6 @@
 """`kv_connector_extra_config.observe`: the connector to wrap, validated at start.
 
-    {"kv_connector": "LedgerConnector", "kv_connector_module_path": "connector", "kv_role": "kv_producer",
+    {"kv_connector": "LedgerConnector", "kv_connector_module_path": "kvledger.connector", "kv_role": "kv_producer",
      "kv_connector_extra_config": {"incident_log_dir": "/var/log/kvledger",
        "observe": {"kv_connector": "NixlConnector", "kv_connector_extra_config": {...}}}}
 
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from connector.config import ConfigError
-from connector.observe.keys import ParamsKeys, keys_for
+from kvledger.connector.config import ConfigError
+from kvledger.connector.observe.keys import ParamsKeys, keys_for
 
 OBSERVE_KEY = "observe"
 OWN_KEYS = frozenset({"transfer_id_key"})

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ledger.events import Mode, ReqId, TransferId
+from kvledger.ledger.events import Mode, ReqId, TransferId
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from connector.index import RequestIndex
-from connector.observe.keys import ParamsKeys
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Role, TransferId
-from ledger.ledger import Ledger
-from ledger.side import TransferState
+from kvledger.connector.index import RequestIndex
+from kvledger.connector.observe.keys import ParamsKeys
+from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Role, TransferId
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.side import TransferState
 
 log = logging.getLogger(__name__)
 

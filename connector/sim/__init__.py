@@ -24,19 +24,19 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("run_storm", "run_soak"):
-        from connector.sim import storm
+        from kvledger.connector.sim import storm
 
         return getattr(storm, name)
     if name == "SimulationError":
-        from connector.sim.errors import SimulationError
+        from kvledger.connector.sim.errors import SimulationError
 
         return SimulationError
     if name in ("StormConfig", "StormResult", "FAULT_KINDS"):
-        from connector.sim import config
+        from kvledger.connector.sim import config
 
         return getattr(config, name)
     if name in ("SoakConfig", "SoakResult", "SOAK_FAULT_KINDS"):
-        from connector.sim import soak_config
+        from kvledger.connector.sim import soak_config
 
         return getattr(soak_config, name)
-    raise AttributeError(f"module 'connector.sim' has no attribute {name!r}")
+    raise AttributeError(f"module 'kvledger.connector.sim' has no attribute {name!r}")

@@ -12,17 +12,17 @@ from collections.abc import Iterable
 
 import msgspec
 
-from connector.sim.config import StormConfig, StormResult
-from connector.sim.driver import Storm
-from connector.sim.faults import NO_FAULTS
-from connector.sim.naive import run_naive
-from connector.sim.tally import Tally
-from ledger.audit import AuditConfig, Finding, audit, counts_by_code
-from ledger.decisions import Release
-from ledger.events import Drop, Event, Map, TransferId, to_json
-from ledger.fold import fold_all
-from ledger.jsonl import read_events, write_log
-from ledger.merge import merge
+from kvledger.connector.sim.config import StormConfig, StormResult
+from kvledger.connector.sim.driver import Storm
+from kvledger.connector.sim.faults import NO_FAULTS
+from kvledger.connector.sim.naive import run_naive
+from kvledger.connector.sim.tally import Tally
+from kvledger.ledger.audit import AuditConfig, Finding, audit, counts_by_code
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Drop, Event, Map, TransferId, to_json
+from kvledger.ledger.fold import fold_all
+from kvledger.ledger.jsonl import read_events, write_log
+from kvledger.ledger.merge import merge
 
 LATE_CHECKED_MESSAGES = ("release", "write_done", "write_failed")
 """Messages that become events where they land; a late remote_blocks is not an event (the producer only

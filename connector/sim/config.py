@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeAlias
 
-from connector.config import ConnectorConfig, PeerEngine
-from connector.limits import TRANSPORT_INFLIGHT_MAX
-from ledger.events import Mode, Role
+from kvledger.connector.config import ConnectorConfig, PeerEngine
+from kvledger.connector.limits import TRANSPORT_INFLIGHT_MAX
+from kvledger.ledger.events import Mode, Role
 
 FaultKind: TypeAlias = Literal[
     "sq_full", "transfer_fail", "drop", "duplicate", "reorder", "late", "early", "never_ready", "peer_death",

@@ -23,14 +23,14 @@ from collections import Counter
 
 import zmq
 
-from connector.config import ConnectorConfig
-from connector.messages import ReleaseBlocks, encode
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from connector.sim.config import StormConfig, engine_config
-from connector.sim.engine import SimEngine, StepReport
-from connector.sim.errors import SimulationError
-from connector.sim.faults import (
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.messages import ReleaseBlocks, encode
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.connector.sim.config import StormConfig, engine_config
+from kvledger.connector.sim.engine import SimEngine, StepReport
+from kvledger.connector.sim.errors import SimulationError
+from kvledger.connector.sim.faults import (
     NO_FAULTS,
     DeathPlan,
     RestartPlan,
@@ -40,8 +40,8 @@ from connector.sim.faults import (
     draw_restart,
     horizon_s,
 )
-from connector.sim.integrity import checksums, prefill
-from connector.sim.limits import (
+from kvledger.connector.sim.integrity import checksums, prefill
+from kvledger.connector.sim.limits import (
     ARRIVALS_PER_ROUND_MAX,
     PORT_ATTEMPTS_MAX,
     PORTS_PER_ENGINE,
@@ -51,11 +51,11 @@ from connector.sim.limits import (
     SETTLE_TIMEOUT_S,
     TAIL_ROUNDS,
 )
-from connector.sim.network import SimNetwork
-from connector.sim.requests import SideRecord, SimRequest
-from connector.sim.silent import SilentPeer
-from connector.sim.tally import Tally
-from ledger.events import ReqId, TransferId
+from kvledger.connector.sim.network import SimNetwork
+from kvledger.connector.sim.requests import SideRecord, SimRequest
+from kvledger.connector.sim.silent import SilentPeer
+from kvledger.connector.sim.tally import Tally
+from kvledger.ledger.events import ReqId, TransferId
 
 LOCAL_TRAFFIC_NUMBER_BASE = 1 << 40
 """Content numbers of the producer's local traffic: apart from every storm request's."""

@@ -16,23 +16,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from connector.config import ConnectorConfig
-from connector.metadata import SaveItem, SendItem, StepMetadata
-from connector.ports import engine_ports
-from connector.scheduler import SchedulerCore, WorkerOutcome
-from connector.sim.config import StormConfig
-from connector.sim.errors import SimulationError
-from connector.sim.faulty_channel import FaultyChannel
-from connector.sim.faulty_transport import FaultyTransport, tcp_limits
-from connector.sim.integrity import MAMBA_SUFFIX, block_stride_bytes, make_caches, sim_mamba_groups
-from connector.sim.network import SimNetwork
-from connector.sim.pool import BlockPool
-from connector.store import open_ledger
-from connector.transports.tcp import TcpTransport
-from connector.worker import WorkerCore
-from ledger.decisions import Release
-from ledger.events import Event, ReqId, TransferId
-from ledger.ledger import Ledger
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.metadata import SaveItem, SendItem, StepMetadata
+from kvledger.connector.ports import engine_ports
+from kvledger.connector.scheduler import SchedulerCore, WorkerOutcome
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.errors import SimulationError
+from kvledger.connector.sim.faulty_channel import FaultyChannel
+from kvledger.connector.sim.faulty_transport import FaultyTransport, tcp_limits
+from kvledger.connector.sim.integrity import MAMBA_SUFFIX, block_stride_bytes, make_caches, sim_mamba_groups
+from kvledger.connector.sim.network import SimNetwork
+from kvledger.connector.sim.pool import BlockPool
+from kvledger.connector.store import open_ledger
+from kvledger.connector.transports.tcp import TcpTransport
+from kvledger.connector.worker import WorkerCore
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Event, ReqId, TransferId
+from kvledger.ledger.ledger import Ledger
 
 T = TypeVar("T")
 

@@ -7,8 +7,8 @@ import random
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
-from connector.sim.config import FaultKind, StormConfig
-from connector.sim.limits import (
+from kvledger.connector.sim.config import FaultKind, StormConfig
+from kvledger.connector.sim.limits import (
     LAG_ROUNDS_MAX,
     LAG_ROUNDS_MIN,
     LATE_READER_PAST_DEADLINE_ROUNDS_MAX,
@@ -18,7 +18,7 @@ from connector.sim.limits import (
     SQ_FULL_BURST_OPS_MAX,
     SQ_FULL_ENDLESS_OPS,
 )
-from ledger.events import Mode
+from kvledger.ledger.events import Mode
 
 MessageFaultKind: TypeAlias = Literal["drop", "duplicate", "reorder", "late"]
 MESSAGE_FAULT_KINDS: tuple[MessageFaultKind, ...] = ("drop", "duplicate", "reorder", "late")

@@ -18,13 +18,13 @@ from typing import Any
 
 import zmq
 
-from connector.channel import Channel, Dropped, PeerNotAllowed
-from connector.limits import CHANNEL_INBOX_MAX, FORGED_RECORDS_MAX, HANDSHAKE_TIMEOUT_S
-from connector.messages import HandshakeMetadata, Message, RankAddress
-from connector.sim.errors import SimulationError
-from connector.sim.limits import SETTLE_TIMEOUT_S
-from connector.sim.network import SimNetwork
-from ledger.events import TransferId
+from kvledger.connector.channel import Channel, Dropped, PeerNotAllowed
+from kvledger.connector.limits import CHANNEL_INBOX_MAX, FORGED_RECORDS_MAX, HANDSHAKE_TIMEOUT_S
+from kvledger.connector.messages import HandshakeMetadata, Message, RankAddress
+from kvledger.connector.sim.errors import SimulationError
+from kvledger.connector.sim.limits import SETTLE_TIMEOUT_S
+from kvledger.connector.sim.network import SimNetwork
+from kvledger.ledger.events import TransferId
 
 log = logging.getLogger(__name__)
 

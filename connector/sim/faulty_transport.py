@@ -17,11 +17,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from connector.limits import TRANSPORT_INFLIGHT_MAX, TRANSPORT_INFLIGHT_PER_PEER_MAX
-from connector.sim.config import StormConfig
-from connector.sim.errors import SimulationError
-from connector.sim.network import SimNetwork
-from connector.transports.base import (
+from kvledger.connector.limits import TRANSPORT_INFLIGHT_MAX, TRANSPORT_INFLIGHT_PER_PEER_MAX
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.errors import SimulationError
+from kvledger.connector.sim.network import SimNetwork
+from kvledger.connector.transports.base import (
     IN_PROGRESS,
     Code,
     HoldCheck,
@@ -34,7 +34,7 @@ from connector.transports.base import (
     TransportEndpoint,
     failed,
 )
-from ledger.events import TransferId
+from kvledger.ledger.events import TransferId
 
 
 def tcp_limits(storm: StormConfig) -> dict[str, Any]:

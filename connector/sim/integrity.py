@@ -6,7 +6,7 @@ import zlib
 
 import torch
 
-from connector.mamba import MambaGroup
+from kvledger.connector.mamba import MambaGroup
 
 CONTENT_SEED_STRIDE = 1_000_003
 """Keeps the content of request n of seed s apart from every other (seed, n) pair."""

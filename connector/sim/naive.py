@@ -39,8 +39,8 @@ from collections import Counter
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from connector.transports.base import Code
-from ledger.events import Ack, Drop, Event, Expire, Fail, Map, Mode, ReqId, Role, Seal, TransferId
+from kvledger.connector.transports.base import Code
+from kvledger.ledger.events import Ack, Drop, Event, Expire, Fail, Map, Mode, ReqId, Role, Seal, TransferId
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from connector.sim.faults import NO_FAULTS, TransferFaults
-from connector.transports.base import TransportEndpoint
-from ledger.events import TransferId
+from kvledger.connector.sim.faults import NO_FAULTS, TransferFaults
+from kvledger.connector.transports.base import TransportEndpoint
+from kvledger.ledger.events import TransferId
 
 
 class SimNetwork:

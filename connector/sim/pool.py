@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ledger.events import TransferId
+from kvledger.ledger.events import TransferId
 
 
 class BlockPool:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from connector.sim.config import StormResult
-from connector.sim.limits import SOAK_REPLAY_COMPACT_EVERY
-from connector.sim.soak_config import SoakResult
+from kvledger.connector.sim.config import StormResult
+from kvledger.connector.sim.limits import SOAK_REPLAY_COMPACT_EVERY
+from kvledger.connector.sim.soak_config import SoakResult
 
 TABLE_ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("blocks stranded at the end", "leaked_blocks", "naive_leaked_blocks"),

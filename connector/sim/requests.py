@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from connector.params import TransferParams, prompt_digest
-from connector.sim.faults import TransferFaults
-from ledger.events import ReqId, TransferId
+from kvledger.connector.params import TransferParams, prompt_digest
+from kvledger.connector.sim.faults import TransferFaults
+from kvledger.ledger.events import ReqId, TransferId
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 
 import zmq
 
-from connector.transports.base import TransportEndpoint
+from kvledger.connector.transports.base import TransportEndpoint
 
 HOST = "127.0.0.1"
 

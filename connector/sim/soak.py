@@ -32,11 +32,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
-from connector.config import ConnectorConfig
-from connector.sim.driver import Storm
-from connector.sim.engine import SimEngine
-from connector.sim.faults import NO_FAULTS
-from connector.sim.limits import (
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.sim.driver import Storm
+from kvledger.connector.sim.engine import SimEngine
+from kvledger.connector.sim.faults import NO_FAULTS
+from kvledger.connector.sim.limits import (
     DEATH_IN_BURST_MAX_S,
     DEATH_IN_BURST_MIN_S,
     PREEMPT_AFTER_MIN_S,
@@ -48,10 +48,10 @@ from connector.sim.limits import (
     REUSE_SOON_MIN_S,
     SOAK_ROUNDS_MAX,
 )
-from connector.sim.requests import SimRequest
-from connector.sim.soak_config import SoakConfig, log_uniform
-from connector.sim.tally import Tally
-from ledger.events import Role, TransferId
+from kvledger.connector.sim.requests import SimRequest
+from kvledger.connector.sim.soak_config import SoakConfig, log_uniform
+from kvledger.connector.sim.tally import Tally
+from kvledger.ledger.events import Role, TransferId
 
 ConsumerState: TypeAlias = Literal["new", "loading", "loaded", "running", "preempted", "recompute", "done"]
 TimerKind: TypeAlias = Literal["arrival", "preempt", "reask", "finish", "engine"]

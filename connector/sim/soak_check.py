@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from connector.sim.check import (
+from kvledger.connector.sim.check import (
     PROBLEM_DETAILS_MAX,
     audit_config,
     judge_findings,
@@ -23,15 +23,15 @@ from connector.sim.check import (
     transport_view,
     vllm_view,
 )
-from connector.sim.faults import NO_FAULTS
-from connector.sim.limits import SOAK_REPLAY_COMPACT_EVERY
-from connector.sim.soak import Soak, SoakTally
-from connector.sim.soak_config import SoakResult
-from ledger.audit import Finding, audit
-from ledger.events import Event
-from ledger.jsonl import read_chunks, write_log
-from ledger.merge import batched, merge
-from ledger.replay import ReplayResult, replay_chunks
+from kvledger.connector.sim.faults import NO_FAULTS
+from kvledger.connector.sim.limits import SOAK_REPLAY_COMPACT_EVERY
+from kvledger.connector.sim.soak import Soak, SoakTally
+from kvledger.connector.sim.soak_config import SoakResult
+from kvledger.ledger.audit import Finding, audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import read_chunks, write_log
+from kvledger.ledger.merge import batched, merge
+from kvledger.ledger.replay import ReplayResult, replay_chunks
 
 
 def evaluate_soak(soak: Soak, tally: SoakTally) -> SoakResult:

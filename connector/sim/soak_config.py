@@ -11,10 +11,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
-from connector.sim.config import FAULT_KINDS, FaultKind, StormConfig, StormResult
-from connector.sim.faults import horizon_s
-from connector.sim.limits import REUSE_SOON_MAX_S
-from ledger.limits import MAINTENANCE_INTERVAL_S
+from kvledger.connector.sim.config import FAULT_KINDS, FaultKind, StormConfig, StormResult
+from kvledger.connector.sim.faults import horizon_s
+from kvledger.connector.sim.limits import REUSE_SOON_MAX_S
+from kvledger.ledger.limits import MAINTENANCE_INTERVAL_S
 
 SoakFaultKind: TypeAlias = Literal["preempt_reask", "recompute", "id_reuse", "restart"]
 SOAK_FAULT_KINDS: tuple[SoakFaultKind, ...] = ("preempt_reask", "recompute", "id_reuse", "restart")

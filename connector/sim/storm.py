@@ -7,11 +7,11 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from connector.sim.check import evaluate
-from connector.sim.config import StormConfig, StormResult
-from connector.sim.driver import Storm
-from connector.sim.errors import SimulationError
-from connector.sim.soak_config import SoakConfig, SoakResult
+from kvledger.connector.sim.check import evaluate
+from kvledger.connector.sim.config import StormConfig, StormResult
+from kvledger.connector.sim.driver import Storm
+from kvledger.connector.sim.errors import SimulationError
+from kvledger.connector.sim.soak_config import SoakConfig, SoakResult
 
 
 def run_storm(config: StormConfig) -> StormResult:
@@ -29,8 +29,8 @@ def run_soak(config: SoakConfig) -> SoakResult:
     """Run one seeded soak to its end (`sim_hours` of arrivals, then every re-ask and restart played out), then
     check it. Without a `ledger_url`, the ledgers persist to a SQLite store in a temporary folder (restarts
     reopen them from there), removed afterwards."""
-    from connector.sim.soak import Soak
-    from connector.sim.soak_check import evaluate_soak
+    from kvledger.connector.sim.soak import Soak
+    from kvledger.connector.sim.soak_check import evaluate_soak
 
     with tempfile.TemporaryDirectory(prefix="kvledger-soak-") as folder:
         if config.ledger_url is None:

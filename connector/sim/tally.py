@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ledger.events import TransferId
+from kvledger.ledger.events import TransferId
 
 
 @dataclass

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connector.transports.base import (
+from kvledger.connector.transports.base import (
     SUCCEEDED,
     Code,
     HoldCheck,
@@ -19,7 +19,7 @@ from connector.transports.base import (
     TransportEndpoint,
     failed,
 )
-from connector.transports.regions import RegionError, TensorRegion
+from kvledger.connector.transports.regions import RegionError, TensorRegion
 
 BACKEND = "loopback"
 

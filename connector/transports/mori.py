@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from connector.limits import (
+from kvledger.connector.limits import (
     MORI_CLOSE_GRACE_S,
     MORI_INFLIGHT_MAX,
     MORI_OPS_PER_BATCH_MAX,
@@ -34,7 +34,7 @@ from connector.limits import (
     MORI_WAIT_SLICE_S,
     MORI_WORKER_THREADS,
 )
-from connector.transports.base import (
+from kvledger.connector.transports.base import (
     SUCCEEDED,
     Code,
     HoldCheck,
@@ -46,7 +46,7 @@ from connector.transports.base import (
     check_ops,
     failed,
 )
-from connector.transports.regions import TensorRegion
+from kvledger.connector.transports.regions import TensorRegion
 
 log = logging.getLogger(__name__)
 

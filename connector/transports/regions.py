@@ -8,7 +8,7 @@ from typing import Any
 import numpy
 import torch
 
-from connector.transports.base import Op
+from kvledger.connector.transports.base import Op
 
 
 class RegionError(ValueError):

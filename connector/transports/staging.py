@@ -31,8 +31,8 @@ import numpy
 import torch
 import zmq
 
-from connector.limits import TRANSPORT_STAGING_BUFFERS, TRANSPORT_STAGING_BYTES, TRANSPORT_STAGING_INDEX_MAX
-from connector.transports.regions import TensorRegion
+from kvledger.connector.limits import TRANSPORT_STAGING_BUFFERS, TRANSPORT_STAGING_BYTES, TRANSPORT_STAGING_INDEX_MAX
+from kvledger.connector.transports.regions import TensorRegion
 
 Span = tuple[int, int]
 """(offset, size) in bytes of one side's region."""

@@ -25,7 +25,7 @@ import msgspec
 import torch
 import zmq
 
-from connector.limits import (
+from kvledger.connector.limits import (
     CHANNEL_POLL_MS,
     STOP_JOIN_TIMEOUT_S,
     TRANSPORT_FRAME_BYTES_MAX,
@@ -36,7 +36,7 @@ from connector.limits import (
     TRANSPORT_STAGING_BYTES,
     TRANSPORT_SWEEP_S,
 )
-from connector.transports.base import (
+from kvledger.connector.transports.base import (
     SUCCEEDED,
     Code,
     HoldCheck,
@@ -48,8 +48,8 @@ from connector.transports.base import (
     check_ops,
     failed,
 )
-from connector.transports.regions import RegionError, TensorRegion
-from connector.transports.staging import Staging, StagingCounts, ready_marker
+from kvledger.connector.transports.regions import RegionError, TensorRegion
+from kvledger.connector.transports.staging import Staging, StagingCounts, ready_marker
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, Protocol
 
-from ledger.events import Event, TransferId
-from ledger.store.limits import QUARANTINE_READ_MAX
+from kvledger.ledger.events import Event, TransferId
+from kvledger.ledger.store.limits import QUARANTINE_READ_MAX
 
 
 class StoreError(Exception):
@@ -36,7 +36,7 @@ class ConflictError(StoreError):
 
 
 class UnstorableEvent(StoreError):
-    """An event the store refuses for its content: not valid (`ledger.valid`), or rejected by the database
+    """An event the store refuses for its content: not valid (`kvledger.ledger.valid`), or rejected by the database
     (a value its columns cannot hold). `index` is its position in the batch, when known; nothing of the
     batch was written. Retrying cannot help: a writer quarantines it."""
 
@@ -56,11 +56,11 @@ class Quarantined(NamedTuple):
     """The event's seq, or None when that is not a 64-bit integer."""
     reason: str
     body: bytes
-    """The whole event as one JSON line (`ledger.events.to_json`): a person can read it, a tool reload it."""
+    """The whole event as one JSON line (`kvledger.ledger.events.to_json`): a person can read it, a tool reload it."""
 
 
 class StoredSnapshot(NamedTuple):
-    """An encoded LedgerState of one source after its event `seq` (see ledger.store.snapshot)."""
+    """An encoded LedgerState of one source after its event `seq` (see kvledger.ledger.store.snapshot)."""
 
     source: str
     seq: int
@@ -88,7 +88,7 @@ class EventStore(Protocol):
 
     def store_id(self) -> str:
         """The store's name, drawn once when the store was made and never changed: a snapshot names the store
-        it was taken of, and a start refuses one taken of another (`api.snapshots`). A copy of the whole store
+        it was taken of, and a start refuses one taken of another (`kvledger.api.snapshots`). A copy of the whole store
         (a backup, a copied SQLite file) keeps it: its events are the same."""
         ...
 
@@ -104,7 +104,7 @@ class EventStore(Protocol):
     def append_returning(self, events: Sequence[Event], *, checked: bool = False) -> Appended:
         """`append`, returning what was inserted with its cursors and what was stored before it.
 
-        `checked`: the caller has checked every event against `ledger.valid` (ingest does, for the whole
+        `checked`: the caller has checked every event against `kvledger.ledger.valid` (ingest does, for the whole
         batch at once), so the store does not check each again."""
         ...
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from functools import lru_cache
 from operator import itemgetter
 
-from ledger.store.base import ConflictError
-from ledger.store.rows import Row
+from kvledger.ledger.store.base import ConflictError
+from kvledger.ledger.store.rows import Row
 
 SOURCES_PER_QUERY = 150
 """Sources per statement: SQLite allows 500 terms in one compound SELECT, and before 3.32 999 parameters

@@ -14,15 +14,15 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import URL
 
-from ledger.store.base import EventStore, StoreUnavailable
-from ledger.store.errors import translate
-from ledger.store.limits import (
+from kvledger.ledger.store.base import EventStore, StoreUnavailable
+from kvledger.ledger.store.errors import translate
+from kvledger.ledger.store.limits import (
     PG_CONNECT_TIMEOUT_S,
     PG_LOCK_TIMEOUT_MS,
     PG_STATEMENT_TIMEOUT_MS,
     SQLITE_BUSY_TIMEOUT_MS,
 )
-from ledger.store.url import StoreUrl, parse_url
+from kvledger.ledger.store.url import StoreUrl, parse_url
 
 SQLITE_SYNCHRONOUS = "NORMAL"
 """WAL + NORMAL: a commit survives a crash of the process (SIGKILL) but the last commits
@@ -136,13 +136,13 @@ def open_store(url: str | StoreUrl, *, create: bool = False, schema: str | None 
     version this code does not know, and (NotALedger) one that holds other tables.
     """
     # Imported here: the SQL backend and Alembic are not needed by the memory store.
-    from ledger.store import migrate
-    from ledger.store.memory import MemoryStore
-    from ledger.store.sql import SqlStore
+    from kvledger.ledger.store import migrate
+    from kvledger.ledger.store.memory import MemoryStore
+    from kvledger.ledger.store.sql import SqlStore
 
     store_url = parse_url(url, schema=schema) if isinstance(url, str) else url
     if store_url.nats is not None:
-        from ledger.store.nats_store import NatsStore  # nats-py is needed by this store only
+        from kvledger.ledger.store.nats_store import NatsStore  # nats-py is needed by this store only
 
         return NatsStore(store_url.nats, create=create)
     if store_url.url is None:

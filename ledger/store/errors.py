@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import exc
 
-from ledger.store.base import ConflictError, NotALedger, StoreError, StoreUnavailable, UnstorableEvent
+from kvledger.ledger.store.base import ConflictError, NotALedger, StoreError, StoreUnavailable, UnstorableEvent
 
 _NOT_A_DATABASE = ("file is not a database", "file is encrypted or is not a database")
 

@@ -28,7 +28,7 @@ SPILL_LOAD_EVENTS_MAX = WRITER_BATCH_EVENTS_MAX
 
 INSERT_ROWS_PER_STATEMENT = 1_000
 """Rows in one SQLite INSERT statement at most (six parameters each; fewer where the connection allows
-fewer parameters: 999 before SQLite 3.32, `ledger.store.sql.rows_per_insert`): an ingest's 1,000-event
+fewer parameters: 999 before SQLite 3.32, `kvledger.ledger.store.sql.rows_per_insert`): an ingest's 1,000-event
 batch in one statement. Each statement is a release and a retaking of the GIL by the appending thread, and
 each retaking waits for the event loop, folding the batch before, to hand it over: in statements of 100 a
 sustained ingest ran 76-77k events/s, in one 81-84k (benchmarks/api.py)."""

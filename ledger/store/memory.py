@@ -6,10 +6,10 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 
-from ledger.events import Event, TransferId
-from ledger.store.base import Appended, ConflictError, Quarantined, StoredSnapshot, StoreError
-from ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
-from ledger.store.rows import checked_row, encode_row, quarantine_row
+from kvledger.ledger.events import Event, TransferId
+from kvledger.ledger.store.base import Appended, ConflictError, Quarantined, StoredSnapshot, StoreError
+from kvledger.ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
+from kvledger.ledger.store.rows import checked_row, encode_row, quarantine_row
 
 
 class MemoryStore:

@@ -7,13 +7,14 @@ CLI command)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Column, Connection, Engine, MetaData, String, Table, inspect, select
 
-from ledger.store import schema
-from ledger.store.base import NotALedger, SchemaMismatch
+from kvledger.ledger.store import schema
+from kvledger.ledger.store.base import NotALedger, SchemaMismatch, StoreError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -21,9 +22,17 @@ if TYPE_CHECKING:
 UPGRADE_COMMAND = "kvledger db upgrade --db {url}"
 
 
+MIGRATIONS = "kvledger.migrations"
+"""The package of the Alembic scripts: the repository's top-level migrations/, installed as kvledger/migrations."""
+
+
 def script_location() -> Path:
-    """The Alembic scripts (env.py, versions/), shipped inside this package wherever kvledger is installed."""
-    return Path(__file__).resolve().parent / "migrations"
+    """The Alembic scripts (env.py, versions/), wherever kvledger is installed. Located by name, never imported:
+    env.py imports the store, so the scripts sit above it, and the store imports nothing above it."""
+    spec = importlib.util.find_spec(MIGRATIONS)
+    if spec is None or not spec.submodule_search_locations:
+        raise StoreError(f"{MIGRATIONS} is not installed (Alembic's scripts): reinstall kvledger")
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
 
 
 _versions = Table(schema.VERSION_TABLE, MetaData(), Column("version_num", String(32), primary_key=True))

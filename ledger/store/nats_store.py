@@ -46,9 +46,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.object_store import ObjectStore
 
-from ledger.events import Event, TransferId, to_msgpack
-from ledger.partition import partition_of
-from ledger.store.base import (
+from kvledger.ledger.events import Event, TransferId, to_msgpack
+from kvledger.ledger.partition import partition_of
+from kvledger.ledger.store.base import (
     Appended,
     ConflictError,
     Quarantined,
@@ -56,9 +56,9 @@ from ledger.store.base import (
     StoreError,
     StoreUnavailable,
 )
-from ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
-from ledger.store.nats_stream import PARTITIONS_DEFAULT, NatsTarget, source_token
-from ledger.store.rows import Row, encode_rows, quarantine_row
+from kvledger.ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
+from kvledger.ledger.store.nats_stream import PARTITIONS_DEFAULT, NatsTarget, source_token
+from kvledger.ledger.store.rows import Row, encode_rows, quarantine_row
 
 T = TypeVar("T")
 

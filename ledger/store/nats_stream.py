@@ -2,7 +2,7 @@
 
 One stream holds the events. Each message is a batch of one source's events of one partition, on the
 subject `<stream>.ev.<partition>.<source token>`: a partition worker filters `<stream>.ev.<p>.>`, a
-reader of one source `<stream>.ev.*.<token>`. The partition is `ledger.partition.partition_of` of the
+reader of one source `<stream>.ev.*.<token>`. The partition is `kvledger.ledger.partition.partition_of` of the
 transfer id, over the stream's partition count, which is fixed when the stream is created (written into
 its metadata; a URL asking for another count is refused: moving a transfer to another partition would
 split its events between two workers).
@@ -28,8 +28,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
-from ledger.store.base import StoreUnavailable
-from ledger.store.limits import WRITER_RETRY_BACKOFF_S_MAX
+from kvledger.ledger.store.base import StoreUnavailable
+from kvledger.ledger.store.limits import WRITER_RETRY_BACKOFF_S_MAX
 
 NATS_SCHEME = "nats"
 PARTITIONS_DEFAULT = 16

@@ -14,13 +14,13 @@ import os
 import time
 from collections.abc import Callable
 
-from ledger.fold import LedgerState
-from ledger.ledger import Ledger
-from ledger.limits import MAINTENANCE_INTERVAL_S
-from ledger.store import snapshot
-from ledger.store.base import EventStore, StoredSnapshot, StoreUnavailable
-from ledger.store.limits import SNAPSHOT_TAIL_EVENTS_MAX, WRITER_CLOSE_TIMEOUT_S
-from ledger.store.writer import BackgroundWriter
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.limits import MAINTENANCE_INTERVAL_S
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.store.base import EventStore, StoredSnapshot, StoreUnavailable
+from kvledger.ledger.store.limits import SNAPSHOT_TAIL_EVENTS_MAX, WRITER_CLOSE_TIMEOUT_S
+from kvledger.ledger.store.writer import BackgroundWriter
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """An event as a row of the events table: envelope columns for the indexes, msgpack body for the rest.
 
-Every event is checked against `ledger.valid` on its way in, so the store holds only events
+Every event is checked against `kvledger.ledger.valid` on its way in, so the store holds only events
 that every backend, both encodings and the clock formatter can take.
 """
 
@@ -11,11 +11,11 @@ from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from typing import TypeAlias
 
-from ledger.events import EVENT_TYPES, Event, to_json, to_msgpack
-from ledger.limits import INT64_MAX, INT64_MIN
-from ledger.store.base import UnstorableEvent
-from ledger.store.limits import QUARANTINE_REASON_CHARS_MAX
-from ledger.valid import event_problem
+from kvledger.ledger.events import EVENT_TYPES, Event, to_json, to_msgpack
+from kvledger.ledger.limits import INT64_MAX, INT64_MIN
+from kvledger.ledger.store.base import UnstorableEvent
+from kvledger.ledger.store.limits import QUARANTINE_REASON_CHARS_MAX
+from kvledger.ledger.valid import event_problem
 
 Row: TypeAlias = tuple[str, int, float, str, str, bytes]
 """(source, seq, ts, kind, transfer_id, body) in the column order of INSERT_COLUMNS."""
@@ -46,7 +46,7 @@ def encode_row(event: Event, index: int | None = None) -> Row:
 
 
 def checked_row(event: Event) -> Row:
-    """The row for an event already checked against `ledger.valid`."""
+    """The row for an event already checked against `kvledger.ledger.valid`."""
     return (event.source, event.seq, event.ts, _KIND_OF[type(event)], event.transfer_id, to_msgpack(event))
 
 
@@ -60,7 +60,7 @@ def checked_rows(events: Sequence[Event]) -> list[Row]:
 
 def encode_rows(events: Iterable[Event], *, checked: bool = False) -> list[Row]:
     """`encode_row` of each event; the first invalid one raises with its index. With `checked` the caller
-    has checked every event against `ledger.valid` already (ingest, the whole batch at once): not again."""
+    has checked every event against `kvledger.ledger.valid` already (ingest, the whole batch at once): not again."""
     if checked:
         return checked_rows(events if isinstance(events, Sequence) else list(events))
     return [encode_row(event, i) for i, event in enumerate(events)]

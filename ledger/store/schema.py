@@ -17,8 +17,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from ledger.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
-from ledger.store.limits import KIND_CHARS_MAX
+from kvledger.ledger.limits import SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX
+from kvledger.ledger.store.limits import KIND_CHARS_MAX
 
 SCHEMA_VERSION = "0003_store_id"
 """The Alembic revision this code reads and writes; any other is refused at open."""
@@ -40,7 +40,7 @@ events = Table(
     Column("ts", Double, nullable=False),
     Column("kind", String(KIND_CHARS_MAX), nullable=False),
     Column("transfer_id", String(TRANSFER_ID_CHARS_MAX), nullable=False),
-    Column("body", LargeBinary, nullable=False),  # msgpack of the whole event (ledger.events.to_msgpack)
+    Column("body", LargeBinary, nullable=False),  # msgpack of the whole event (kvledger.ledger.events.to_msgpack)
     UniqueConstraint("source", "seq", name="events_source_seq"),
     Index("events_transfer_id", "transfer_id"),
     Index("events_ts", "ts"),
@@ -57,7 +57,7 @@ snapshots = Table(
     Column("body", LargeBinary, nullable=False),
     PrimaryKeyConstraint("source", "seq", name="snapshots_pkey"),
 )
-"""A source's folded LedgerState after its event `seq` (ledger.store.snapshot encodes it)."""
+"""A source's folded LedgerState after its event `seq` (kvledger.ledger.store.snapshot encodes it)."""
 
 quarantine = Table(
     "quarantine",
@@ -67,7 +67,7 @@ quarantine = Table(
     Column("source", Text, nullable=False),
     Column("seq", BigInteger, nullable=True),
     Column("reason", Text, nullable=False),
-    Column("body", LargeBinary, nullable=False),  # the event as one JSON line (ledger.events.to_json)
+    Column("body", LargeBinary, nullable=False),  # the event as one JSON line (kvledger.ledger.events.to_json)
 )
 """Events a store refused for their content (invalid, or a (source, seq) stored with other content), with
 why: set aside by a background writer so that one bad event never stalls it, and shown by the service.

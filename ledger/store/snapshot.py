@@ -16,13 +16,13 @@ from typing import Protocol, TypeVar, cast
 
 import msgspec
 
-from ledger.decisions import Cause, Key
-from ledger.events import Drop, TransferId
-from ledger.fold import LedgerState
-from ledger.idmemory import IdMemory
-from ledger.limits import FORGED_KEPT_MAX
-from ledger.side import TransferState, copies, wide_masks
-from ledger.tombstone import Compacted
+from kvledger.ledger.decisions import Cause, Key
+from kvledger.ledger.events import Drop, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.idmemory import IdMemory
+from kvledger.ledger.limits import FORGED_KEPT_MAX
+from kvledger.ledger.side import TransferState, copies, wide_masks
+from kvledger.ledger.tombstone import Compacted
 
 FORMAT = 12
 """Bumped whenever the encoding below changes (9: the id memory's bits are set by `key_hash`, no longer

@@ -19,14 +19,19 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Select, delete, exc, func, insert, select
 
-from ledger.events import Event, TransferId, from_msgpack
-from ledger.store.base import Appended, Quarantined, StoredSnapshot, StoreError
-from ledger.store.batch import CURSOR, STORED, batch_keys, chunks, fresh_indices, lookup_params, lookup_sql
-from ledger.store.errors import translate
-from ledger.store.limits import INSERT_ROWS_PER_STATEMENT, QUARANTINE_READ_MAX, READ_CHUNK_ROWS, TAIL_EVENTS_MAX
-from ledger.store.rows import INSERT_COLUMNS, QUARANTINE_COLUMNS, Row, encode_rows, quarantine_row
-from ledger.store.schema import events, identity, quarantine, snapshots
-from ledger.store.url import StoreUrl
+from kvledger.ledger.events import Event, TransferId, from_msgpack
+from kvledger.ledger.store.base import Appended, Quarantined, StoredSnapshot, StoreError
+from kvledger.ledger.store.batch import CURSOR, STORED, batch_keys, chunks, fresh_indices, lookup_params, lookup_sql
+from kvledger.ledger.store.errors import translate
+from kvledger.ledger.store.limits import (
+    INSERT_ROWS_PER_STATEMENT,
+    QUARANTINE_READ_MAX,
+    READ_CHUNK_ROWS,
+    TAIL_EVENTS_MAX,
+)
+from kvledger.ledger.store.rows import INSERT_COLUMNS, QUARANTINE_COLUMNS, Row, encode_rows, quarantine_row
+from kvledger.ledger.store.schema import events, identity, quarantine, snapshots
+from kvledger.ledger.store.url import StoreUrl
 
 _PLACEHOLDER = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 _COPY_TYPES = ("text", "int8", "float8", "text", "text", "bytea")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from sqlalchemy import inspect
 
-from ledger.store import migrate, schema
-from ledger.store.base import NotALedger, SchemaMismatch, StoreUnavailable
-from ledger.store.connect import connect_engine
-from ledger.store.errors import translate
-from ledger.store.url import parse_url
+from kvledger.ledger.store import migrate, schema
+from kvledger.ledger.store.base import NotALedger, SchemaMismatch, StoreUnavailable
+from kvledger.ledger.store.connect import connect_engine
+from kvledger.ledger.store.errors import translate
+from kvledger.ledger.store.url import parse_url
 
 NATS_FORMAT = "nats-1"
 """What `db upgrade` reports for a NATS stream: it has no SQL schema; its message format is version 1."""
@@ -18,7 +18,7 @@ def upgrade_store(url: str) -> str:
     """Create the schema in an empty database or bring a known older one up to date; returns the version."""
     store_url = parse_url(url)
     if store_url.nats is not None:
-        from ledger.store.nats_store import NatsStore  # nats-py is needed by this store only
+        from kvledger.ledger.store.nats_store import NatsStore  # nats-py is needed by this store only
 
         NatsStore(store_url.nats, create=True).close()  # makes the stream and its side stores when missing
         return NATS_FORMAT

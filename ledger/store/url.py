@@ -16,8 +16,8 @@ from pathlib import Path
 from sqlalchemy import exc, make_url
 from sqlalchemy.engine import URL
 
-from ledger.store.base import StoreUnavailable
-from ledger.store.nats_stream import NATS_SCHEME, NatsTarget, parse_nats_url
+from kvledger.ledger.store.base import StoreUnavailable
+from kvledger.ledger.store.nats_stream import NATS_SCHEME, NatsTarget, parse_nats_url
 
 MEMORY_URL = "memory://"
 

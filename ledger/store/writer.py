@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ledger.events import Event
-from ledger.jsonl import LogFormatError, LogReader, LogWriter
-from ledger.store.base import ConflictError, EventStore, StoreError, StoreUnavailable, UnstorableEvent
-from ledger.store.limits import (
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import LogFormatError, LogReader, LogWriter
+from kvledger.ledger.store.base import ConflictError, EventStore, StoreError, StoreUnavailable, UnstorableEvent
+from kvledger.ledger.store.limits import (
     SPILL_HEADER_PEEK_BYTES,
     SPILL_LOAD_EVENTS_MAX,
     WRITER_BATCH_AGE_S_MAX,
@@ -359,7 +359,7 @@ class BackgroundWriter:
                     self._counts["spill_bad_lines"] += 1 if head else 0
                 path.unlink()
                 return
-            # Not checked against `ledger.valid` here: the store checks, and quarantines what fails.
+            # Not checked against `kvledger.ledger.valid` here: the store checks, and quarantines what fails.
             try:
                 reader = LogReader(stream, str(path), skip_bad_lines=True, check=False)
             except LogFormatError as error:

@@ -14,10 +14,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, make_url
 
-from api.app import create_app
-from api.server import server_config
-from api.settings import Settings
-from ledger.store.connect import open_store
+from kvledger.api.app import create_app
+from kvledger.api.server import server_config
+from kvledger.api.settings import Settings
+from kvledger.ledger.store.connect import open_store
 from tests.api.seed import incident_events
 
 TOKEN = "test-token-not-secret"

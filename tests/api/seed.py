@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ledger.events import Event
+from kvledger.ledger.events import Event
 from tests.ledger.builders import Side
 
 PRODUCER, CONSUMER = "prefill-0/tp0", "decode-0/tp0"

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from api.app import create_app
-from cli.demo import demo_settings, run_demo_storm, wait_for_storm_end
+from kvledger.api.app import create_app
+from kvledger.cli.demo import demo_settings, run_demo_storm, wait_for_storm_end
 from tests.api.conftest import ServerThread, settings_for
 from tests.api.test_page import DEAD, LEAKY, NOW, TIMEOUTS, store_with, storm
 

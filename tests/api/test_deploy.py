@@ -11,7 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from connector.ports import free_loopback_ports
+from kvledger.connector.ports import free_loopback_ports
 from tests.api.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from api.app import create_app
+from kvledger.api.app import create_app
 from tests.api.conftest import TOKEN, ServerThread, seed, settings_for
 
 EXAMPLES_PER_OPERATION_MAX = 30

@@ -6,7 +6,7 @@ import json
 
 import msgspec
 
-from ledger.store.connect import open_store
+from kvledger.ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, http, wait_for
 from tests.api.seed import AUDIT_NOW
 from tests.ledger.builders import Side

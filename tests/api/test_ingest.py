@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
-from api import snapshots
-from api.app import create_app
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, TransferId
-from ledger.store.connect import open_store
+from kvledger.api import snapshots
+from kvledger.api.app import create_app
+from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, ReqId, TransferId
+from kvledger.ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, settings_for, wait_for
 from tests.ledger.builders import Side
 
@@ -71,7 +71,7 @@ def test_ingest_folds_at_once_and_is_idempotent(empty: TestClient, sqlite_url: s
 
 def test_what_ingest_grows_is_kept_out_of_the_collector_batch_after_batch(empty: TestClient) -> None:
     """The fold's grown containers, the request index and the cursor order are untracked after every
-    batch's fold (ledger.collector): sets, lists and deques are always tracked and a dict is tracked again
+    batch's fold (kvledger.ledger.collector): sets, lists and deques are always tracked and a dict is tracked again
     by a fresh key tuple, and a sustained ingest then spent a third of its CPU walking them."""
     live = empty.app.state.live  # type: ignore[attr-defined]
     side = Side("remote/tp0")

@@ -7,11 +7,11 @@ import msgspec
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.live import Live
-from ledger.events import Event, kind_of
-from ledger.fold import LedgerState
-from ledger.store.connect import open_store
+from kvledger.api.app import create_app
+from kvledger.api.live import Live
+from kvledger.ledger.events import Event, kind_of
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, settings_for
 from tests.ledger.builders import Side
 

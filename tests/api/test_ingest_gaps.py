@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from api.ingest import find_gaps
-from ledger.events import Ack, Event, TransferId
+from kvledger.api.ingest import find_gaps
+from kvledger.ledger.events import Ack, Event, TransferId
 
 
 def _acks(*keys: tuple[str, int]) -> list[Event]:

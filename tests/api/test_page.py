@@ -12,9 +12,9 @@ import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from ledger.events import Event
-from ledger.store.connect import open_store
+from kvledger.api.app import create_app
+from kvledger.ledger.events import Event
+from kvledger.ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, settings_for
 from tests.api.html import Element, parse
 from tests.ledger.builders import Side
@@ -32,7 +32,7 @@ def _patient_store_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     On a CI machine busy with other work a first query once took longer, and the page rightly said so, beside
     the problem the test asked about. These tests are about the page's other problems (a store that cannot be
     read at all answers at once, with its error): here the probe waits as long as the store takes."""
-    monkeypatch.setattr("api.trust.STORE_PROBE_TIMEOUT_S", 30.0)
+    monkeypatch.setattr("kvledger.api.trust.STORE_PROBE_TIMEOUT_S", 30.0)
 
 
 def storm() -> list[Event]:

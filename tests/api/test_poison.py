@@ -11,10 +11,10 @@ import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from ledger.events import Event, to_msgpack
-from ledger.fold import LedgerState
-from ledger.store.connect import open_store
+from kvledger.api.app import create_app
+from kvledger.ledger.events import Event, to_msgpack
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, settings_for, wait_for
 from tests.ledger.builders import Side, apply_raising_on
 

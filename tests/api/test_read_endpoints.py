@@ -108,7 +108,7 @@ def test_metrics_exposition(client: TestClient) -> None:
 
 
 def test_two_apps_have_separate_registries(seeded_url: str) -> None:
-    from api.app import create_app
+    from kvledger.api.app import create_app
     from tests.api.conftest import settings_for
 
     with (

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from ledger.jsonl import write_log
-from ledger.store.connect import open_store
+from kvledger.api.app import create_app
+from kvledger.ledger.jsonl import write_log
+from kvledger.ledger.store.connect import open_store
 from tests.api.conftest import settings_for
 from tests.api.seed import incident_events
 

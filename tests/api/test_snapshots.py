@@ -20,17 +20,17 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, insert
 
-from api import limits, snapshots
-from api.app import create_app
-from api.live import Live, Written
-from ledger.audit import Finding, audit
-from ledger.events import Event
-from ledger.store import snapshot
-from ledger.store.base import StoredSnapshot
-from ledger.store.connect import open_store
-from ledger.store.rows import INSERT_COLUMNS, encode_rows
-from ledger.store.schema import events as events_table
-from ledger.store.sql import SqlStore
+from kvledger.api import limits, snapshots
+from kvledger.api.app import create_app
+from kvledger.api.live import Live, Written
+from kvledger.ledger.audit import Finding, audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.store.base import StoredSnapshot
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.rows import INSERT_COLUMNS, encode_rows
+from kvledger.ledger.store.schema import events as events_table
+from kvledger.ledger.store.sql import SqlStore
 from tests.api.conftest import settings_for, wait_for
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, audit_moments, history
@@ -377,7 +377,7 @@ def test_a_restored_fold_is_frozen_out_of_the_collector_only_when_large_and_a_st
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch, sides_min: int
 ) -> None:
     """The decoding's objects go straight to the collector's permanent generation when the service would
-    freeze them at its start anyway (api.limits), and the service's stop lets go of them again."""
+    freeze them at its start anyway (kvledger.api.limits), and the service's stop lets go of them again."""
     events = history(7, Shape(transfers=10))
     _append(sqlite_url, events)
     _snapshot_now(sqlite_url)

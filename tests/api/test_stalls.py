@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from api.app import create_app
+from kvledger.api.app import create_app
 from tests.api.conftest import ServerThread, http, seed, settings_for, wait_for
 from tests.store.test_stalls import table_locked
 
@@ -124,7 +124,7 @@ def test_a_client_leaving_mid_body_is_logged_at_debug_not_as_an_error(
     served_with: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     base = served_with()  # type: ignore[operator]
-    caplog.set_level(logging.DEBUG, logger="api.errors")
+    caplog.set_level(logging.DEBUG, logger="kvledger.api.errors")
     sock = _connect(base)
     sock.sendall(
         b"POST /events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer test-token-not-secret\r\n"

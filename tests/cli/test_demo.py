@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from connector.ports import free_loopback_ports
+from kvledger.connector.ports import free_loopback_ports
 from tests.cli.test_replay_cli import KVLEDGER
 
 SMALL = ["--requests", "200", "--concurrency", "32", "--seed", "3"]

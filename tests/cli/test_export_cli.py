@@ -6,9 +6,9 @@ import json
 import subprocess
 from pathlib import Path
 
-from ledger.jsonl import read_events, write_log
-from ledger.store.connect import open_store
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.jsonl import read_events, write_log
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.cli.test_replay_cli import KVLEDGER
 
 

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ledger.events import Event
-from ledger.jsonl import write_log
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import write_log
 from tests.ledger.builders import Side
 
 KVLEDGER = shutil.which("kvledger") or "kvledger"

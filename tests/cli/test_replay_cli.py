@@ -13,16 +13,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.app import app
-from ledger.jsonl import write_log
-from ledger.ledger import Ledger
-from ledger.synth import SynthConfig, generate
+from kvledger.cli.app import app
+from kvledger.ledger.jsonl import write_log
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.ledger.builders import Side
 
 runner = CliRunner()
 KVLEDGER = shutil.which("kvledger") or "kvledger"
 ROOT = Path(__file__).resolve().parents[2]
-CHECKOUT_CLI = [sys.executable, "-m", "cli"]
+CHECKOUT_CLI = [sys.executable, "-m", "kvledger.cli"]
 """The command of this checkout (the console script may run another install's code)."""
 
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from connector.assemble import build_scheduler, build_worker
-from connector.config import ConnectorConfig, PeerEngine
-from connector.scheduler import SchedulerCore, WorkerOutcome
-from connector.worker import WorkerCore
-from ledger.events import Mode, ReqId, Role
+from kvledger.connector.assemble import build_scheduler, build_worker
+from kvledger.connector.config import ConnectorConfig, PeerEngine
+from kvledger.connector.scheduler import SchedulerCore, WorkerOutcome
+from kvledger.connector.worker import WorkerCore
+from kvledger.ledger.events import Mode, ReqId, Role
 
 STEP_PAUSE_S = 0.002
 """Between steps, so that threads move bytes; not a timeout."""

@@ -11,7 +11,7 @@ def registry_metrics(engines: int) -> tuple[Any, Any]:
     """(registry, metrics) with one engine label value per engine index: `("m", "<index>")`."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-    from connector.prom import LedgerPromMetrics
+    from kvledger.connector.prom import LedgerPromMetrics
 
     registry = CollectorRegistry()
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from connector.config import from_extra_config
-from connector.messages import RankAddress
-from connector.params import consumer_params, parse_params
-from connector.ports import rank_port
-from ledger.events import TransferId
+from kvledger.connector.config import from_extra_config
+from kvledger.connector.messages import RankAddress
+from kvledger.connector.params import consumer_params, parse_params
+from kvledger.connector.ports import rank_port
+from kvledger.ledger.events import TransferId
 
 
 def test_the_address_a_producer_hands_out_is_the_peer_its_consumer_reads_back() -> None:

@@ -16,15 +16,15 @@ import msgspec
 import pytest
 import zmq
 
-from connector import messages
-from connector.channel import REFUSED_LOGGER, Channel
-from connector.config import ConfigError, from_extra_config
-from connector.limits import MESSAGE_VERSION, REFUSALS_LOGGED_PER_SENDER
-from connector.messages import RankAddress, ReleaseBlocks
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from ledger.audit import audit
-from ledger.events import Drop, ReqId, TransferId
+from kvledger.connector import messages
+from kvledger.connector.channel import REFUSED_LOGGER, Channel
+from kvledger.connector.config import ConfigError, from_extra_config
+from kvledger.connector.limits import MESSAGE_VERSION, REFUSALS_LOGGED_PER_SENDER
+from kvledger.connector.messages import RankAddress, ReleaseBlocks
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Drop, ReqId, TransferId
 from tests.connector.pd import EnginePorts, Side, Ticks, make_config, run_until
 
 KEY = b"k" * 32
@@ -124,7 +124,7 @@ def test_a_sender_outside_the_allow_list_is_dropped_even_with_the_key() -> None:
 
 
 def test_handshake_metadata_under_another_key_is_refused() -> None:
-    from connector.transports.base import TransportEndpoint
+    from kvledger.connector.transports.base import TransportEndpoint
 
     hs, notify = free_loopback_ports(2)
     listener = Channel("127.0.0.1", hs, notify, lambda host, port: True, key=OTHER_KEY)
@@ -205,19 +205,19 @@ def test_without_a_key_the_channel_says_at_start_that_control_messages_are_unaut
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     hs, notify = free_loopback_ports(2)
-    with caplog.at_level(logging.WARNING, logger="connector.channel"):
+    with caplog.at_level(logging.WARNING, logger="kvledger.connector.channel"):
         channel = Channel("127.0.0.1", hs, notify, lambda host, port: True)
     channel.close()
     assert any("unauthenticated" in r.getMessage() for r in caplog.records)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="connector.channel"):
+    with caplog.at_level(logging.WARNING, logger="kvledger.connector.channel"):
         channel = Channel("127.0.0.1", hs, notify, lambda host, port: True, key=KEY)
     channel.close()
     assert not any("unauthenticated" in r.getMessage() for r in caplog.records)
 
 
 def test_a_flood_of_forged_messages_is_taken_a_bounded_number_per_poll(monkeypatch: pytest.MonkeyPatch) -> None:
-    import connector.worker as worker_module
+    import kvledger.connector.worker as worker_module
 
     monkeypatch.setattr(worker_module, "POLL_DROPS_MAX", 2)
     p = free_loopback_ports(6)

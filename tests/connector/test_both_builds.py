@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -18,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-import connector.scheduler
-from connector.compiled import HOOK_MODULES, compiled
-from connector.sim.config import StormConfig
-from connector.sim.storm import run_storm
-from ledger.compiled import INTERPRETED_ENV
+import kvledger.connector.scheduler
+from kvledger.connector.compiled import HOOK_MODULES, compiled
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.storm import run_storm
+from kvledger.ledger.compiled import INTERPRETED_ENV
+from tests.ledger.test_both_builds import checkout_copy
 from tests.sim.test_determinism import VOLATILE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 _STORMS = (
-    "import json; from connector.compiled import compiled; "
+    "import json; from kvledger.connector.compiled import compiled; "
     "from tests.connector.test_both_builds import CONFIGS, storm_figures; "
     "print(json.dumps({'compiled': compiled(), 'storms': [storm_figures(c) for c in CONFIGS]}, sort_keys=True))"
 )
@@ -68,7 +68,7 @@ def test_both_builds_run_the_same_storms() -> None:
 
 
 def test_the_environment_variable_runs_every_hook_module_from_its_source() -> None:
-    probe = "import json, importlib; from connector.compiled import HOOK_MODULES as M, compiled; "
+    probe = "import json, importlib; from kvledger.connector.compiled import HOOK_MODULES as M, compiled; "
     probe += "print(json.dumps([compiled(), [importlib.import_module(m).__file__ for m in M]]))"
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=ROOT, env=_env(**{INTERPRETED_ENV: "1", "PYTHONPATH": str(ROOT)}),
@@ -77,25 +77,26 @@ def test_the_environment_variable_runs_every_hook_module_from_its_source() -> No
     is_compiled, files = json.loads(done.stdout)
     assert is_compiled is False
     assert len(files) == len(HOOK_MODULES) and all(name.endswith(".py") for name in files), files
-    assert connector.scheduler.__file__ is not None and not connector.scheduler.__file__.endswith(".py")
+    assert kvledger.connector.scheduler.__file__ is not None and not kvledger.connector.scheduler.__file__.endswith(
+        ".py"
+    )
 
 
 def test_a_hook_source_edited_after_the_build_runs_them_all_interpreted_with_a_warning(tmp_path: Path) -> None:
     """A stale compiled module never shadows an edit: the hook modules load from their sources, all of them,
     and a warning says so; the fold, built apart, still loads compiled."""
-    for package in ("ledger", "connector"):
-        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    checkout_copy(tmp_path, "ledger", "connector")
     later = time.time() + 60
-    os.utime(tmp_path / "connector" / "params.py", (later, later))
-    probe = "import connector.scheduler, connector.params, ledger.fold; from connector.compiled import compiled; "
-    probe += "print(connector.scheduler.__file__, connector.params.__file__, compiled(), ledger.fold.__file__)"
+    os.utime(tmp_path / "kvledger" / "connector" / "params.py", (later, later))
+    probe = "from kvledger.connector import params, scheduler; from kvledger.connector.compiled import compiled; "
+    probe += "from kvledger.ledger import fold; print(scheduler.__file__, params.__file__, compiled(), fold.__file__)"
     done = subprocess.run(
         [sys.executable, "-W", "always", "-c", probe], cwd=tmp_path, env=_env(PYTHONPATH=str(tmp_path)),
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     scheduler_file, params_file, is_compiled, fold_file = done.stdout.split()
-    assert scheduler_file == str(tmp_path / "connector" / "scheduler.py")
-    assert params_file == str(tmp_path / "connector" / "params.py")
+    assert scheduler_file == str(tmp_path / "kvledger" / "connector" / "scheduler.py")
+    assert params_file == str(tmp_path / "kvledger" / "connector" / "params.py")
     assert is_compiled == "False"
     assert not fold_file.endswith(".py"), fold_file
     assert "params.py in" in done.stderr and "changed after its modules were compiled" in done.stderr

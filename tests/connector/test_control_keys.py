@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from connector.channel import Channel
-from connector.config import ConfigError, from_extra_config
-from connector.messages import ReleaseBlocks
-from connector.ports import free_loopback_ports
-from ledger.events import TransferId
+from kvledger.connector.channel import Channel
+from kvledger.connector.config import ConfigError, from_extra_config
+from kvledger.connector.messages import ReleaseBlocks
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger.events import TransferId
 
 WAIT_S = 10.0
 K1 = b"first-key-" * 4

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from connector.transports.base import Code, Op, TransferHandle, failed
-from ledger.events import ReqId, TransferId
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.connector.transports.base import Code, Op, TransferHandle, failed
+from kvledger.ledger.events import ReqId, TransferId
 from tests.connector.pd import EnginePorts, Side, make_config, run_until
 
 
@@ -128,7 +128,7 @@ def test_write_whose_remote_never_became_ready_expires_and_releases() -> None:
 
 
 def test_release_before_the_producer_maps_is_kept_and_applied() -> None:
-    from ledger.events import Ack, Map
+    from kvledger.ledger.events import Ack, Map
 
     p = free_loopback_ports(6)
     prod, cons = EnginePorts(p[0], p[1], p[2]), EnginePorts(p[3], p[4], p[5])

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from connector.channel import Channel
-from connector.limits import LEASE_IDS_PER_MESSAGE_MAX, POLL_IDS_MAX, UNMAPPED_SIDES_MAX
-from connector.messages import LeaseRenew, Message, RankAddress, ReleaseBlocks
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from ledger.audit import AuditConfig, audit
-from ledger.events import Ack, Expire, ReqId, TransferId
+from kvledger.connector.channel import Channel
+from kvledger.connector.limits import LEASE_IDS_PER_MESSAGE_MAX, POLL_IDS_MAX, UNMAPPED_SIDES_MAX
+from kvledger.connector.messages import LeaseRenew, Message, RankAddress, ReleaseBlocks
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger.audit import AuditConfig, audit
+from kvledger.ledger.events import Ack, Expire, ReqId, TransferId
 from tests.connector.pd import EnginePorts, Side, make_config
 
 KEY = b"f" * 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from connector.groups import NULL_BLOCK_ID, flatten_groups, window_blocks
+from kvledger.connector.groups import NULL_BLOCK_ID, flatten_groups, window_blocks
 
 block_ids = st.lists(st.one_of(st.just(NULL_BLOCK_ID), st.integers(min_value=1, max_value=10_000)), max_size=12)
 

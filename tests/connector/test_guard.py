@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from connector import guard
+from kvledger.connector import guard
 
 HOOKS = (
     "get_num_new_matched_tokens",
@@ -32,7 +32,7 @@ def test_a_raising_hook_returns_its_neutral_answer_logs_and_counts(caplog: pytes
         raise KeyError("a bug")
 
     before = guard.hook_errors["get_num_new_matched_tokens"]
-    with caplog.at_level(logging.ERROR, logger="connector.guard"):
+    with caplog.at_level(logging.ERROR, logger="kvledger.connector.guard"):
         assert get_num_new_matched_tokens(object()) == (0, False)
     assert guard.hook_errors["get_num_new_matched_tokens"] == before + 1
     assert any("get_num_new_matched_tokens" in r.getMessage() for r in caplog.records)
@@ -48,7 +48,7 @@ def test_a_hook_that_does_not_raise_answers_as_it_would() -> None:
 
 def test_every_vllm_hook_of_the_connector_is_guarded() -> None:
     pytest.importorskip("vllm")
-    from connector.vllm_connector import LedgerConnector
+    from kvledger.connector.vllm_connector import LedgerConnector
 
     unguarded = [name for name in HOOKS if not hasattr(getattr(LedgerConnector, name), "__wrapped__")]
     assert unguarded == []
@@ -57,7 +57,7 @@ def test_every_vllm_hook_of_the_connector_is_guarded() -> None:
 def test_a_hook_slower_than_the_bound_is_counted() -> None:
     import time
 
-    from connector.limits import HOOK_CALL_BOUND_S
+    from kvledger.connector.limits import HOOK_CALL_BOUND_S
 
     @guard.guarded(guard.nothing)
     def wait_for_save() -> None:

@@ -8,12 +8,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from connector.config import ConnectorConfig
-from connector.params import ConsumerParams, ParamsError, TransferParams, consumer_params, parse_params
-from connector.scheduler import SchedulerCore
-from ledger.events import UNASSIGNED_SEQ, ReqId, TransferId
-from ledger.fold import fold_all
-from ledger.ledger import Ledger
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.params import ConsumerParams, ParamsError, TransferParams, consumer_params, parse_params
+from kvledger.connector.scheduler import SchedulerCore
+from kvledger.ledger.events import UNASSIGNED_SEQ, ReqId, TransferId
+from kvledger.ledger.fold import fold_all
+from kvledger.ledger.ledger import Ledger
 from tests.connector.pd import EnginePorts, make_config
 
 PRODUCER_PORTS = EnginePorts(7111, 7211, 7311)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from connector.config import ConfigError, from_extra_config
-from connector.hooks import load_hook
+from kvledger.connector.config import ConfigError, from_extra_config
+from kvledger.connector.hooks import load_hook
 from tests.e2e.hooks import CORRUPT_RECEIVED_KV, corrupt_blocks
 
 CONNECTOR = Path(__file__).resolve().parents[2] / "connector"

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from connector.ports import free_loopback_ports
+from kvledger.connector.ports import free_loopback_ports
 from tests.connector.pd import BLOCK_SIZE, NUM_BLOCKS, EnginePorts, block_bytes
 from tests.connector.test_vllm_adapter import PROMPT, Engine, _request, patched_rank  # noqa: F401 (fixture)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from connector import scheduler as scheduler_module
-from connector.assemble import build_scheduler
-from connector.config import ConfigError, ConnectorConfig, from_extra_config
-from connector.limits import LEASE_RENEWALS_PER_LEASE
-from connector.params import TransferParams, parse_params
-from connector.scheduler import SchedulerCore
-from ledger.events import ReqId
+from kvledger.connector import scheduler as scheduler_module
+from kvledger.connector.assemble import build_scheduler
+from kvledger.connector.config import ConfigError, ConnectorConfig, from_extra_config
+from kvledger.connector.limits import LEASE_RENEWALS_PER_LEASE
+from kvledger.connector.params import TransferParams, parse_params
+from kvledger.connector.scheduler import SchedulerCore
+from kvledger.ledger.events import ReqId
 from tests.connector.pd import EnginePorts, make_config
 
 PRODUCER = EnginePorts(21100, 21200, 21300)

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from connector.limits import LEASE_RENEWALS_PER_LEASE
-from connector.messages import ReadConfirm
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from connector.transports.base import Code
-from connector.transports.tcp import TcpTransport
-from ledger.events import Ack, ReqId, Schedule, TransferId
+from kvledger.connector.limits import LEASE_RENEWALS_PER_LEASE
+from kvledger.connector.messages import ReadConfirm
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.connector.transports.base import Code
+from kvledger.connector.transports.tcp import TcpTransport
+from kvledger.ledger.events import Ack, ReqId, Schedule, TransferId
 from tests.connector.fake_mori import installed_as_mori
 from tests.connector.pd import EnginePorts, Side, Ticks, block_bytes, make_config, run_until
 

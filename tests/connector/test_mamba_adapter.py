@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from connector.ports import free_loopback_ports
-from ledger.events import Fail, block_groups_of
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger.events import Fail, block_groups_of
 from tests.connector.pd import BLOCK_SIZE, NUM_BLOCKS, EnginePorts, block_bytes
 from tests.connector.test_vllm_adapter import PROMPT, Engine, _request, patched_rank  # noqa: F401 (fixture)
 
@@ -195,7 +195,7 @@ def test_the_mamba_state_moves_with_the_attention_blocks_as_one_transfer(pair: P
 
 
 def test_a_failed_mamba_read_fails_the_whole_transfer(pair: Pair) -> None:
-    from connector.transports.base import Code, TransferHandle, failed
+    from kvledger.connector.transports.base import Code, TransferHandle, failed
 
     transport = pair.consumer.worker.worker.transport
     real_read = transport.read
@@ -263,7 +263,7 @@ def test_write_moves_the_mamba_state_with_the_attention_blocks_as_one_transfer(w
 
 
 def test_a_failed_mamba_write_fails_the_whole_transfer(write_pair: Pair) -> None:
-    from connector.transports.base import Code, TransferHandle, failed
+    from kvledger.connector.transports.base import Code, TransferHandle, failed
 
     pair = write_pair
     transport = pair.producer.worker.worker.transport

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from connector.transports.base import Code, TransferHandle
-from connector.transports.mori import (
+from kvledger.connector.transports.base import Code, TransferHandle
+from kvledger.connector.transports.mori import (
     BACKEND,
     MoriTransport,
     MoriUnavailableError,
@@ -291,9 +291,9 @@ def test_importing_the_connector_never_imports_mori(failure: str) -> None:
                 raise {failure}("simulated: mori cannot load")
 
         sys.meta_path.insert(0, NoMori())
-        import connector
-        import connector.transports
-        import connector.transports.mori as mori_transport
+        import kvledger.connector
+        import kvledger.connector.transports
+        import kvledger.connector.transports.mori as mori_transport
         assert "mori" not in sys.modules, "importing the connector imported mori"
         try:
             mori_transport.MoriTransport("127.0.0.1", 0)
@@ -311,7 +311,7 @@ def test_importing_the_connector_never_imports_mori(failure: str) -> None:
 
 
 def test_make_transport_selects_mori_and_names_the_backend_when_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    from connector.transports import make_transport
+    from kvledger.connector.transports import make_transport
 
     monkeypatch.setitem(sys.modules, "mori", None)
     with pytest.raises(MoriUnavailableError, match="'mori'"):

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import zmq
 
-from connector.linker import Linker
-from connector.links import PeerLink
-from connector.messages import HandshakeMetadata
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from connector.reasons import REASON_LAYOUT, REASON_NOT_SENT, REASON_PEER_UNLINKED
-from connector.transports.base import Code, Op, TransferHandle, TransportEndpoint, failed
-from ledger.events import Event, Fail, ReqId, Schedule, TransferId
+from kvledger.connector.linker import Linker
+from kvledger.connector.links import PeerLink
+from kvledger.connector.messages import HandshakeMetadata
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.connector.reasons import REASON_LAYOUT, REASON_NOT_SENT, REASON_PEER_UNLINKED
+from kvledger.connector.transports.base import Code, Op, TransferHandle, TransportEndpoint, failed
+from kvledger.ledger.events import Event, Fail, ReqId, Schedule, TransferId
 from tests.connector.pd import EnginePorts, Side, Ticks, make_config, run_until
 
 TRANSFER_TIMEOUT_S = 5.0

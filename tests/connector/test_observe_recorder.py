@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from connector.config import ConfigError
-from connector.observe.config import observe_config
-from connector.observe.keys import MORIIO, NIXL, ParamsKeys, keys_for
-from connector.observe.recorder import REASON_FAILED_RECVING, Recorder
-from ledger.events import ReqId, TransferId, kind_of
-from ledger.ledger import Ledger
+from kvledger.connector.config import ConfigError
+from kvledger.connector.observe.config import observe_config
+from kvledger.connector.observe.keys import MORIIO, NIXL, ParamsKeys, keys_for
+from kvledger.connector.observe.recorder import REASON_FAILED_RECVING, Recorder
+from kvledger.ledger.events import ReqId, TransferId, kind_of
+from kvledger.ledger.ledger import Ledger
 
 HOLD_S = 10.0
 

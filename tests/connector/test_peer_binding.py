@@ -11,11 +11,11 @@ from typing import Any
 
 import zmq
 
-from connector.channel import Channel
-from connector.messages import LeaseRenew, RankAddress, ReleaseBlocks
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from ledger.events import Ack, ReqId, TransferId
+from kvledger.connector.channel import Channel
+from kvledger.connector.messages import LeaseRenew, RankAddress, ReleaseBlocks
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger.events import Ack, ReqId, TransferId
 from tests.connector.pd import EnginePorts, Side, Ticks, make_config
 
 KEY = b"k" * 32

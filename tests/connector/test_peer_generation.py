@@ -14,13 +14,13 @@ import pytest
 import torch
 import zmq
 
-from connector.assemble import build_scheduler, build_worker
-from connector.config import ConnectorConfig
-from connector.params import ParamsError, parse_params
-from connector.ports import free_loopback_ports, rank_port
-from connector.reasons import REASON_PEER_RESTARTED
-from connector.transports.tcp import TcpTransport
-from ledger.events import Fail, ReqId
+from kvledger.connector.assemble import build_scheduler, build_worker
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.params import ParamsError, parse_params
+from kvledger.connector.ports import free_loopback_ports, rank_port
+from kvledger.connector.reasons import REASON_PEER_RESTARTED
+from kvledger.connector.transports.tcp import TcpTransport
+from kvledger.ledger.events import Fail, ReqId
 from tests.connector.pd import BLOCK_SIZE, EnginePorts, Side, Ticks, block_bytes, make_config, run_until
 from tests.connector.test_vllm_adapter import Engine, _request, patched_rank  # noqa: F401 (a fixture)
 

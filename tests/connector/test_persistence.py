@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from connector.config import ConnectorConfig
-from connector.ports import free_loopback_ports
-from connector.store import open_ledger, spill_dir
-from ledger.decisions import Release
-from ledger.events import Event, Map, ReqId, TransferId
-from ledger.ledger import Ledger
-from ledger.store.connect import open_store
-from ledger.store.url import parse_url
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.connector.store import open_ledger, spill_dir
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Event, Map, ReqId, TransferId
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.url import parse_url
 from tests.connector.pd import EnginePorts, make_config
 
 

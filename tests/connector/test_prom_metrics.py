@@ -4,10 +4,10 @@ cumulative total once, and a ledger past its orphan bound shows it."""
 
 from __future__ import annotations
 
-from connector.figures import FINDINGS, FINDINGS_FOUND, MEMORY_BOUND, LedgerFigures
-from ledger.fold import LedgerState
-from ledger.ledger import Ledger
-from ledger.summary import compaction_report
+from kvledger.connector.figures import FINDINGS, FINDINGS_FOUND, MEMORY_BOUND, LedgerFigures
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.summary import compaction_report
 from tests.connector.prom_registry import registry_metrics, sample
 from tests.ledger.builders import Side
 
@@ -16,7 +16,7 @@ BOUND = "vllm:kvledger_memory_bound_total"
 
 
 def test_the_counters_name_every_count_the_ledger_keeps() -> None:
-    from connector.prom import BOUND_COUNTS, FOUND_CODES
+    from kvledger.connector.prom import BOUND_COUNTS, FOUND_CODES
 
     state = LedgerState()
     assert set(BOUND_COUNTS) == set(compaction_report(state)) - {"tombstones"}

@@ -3,11 +3,11 @@ fold's single-use rule, never from how long the fold happens to remember a side.
 
 from __future__ import annotations
 
-from connector.params import TransferParams, parse_params, remote_prefill_taken
-from connector.scheduler import SchedulerCore
-from ledger.audit import audit
-from ledger.events import Map, ReqId, TransferId
-from ledger.ledger import Ledger
+from kvledger.connector.params import TransferParams, parse_params, remote_prefill_taken
+from kvledger.connector.scheduler import SchedulerCore
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Map, ReqId, TransferId
+from kvledger.ledger.ledger import Ledger
 from tests.connector.pd import EnginePorts, make_config
 
 PRODUCER_PORTS = EnginePorts(7101, 7201, 7301)

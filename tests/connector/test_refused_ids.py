@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from connector.assemble import build_scheduler
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from ledger.events import ReqId, TransferId
+from kvledger.connector.assemble import build_scheduler
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger.events import ReqId, TransferId
 from tests.connector.pd import EnginePorts, make_config
 
 T0 = 1_700_000_000.0

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from connector.assemble import build_scheduler, build_worker
-from connector.config import ConnectorConfig
-from connector.metadata import StepMetadata
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from connector.reasons import REASON_ENGINE_RESTARTED
-from connector.scheduler import SchedulerCore
-from connector.store import open_ledger
-from ledger.events import Fail, ReqId, TransferId
+from kvledger.connector.assemble import build_scheduler, build_worker
+from kvledger.connector.config import ConnectorConfig
+from kvledger.connector.metadata import StepMetadata
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.connector.reasons import REASON_ENGINE_RESTARTED
+from kvledger.connector.scheduler import SchedulerCore
+from kvledger.connector.store import open_ledger
+from kvledger.ledger.events import Fail, ReqId, TransferId
 from tests.connector.pd import EnginePorts, make_config
 
 T0 = 1_700_000_000.0

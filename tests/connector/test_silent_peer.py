@@ -13,9 +13,9 @@ import pytest
 import torch
 import zmq
 
-from connector.limits import TRANSPORT_INFLIGHT_MAX, TRANSPORT_INFLIGHT_PER_PEER_MAX
-from connector.transports.base import Code, RegionDescriptor, TransportEndpoint
-from connector.transports.tcp import TcpTransport
+from kvledger.connector.limits import TRANSPORT_INFLIGHT_MAX, TRANSPORT_INFLIGHT_PER_PEER_MAX
+from kvledger.connector.transports.base import Code, RegionDescriptor, TransportEndpoint
+from kvledger.connector.transports.tcp import TcpTransport
 
 WAIT_S = 10.0
 

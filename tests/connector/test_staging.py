@@ -15,12 +15,12 @@ import pytest
 import torch
 import zmq
 
-from connector.layout import block_ops, geometry_of
-from connector.limits import TRANSPORT_STAGING_BYTES
-from connector.transports import staging as staging_module
-from connector.transports.regions import TensorRegion
-from connector.transports.staging import Inbound, Span, Staging, split, unit_index
-from connector.transports.tcp import TcpTransport
+from kvledger.connector.layout import block_ops, geometry_of
+from kvledger.connector.limits import TRANSPORT_STAGING_BYTES
+from kvledger.connector.transports import staging as staging_module
+from kvledger.connector.transports.regions import TensorRegion
+from kvledger.connector.transports.staging import Inbound, Span, Staging, split, unit_index
+from kvledger.connector.transports.tcp import TcpTransport
 
 WAIT_S = 10.0
 NUM_BLOCKS = 16

@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from connector.layout import block_ops, geometry_of
-from connector.transports.base import Code, Transport
-from connector.transports.loopback import LoopbackTransport
-from connector.transports.tcp import TcpTransport
+from kvledger.connector.layout import block_ops, geometry_of
+from kvledger.connector.transports.base import Code, Transport
+from kvledger.connector.transports.loopback import LoopbackTransport
+from kvledger.connector.transports.tcp import TcpTransport
 from tests.connector.fake_mori import make_mori_transport
 
 TRANSPORTS: dict[str, Callable[[], Transport]] = {

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from connector.params import parse_params
-from connector.ports import free_loopback_ports
-from ledger import jsonl
-from ledger.decisions import Release
-from ledger.events import ReqId, TransferId
-from ledger.fold import fold_all
-from ledger.ledger import Ledger
+from kvledger.connector.params import parse_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger import jsonl
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import ReqId, TransferId
+from kvledger.ledger.fold import fold_all
+from kvledger.ledger.ledger import Ledger
 from tests.connector.pd import NUM_BLOCKS, EnginePorts, Side, block_bytes, make_config, run_until
 
 TRANSFERS = 6

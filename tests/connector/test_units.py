@@ -9,15 +9,15 @@ import pytest
 import torch
 import zmq
 
-from connector import messages
-from connector.channel import Channel, PeerNotAllowed
-from connector.config import ConfigError, from_extra_config
-from connector.layout import LayoutError, block_ops, block_plan, geometry_of
-from connector.limits import MESSAGE_BYTES_MAX
-from connector.messages import ReleaseBlocks
-from connector.params import ParamsError, parse_params
-from connector.ports import engine_ports, free_loopback_ports, holder_ranks, rank_port, releases_expected
-from ledger.events import TransferId
+from kvledger.connector import messages
+from kvledger.connector.channel import Channel, PeerNotAllowed
+from kvledger.connector.config import ConfigError, from_extra_config
+from kvledger.connector.layout import LayoutError, block_ops, block_plan, geometry_of
+from kvledger.connector.limits import MESSAGE_BYTES_MAX
+from kvledger.connector.messages import ReleaseBlocks
+from kvledger.connector.params import ParamsError, parse_params
+from kvledger.connector.ports import engine_ports, free_loopback_ports, holder_ranks, rank_port, releases_expected
+from kvledger.ledger.events import TransferId
 
 # -- config -----------------------------------------------------------------
 
@@ -248,8 +248,8 @@ def test_handshake_times_out_without_metadata() -> None:
 def test_free_loopback_ports_are_distinct_bindable_and_below_the_ephemeral_range() -> None:
     import socket
 
-    from connector.limits import FREE_PORT_MIN
-    from connector.ports import _ephemeral_low
+    from kvledger.connector.limits import FREE_PORT_MIN
+    from kvledger.connector.ports import _ephemeral_low
 
     ports = free_loopback_ports(8)
     assert len(set(ports)) == 8

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from connector.ports import free_loopback_ports
+from kvledger.connector.ports import free_loopback_ports
 from tests.connector.pd import NUM_BLOCKS, EnginePorts, block_bytes, make_caches
 
 PROMPT = list(range(1, 15))  # 14 tokens: 4 blocks of 4
@@ -57,7 +57,7 @@ class Engine:
 
         transfer = KVTransferConfig(
             kv_connector="LedgerConnector",
-            kv_connector_module_path="connector",
+            kv_connector_module_path="kvledger.connector",
             kv_role=role,
             engine_id="prefill-0" if role == "kv_producer" else "decode-0",
             kv_connector_extra_config=_extra(mode, mine, theirs),
@@ -145,7 +145,7 @@ def test_connector_module_imports_no_vllm_eagerly() -> None:
     import subprocess
     import sys
 
-    code = "import sys, connector; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
+    code = "import sys, kvledger.connector; assert 'vllm' not in sys.modules and 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
 
 

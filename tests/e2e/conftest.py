@@ -23,7 +23,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The adapter's clock replaced by a `sched_harness.Clock` that the test moves."""
-    import connector.vllm_connector as adapter
+    import kvledger.connector.vllm_connector as adapter
     from tests.e2e.sched_harness import Clock
 
     fake = Clock()

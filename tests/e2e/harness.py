@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from connector.ports import free_loopback_ports
+from kvledger.connector.ports import free_loopback_ports
 from tests.connector.pd import EnginePorts
 from tests.e2e.engine_main import ANSWER_MARKER
 
@@ -160,7 +160,7 @@ def ledger_extra(mode: str, mine: EnginePorts, peer: EnginePorts, log_dir: Path,
 def ledger_transfer_config(role: str, engine_id: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {
         "kv_connector": "LedgerConnector",
-        "kv_connector_module_path": "connector",
+        "kv_connector_module_path": "kvledger.connector",
         "kv_role": role,
         "engine_id": engine_id,
         "kv_connector_extra_config": extra,

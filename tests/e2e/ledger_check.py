@@ -6,12 +6,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from ledger.audit import Finding, audit
-from ledger.decisions import Key, Release
-from ledger.fold import LedgerState
-from ledger.jsonl import read_chunks
-from ledger.merge import merge_chunks
-from ledger.replay import replay_chunks
+from kvledger.ledger.audit import Finding, audit
+from kvledger.ledger.decisions import Key, Release
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.jsonl import read_chunks
+from kvledger.ledger.merge import merge_chunks
+from kvledger.ledger.replay import replay_chunks
 
 
 @dataclass

@@ -48,7 +48,7 @@ def make_vllm_config(
         cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False),
         kv_transfer_config=KVTransferConfig(
             kv_connector="LedgerConnector",
-            kv_connector_module_path="connector",
+            kv_connector_module_path="kvledger.connector",
             kv_role=role,  # type: ignore[arg-type]
             engine_id="prefill-0" if role == "kv_producer" else "decode-0",
             kv_connector_extra_config=extra,

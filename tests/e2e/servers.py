@@ -39,7 +39,7 @@ def vllm_serve_command(model: str, port: int, kv_transfer_config: dict[str, Any]
 
 def proxy_command(port: int, prefill_port: int, decode_port: int, mode: str, kv: list[str]) -> list[str]:
     return [
-        sys.executable, "-m", "cli.proxy",
+        sys.executable, "-m", "kvledger.cli.proxy",
         "--prefill", f"http://127.0.0.1:{prefill_port}", "--decode", f"http://127.0.0.1:{decode_port}",
         "--mode", mode, "--port", str(port), *kv,
     ]  # fmt: skip

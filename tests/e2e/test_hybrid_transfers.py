@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.events import block_groups_of
+from kvledger.ledger.events import block_groups_of
 from tests.e2e.harness import (
     EngineProcess,
     allocate_ports,

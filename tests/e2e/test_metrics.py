@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from connector.ports import free_loopback_ports
+from kvledger.connector.ports import free_loopback_ports
 from tests.e2e.harness import (
     allocate_ports,
     consumer_side,

@@ -8,7 +8,7 @@ import inspect
 import pytest
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-from connector.observe.adapter import ObserveConnector
+from kvledger.connector.observe.adapter import ObserveConnector
 
 pytestmark = pytest.mark.vllm
 

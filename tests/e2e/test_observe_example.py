@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from cli.app import app
+from kvledger.cli.app import app
 from tests.e2e.harness import engine, engines, ledger_transfer_config, prompts, transfer_id
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.app import app
-from ledger.events import kind_of
+from kvledger.cli.app import app
+from kvledger.ledger.events import kind_of
 from tests.e2e.sched_harness import NUM_BLOCKS, Clock, free_blocks, make_request, make_scheduler, make_vllm_config, step
 
 pytestmark = pytest.mark.vllm

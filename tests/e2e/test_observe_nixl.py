@@ -20,11 +20,11 @@ import pytest
 from typer.testing import CliRunner
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
-from cli.app import app
-from connector.guard import hook_errors
-from connector.observe.adapter import ObserveConnector, ObservedStats
-from connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
-from ledger.events import kind_of
+from kvledger.cli.app import app
+from kvledger.connector.guard import hook_errors
+from kvledger.connector.observe.adapter import ObserveConnector, ObservedStats
+from kvledger.connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
+from kvledger.ledger.events import kind_of
 from tests.e2e.sched_harness import NUM_BLOCKS, Clock, free_blocks, make_request, make_scheduler, make_vllm_config, step
 
 pytestmark = pytest.mark.vllm

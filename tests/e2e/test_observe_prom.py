@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 
-from connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
-from connector.vllm_connector import LedgerConnector
+from kvledger.connector.observe.names import KVLEDGER, WRAPPED, WRAPPED_CONNECTOR
+from kvledger.connector.vllm_connector import LedgerConnector
 from tests.e2e.sched_harness import make_vllm_config
 
 pytestmark = pytest.mark.vllm

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from connector.ports import free_loopback_ports
+from kvledger.connector.ports import free_loopback_ports
 from tests.e2e.harness import allocate_ports, ledger_extra, ledger_transfer_config, prompts
 from tests.e2e.ledger_check import assert_clean, fold_logs
 from tests.e2e.servers import proxy_command, servers, vllm_serve_command

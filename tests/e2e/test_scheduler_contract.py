@@ -16,8 +16,8 @@ pytest.importorskip("vllm")
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
 
-from connector.metadata import PeerRef
-from connector.params import consumer_params
+from kvledger.connector.metadata import PeerRef
+from kvledger.connector.params import consumer_params
 from tests.e2e.sched_harness import (
     Clock,
     assert_empty,
@@ -271,7 +271,7 @@ def test_abort_consumer(model: str, clock: Clock, state: str) -> None:
 
 
 def _maps(core: Any, tid: str) -> list[Any]:
-    from ledger.events import Map
+    from kvledger.ledger.events import Map
 
     return [e for e in core.ledger.log.since(0) if isinstance(e, Map) and e.transfer_id == tid]
 
@@ -306,7 +306,7 @@ def test_a_consumer_preempted_minutes_after_its_load_recomputes_locally(model: s
 
 
 def test_a_second_consumer_request_with_a_used_transfer_id_prefills_locally(model: str, clock: Clock) -> None:
-    from ledger.audit import audit
+    from kvledger.ledger.audit import audit
 
     scheduler = consumer(model)
     core = scheduler.connector.scheduler

@@ -22,13 +22,13 @@ import torch
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
-from connector.assemble import build_worker
-from connector.metadata import PeerRef
-from connector.params import consumer_params
-from connector.ports import free_loopback_ports
-from connector.reasons import REASON_PEER_UNLINKED
-from connector.worker import WorkerCore
-from ledger.events import Fail, ReqId
+from kvledger.connector.assemble import build_worker
+from kvledger.connector.metadata import PeerRef
+from kvledger.connector.params import consumer_params
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.connector.reasons import REASON_PEER_UNLINKED
+from kvledger.connector.worker import WorkerCore
+from kvledger.ledger.events import Fail, ReqId
 from tests.e2e.sched_harness import BLOCK_SIZE, NUM_BLOCKS, assert_empty, make_request, make_scheduler, make_vllm_config
 from tests.e2e.tiny_model import write_tiny_model
 
@@ -41,7 +41,7 @@ class Engine:
     """vLLM's Scheduler plus one worker half, stepped in vLLM's order on a hand-moved clock."""
 
     def __init__(self, model: str, policy: str, monkeypatch: pytest.MonkeyPatch, **timeouts: float) -> None:
-        import connector.vllm_connector as adapter
+        import kvledger.connector.vllm_connector as adapter
 
         self.now = 1_000_000.0
         monkeypatch.setattr(adapter.time, "time", lambda: self.now)  # type: ignore[attr-defined]

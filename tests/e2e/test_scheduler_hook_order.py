@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from connector.scheduler import SchedulerCore
-from connector.sim.driver import Storm
-from connector.sim.hook_order import HOOK_NAMES, in_step_order, phases
+from kvledger.connector.scheduler import SchedulerCore
+from kvledger.connector.sim.driver import Storm
+from kvledger.connector.sim.hook_order import HOOK_NAMES, in_step_order, phases
 from tests.e2e.sched_harness import Clock, blocks_of, make_request, step
 from tests.e2e.test_scheduler_contract import (
     PROMPT_TOKENS,

@@ -23,8 +23,8 @@ from vllm.v1.engine import FinishReason
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec, SlidingWindowSpec
 from vllm.v1.request import RequestStatus
 
-from connector.groups import NULL_BLOCK_ID
-from ledger.events import Map, block_groups_of
+from kvledger.connector.groups import NULL_BLOCK_ID
+from kvledger.ledger.events import Map, block_groups_of
 from tests.e2e.sched_harness import (
     NUM_BLOCKS,
     Clock,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.store.connect import open_store
+from kvledger.ledger.store.connect import open_store
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from ledger.events import Ack, Drop, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
-from ledger.limits import INT64_MAX, LAYERS_MAX, RANKS_MAX
+from kvledger.ledger.events import Ack, Drop, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from kvledger.ledger.limits import INT64_MAX, LAYERS_MAX, RANKS_MAX
 
 FUZZ_SCALE = float(os.environ.get("FUZZ_EXAMPLES", "1"))
 """Multiplies every fuzz target's example count (1 in CI; e.g. 50 for a long hunt)."""

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from ledger.audit import audit
-from ledger.events import Event
-from ledger.fold import LedgerState
-from ledger.summary import summarize
-from ledger.timeline import build
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.summary import summarize
+from kvledger.ledger.timeline import build
 from tests.fuzz.strategies import TRANSFER_IDS, events, examples
 from tests.ledger.builders import Side
 

@@ -17,13 +17,13 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from api.app import create_app
-from ledger.audit import audit
-from ledger.events import Event
-from ledger.inputs import Inputs
-from ledger.jsonl import LogFormatError
-from ledger.replay import replay_chunks
-from ledger.valid import event_problem
+from kvledger.api.app import create_app
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.inputs import Inputs
+from kvledger.ledger.jsonl import LogFormatError
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.valid import event_problem
 from tests.api.conftest import TOKEN, settings_for
 from tests.api.test_ingest import stored
 from tests.fuzz.strategies import events, examples, log_bytes

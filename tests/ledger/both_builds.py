@@ -13,7 +13,7 @@ the property tests) and one synthetic run with faults (ledger/synth.py), each fo
   (the upkeep: tombstones, recall, eviction, the id memory);
 - through a running `Ledger` that forgets decided sides as the connector does, then snapshotted and
   restored (what the store keeps);
-- as the service folds the store's rows (`ledger.projection.fold_rows`): its releases and latencies, the
+- as the service folds the store's rows (`kvledger.ledger.projection.fold_rows`): its releases and latencies, the
   sides' order, the request index, the counts by kind, each source's newest ts and the holding series.
 """
 
@@ -29,17 +29,17 @@ from unittest import mock
 
 import msgspec
 
-import ledger.upkeep as upkeep_module
-from ledger.audit import audit
-from ledger.compiled import compiled
-from ledger.events import Event
-from ledger.fold import LedgerState, fold_all
-from ledger.ledger import Ledger
-from ledger.merge import batched
-from ledger.replay import replay_chunks
-from ledger.series import HoldingSeries
-from ledger.store import snapshot
-from ledger.synth import SynthConfig, generate
+import kvledger.ledger.upkeep as upkeep_module
+from kvledger.ledger.audit import audit
+from kvledger.ledger.compiled import compiled
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.merge import batched
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.series import HoldingSeries
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.ledger.builders import ServiceFold
 from tests.ledger.histories import Shape, audit_moments, history
 from tests.ledger.reference import canonical

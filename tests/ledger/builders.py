@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ledger.events import Ack, Drop, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from kvledger.ledger.events import Ack, Drop, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
 
 
 class Side:
@@ -53,7 +53,7 @@ class Side:
 
 
 def releases_of(events: list[Event]) -> list[Any]:
-    from ledger.fold import fold_all
+    from kvledger.ledger.fold import fold_all
 
     return fold_all(events)[1]
 
@@ -61,7 +61,7 @@ def releases_of(events: list[Event]) -> list[Any]:
 def apply_raising_on(transfer_id: str) -> Callable[[Any, Event], object]:
     """`LedgerState.apply` that raises for the events of `transfer_id` (a fold bug, should there ever be one):
     monkeypatched in, it shows what a caller does with an event the fold raises on."""
-    from ledger.fold import LedgerState
+    from kvledger.ledger.fold import LedgerState
 
     real_apply = LedgerState.apply
 
@@ -74,14 +74,14 @@ def apply_raising_on(transfer_id: str) -> Callable[[Any, Event], object]:
 
 
 class ServiceFold:
-    """The containers the service hands `ledger.projection.fold_rows`, folding events as stored rows with the
+    """The containers the service hands `kvledger.ledger.projection.fold_rows`, folding events as stored rows with the
     next cursors, and what it was told of each release (`told`: release, seconds held)."""
 
     def __init__(self, holding: Any = None) -> None:
-        from ledger.advice import LatencyRecorder
-        from ledger.events import KINDS
-        from ledger.fold import LedgerState
-        from ledger.series import HoldingSeries
+        from kvledger.ledger.advice import LatencyRecorder
+        from kvledger.ledger.events import KINDS
+        from kvledger.ledger.fold import LedgerState
+        from kvledger.ledger.series import HoldingSeries
 
         self.state = LedgerState()
         self.by_kind = dict.fromkeys(KINDS, 0)
@@ -95,7 +95,7 @@ class ServiceFold:
 
     def fold(self, events: list[Event]) -> list[tuple[int, Event, Exception]]:
         """Fold `events` as the next rows; the rows whose event raised, with the error."""
-        from ledger.projection import fold_rows
+        from kvledger.ledger.projection import fold_rows
 
         rows = [(self.cursor + i, e) for i, e in enumerate(events, 1)]
         self.cursor += len(events)

@@ -16,8 +16,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
-from ledger.limits import LAYERS_MAX, RANKS_MAX
+from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from kvledger.ledger.limits import LAYERS_MAX, RANKS_MAX
 
 TICK = 1 / 64
 """Every time is a multiple of this (exact in binary floating point)."""

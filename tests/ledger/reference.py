@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ledger.audit import Finding
-from ledger.decisions import Release
-from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
-from ledger.humanize import duration, utc
-from ledger.limits import EVIDENCE_SEQS_MAX, LAYERS_MAX, RANKS_MAX
+from kvledger.ledger.audit import Finding
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
+from kvledger.ledger.humanize import duration, utc
+from kvledger.ledger.limits import EVIDENCE_SEQS_MAX, LAYERS_MAX, RANKS_MAX
 
 Key = tuple[str, str]
 

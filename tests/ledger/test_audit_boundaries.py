@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.audit import CODES, AuditConfig, Finding, audit, counts_by_code
-from ledger.events import Drop, TransferId
-from ledger.fold import LedgerState, fold_all
-from ledger.humanize import duration
-from ledger.ledger import Ledger
-from ledger.summary import worst_severity
+from kvledger.ledger.audit import CODES, AuditConfig, Finding, audit, counts_by_code
+from kvledger.ledger.events import Drop, TransferId
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.humanize import duration
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.summary import worst_severity
 from tests.ledger.builders import Side
 
 TICK = 1 / 64

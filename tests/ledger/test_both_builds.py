@@ -19,12 +19,23 @@ from pathlib import Path
 
 import pytest
 
-import ledger.fold
-from ledger.compiled import INTERPRETED_ENV, compiled
+import kvledger.ledger.fold
+from kvledger.ledger.compiled import INTERPRETED_ENV, compiled
 from tests.ledger.both_builds import digests
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SEEDS = range(0, 120)
+
+
+def checkout_copy(destination: Path, *folders: str) -> None:
+    """Copies of the top-level `folders` where `import kvledger.<folder>` finds them first (`destination` first on
+    sys.path): under kvledger/, beside its `__init__.py`, as the checkout's kvledger/ shows them."""
+    package = destination / "kvledger"
+    package.mkdir(exist_ok=True)
+    shutil.copy2(ROOT / "kvledger" / "__init__.py", package / "__init__.py")
+    for folder in folders:
+        shutil.copytree(ROOT / folder, package / folder, ignore=shutil.ignore_patterns("__pycache__"))
+
 
 pytestmark = pytest.mark.skipif(
     not compiled(), reason="the fold runs interpreted here (nothing compiled, or KVLEDGER_INTERPRETED): one build only"
@@ -45,38 +56,40 @@ def test_both_builds_decide_and_find_the_same_on_generated_histories() -> None:
 
 
 def test_the_environment_variable_runs_every_fold_module_from_its_source() -> None:
-    probe = "import json, importlib; from ledger.compiled import FOLD_MODULES as M, compiled; "
+    probe = "import json, importlib; from kvledger.ledger.compiled import FOLD_MODULES as M, compiled; "
     probe += "print(json.dumps([compiled(), [importlib.import_module(m).__file__ for m in M]]))"
     is_compiled, files = json.loads(_interpreted(["-c", probe]).stdout)
     assert is_compiled is False
     assert all(name.endswith(".py") for name in files), files
-    assert ledger.fold.__file__ is not None and not ledger.fold.__file__.endswith(".py"), "this process: compiled"
+    assert kvledger.ledger.fold.__file__ is not None and not kvledger.ledger.fold.__file__.endswith(".py"), (
+        "this process: compiled"
+    )
 
 
 def test_a_source_edited_after_the_build_runs_interpreted_with_a_warning(tmp_path: Path) -> None:
     """A stale compiled module never shadows an edit: the sources load instead (all of them: the compiled
     modules are bound to each other's types), and a warning says so."""
-    shutil.copytree(ROOT / "ledger", tmp_path / "ledger", ignore=shutil.ignore_patterns("__pycache__"))
+    checkout_copy(tmp_path, "ledger")
     later = time.time() + 60
-    os.utime(tmp_path / "ledger" / "fold.py", (later, later))
-    probe = "import ledger.fold, ledger.side; print(ledger.fold.__file__); print(ledger.side.__file__)"
+    os.utime(tmp_path / "kvledger" / "ledger" / "fold.py", (later, later))
+    probe = "from kvledger.ledger import fold, side; print(fold.__file__); print(side.__file__)"
     env = {k: v for k, v in os.environ.items() if k != INTERPRETED_ENV} | {"PYTHONPATH": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-W", "always", "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
     )
     fold_file, side_file = done.stdout.split()
-    assert fold_file == str(tmp_path / "ledger" / "fold.py")
-    assert side_file == str(tmp_path / "ledger" / "side.py")
+    assert fold_file == str(tmp_path / "kvledger" / "ledger" / "fold.py")
+    assert side_file == str(tmp_path / "kvledger" / "ledger" / "side.py")
     assert "fold.py in" in done.stderr and "changed after the fold was compiled" in done.stderr
 
 
 def test_an_event_class_edited_after_the_build_runs_the_fold_interpreted(tmp_path: Path) -> None:
     """The compiled fold reads events by their layout when it was built: an edit of events.py since
     (a field renamed, added) must not have it read the wrong field."""
-    shutil.copytree(ROOT / "ledger", tmp_path / "ledger", ignore=shutil.ignore_patterns("__pycache__"))
+    checkout_copy(tmp_path, "ledger")
     later = time.time() + 60
-    os.utime(tmp_path / "ledger" / "events.py", (later, later))
-    probe = "import ledger.fold, ledger.compiled; print(ledger.compiled.compiled())"
+    os.utime(tmp_path / "kvledger" / "ledger" / "events.py", (later, later))
+    probe = "from kvledger.ledger import compiled, fold; print(compiled.compiled())"
     env = {k: v for k, v in os.environ.items() if k != INTERPRETED_ENV} | {"PYTHONPATH": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
@@ -87,13 +100,13 @@ def test_an_event_class_edited_after_the_build_runs_the_fold_interpreted(tmp_pat
 
 def test_a_build_that_compiled_only_some_modules_runs_them_all_interpreted(tmp_path: Path) -> None:
     """The compiled modules are bound to each other's types: with one missing, all run from source."""
-    shutil.copytree(ROOT / "ledger", tmp_path / "ledger", ignore=shutil.ignore_patterns("__pycache__"))
-    for built in (tmp_path / "ledger").glob("upkeep.*.so"):
+    checkout_copy(tmp_path, "ledger")
+    for built in (tmp_path / "kvledger" / "ledger").glob("upkeep.*.so"):
         built.unlink()
-    probe = "import ledger.fold, ledger.compiled; print(ledger.compiled.compiled(), ledger.fold.__file__)"
+    probe = "from kvledger.ledger import compiled, fold; print(compiled.compiled(), fold.__file__)"
     env = {k: v for k, v in os.environ.items() if k != INTERPRETED_ENV} | {"PYTHONPATH": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
     )
-    assert done.stdout.split() == ["False", str(tmp_path / "ledger" / "fold.py")]
+    assert done.stdout.split() == ["False", str(tmp_path / "kvledger" / "ledger" / "fold.py")]
     assert "upkeep.py in" in done.stderr

@@ -6,9 +6,9 @@ from __future__ import annotations
 import gc
 from collections import deque
 
-from ledger.collector import collector_paused, untrack
-from ledger.fold import fold_all
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.collector import collector_paused, untrack
+from kvledger.ledger.fold import fold_all
+from kvledger.ledger.synth import SynthConfig, generate
 
 CFG = SynthConfig(transfers=400, concurrency=64, layers=8, layers_per_step=4, fault_rate=0.1)
 
@@ -29,7 +29,7 @@ def test_untrack_takes_each_container_out_of_the_collector_and_keeps_all_it_hold
 
 
 def test_a_dict_is_tracked_again_by_a_fresh_key_and_untracked_again_by_the_next_call() -> None:
-    """Why the service untracks after every batch, not once (api.live)."""
+    """Why the service untracks after every batch, not once (kvledger.api.live)."""
     held = {_fresh_key(0): 0}
     untrack([held])
     held[_fresh_key(1)] = 1

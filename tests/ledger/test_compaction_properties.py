@@ -18,19 +18,19 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-import ledger.upkeep as upkeep_module
-from cli.replay import report_compaction
-from ledger.audit import audit
-from ledger.decisions import Release
-from ledger.events import Event
-from ledger.fold import LedgerState, fold_all
-from ledger.ledger import Ledger
-from ledger.limits import MAINTENANCE_INTERVAL_S, REPLAY_RETAIN_S
-from ledger.merge import batched
-from ledger.replay import ReplayResult, replay_chunks
-from ledger.side import due_at
-from ledger.store import snapshot
-from ledger.summary import compaction_report, compaction_warning, summarize
+import kvledger.ledger.upkeep as upkeep_module
+from kvledger.cli.replay import report_compaction
+from kvledger.ledger.audit import audit
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.limits import MAINTENANCE_INTERVAL_S, REPLAY_RETAIN_S
+from kvledger.ledger.merge import batched
+from kvledger.ledger.replay import ReplayResult, replay_chunks
+from kvledger.ledger.side import due_at
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.summary import compaction_report, compaction_warning, summarize
 from tests.ledger.histories import Shape, audit_moments, history
 from tests.ledger.reference import Reference, canonical
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import msgspec
 
-import ledger.events
-import ledger.transfer_state
-from ledger.compiled import struct_layout_holds
+import kvledger.ledger.events
+import kvledger.ledger.transfer_state
+from kvledger.ledger.compiled import struct_layout_holds
 
 PXD = (Path(__file__).resolve().parent.parent.parent / "ledger" / "structs.pxd").read_text()
 
@@ -52,10 +52,13 @@ def test_msgspec_lays_structs_out_as_the_declarations_assume() -> None:
 
 def test_every_declared_class_names_all_its_fields_in_memory_order() -> None:
     declared = _declared()
-    assert set(declared) == {"ledger.transfer_state.TransferState"} | {
-        f"ledger.events.{name}" for name in ("_Envelope", "Map", "Schedule", "Seal", "Ack", "Fail", "Expire")
+    assert set(declared) == {"kvledger.ledger.transfer_state.TransferState"} | {
+        f"kvledger.ledger.events.{name}" for name in ("_Envelope", "Map", "Schedule", "Seal", "Ack", "Fail", "Expire")
     }
-    modules = {"ledger.transfer_state": ledger.transfer_state, "ledger.events": ledger.events}
+    modules = {
+        "kvledger.ledger.transfer_state": kvledger.ledger.transfer_state,
+        "kvledger.ledger.events": kvledger.ledger.events,
+    }
     for path, fields in declared.items():
         module, _, name = path.rpartition(".")
         assert fields == _memory_order(getattr(modules[module], name)), path

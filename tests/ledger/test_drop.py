@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ledger.audit import audit
-from ledger.fold import fold_all
-from ledger.ledger import Ledger
-from ledger.store.snapshot import decode, encode
+from kvledger.ledger.audit import audit
+from kvledger.ledger.fold import fold_all
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.store.snapshot import decode, encode
 from tests.ledger.builders import Side
 
 P = "prefill-0/tp0"

@@ -7,11 +7,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.events import from_json, from_msgpack, to_json, to_msgpack
-from ledger.jsonl import LogFormatError, LogWriter, read_events, write_log
-from ledger.limits import JSONL_HEADER_DEPTH_MAX
-from ledger.merge import OverlapError, merge
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import from_json, from_msgpack, to_json, to_msgpack
+from kvledger.ledger.jsonl import LogFormatError, LogWriter, read_events, write_log
+from kvledger.ledger.limits import JSONL_HEADER_DEPTH_MAX
+from kvledger.ledger.merge import OverlapError, merge
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.ledger.builders import Side
 
 
@@ -102,7 +102,7 @@ def test_skip_bad_lines_reports_what_it_skipped(tmp_path: Path) -> None:
         f.write(b"garbage\n")
     with LogWriter(path) as writer:
         writer.write(_sample()[2])
-    from ledger.jsonl import open_log
+    from kvledger.ledger.jsonl import open_log
 
     reader = open_log(path, skip_bad_lines=True)
     assert [e.seq for e in reader] == [1, 2, 3]

@@ -8,9 +8,9 @@ filter), because a false positive there would release a fresh transfer at once.
 
 from __future__ import annotations
 
-from ledger.fold import LedgerState, fold_all
-from ledger.idmemory import IdMemory
-from ledger.summary import compaction_report, compaction_warning
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.idmemory import IdMemory
+from kvledger.ledger.summary import compaction_report, compaction_warning
 from tests.ledger.builders import Side
 
 

@@ -10,11 +10,11 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.events import Ack, Event, Schedule
-from ledger.fold import LedgerState, fold_all
-from ledger.limits import LAYERS_MAX
-from ledger.side import count64, layers_mask, low_layers_mask
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Ack, Event, Schedule
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.limits import LAYERS_MAX
+from kvledger.ledger.side import count64, layers_mask, low_layers_mask
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.ledger.builders import Side
 from tests.ledger.histories import history
 

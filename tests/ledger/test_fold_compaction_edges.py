@@ -4,10 +4,10 @@ holds for any size."""
 
 from __future__ import annotations
 
-from ledger.audit import audit
-from ledger.events import Event
-from ledger.fold import LedgerState, fold, fold_all
-from ledger.store import snapshot
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import LedgerState, fold, fold_all
+from kvledger.ledger.store import snapshot
 from tests.ledger.builders import Side
 
 P = "prefill-0/tp0"

@@ -12,10 +12,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.audit import audit
-from ledger.decisions import Release
-from ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
-from ledger.fold import LedgerState, fold_all
+from kvledger.ledger.audit import audit
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, Schedule, Seal
+from kvledger.ledger.fold import LedgerState, fold_all
 from tests.ledger.builders import Side
 
 SOURCES = ("prefill-0/tp0", "decode-0/tp0")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ledger.audit import audit, counts_by_code
-from ledger.decisions import VllmOutcome
-from ledger.events import block_groups_of, from_json, from_msgpack, to_json, to_msgpack
-from ledger.fold import REASON_LOCAL_EXCEEDS_REMOTE, LedgerState, fold_all
-from ledger.lifecycle import TRANSITIONS, Phase
-from ledger.valid import event_problem
+from kvledger.ledger.audit import audit, counts_by_code
+from kvledger.ledger.decisions import VllmOutcome
+from kvledger.ledger.events import block_groups_of, from_json, from_msgpack, to_json, to_msgpack
+from kvledger.ledger.fold import REASON_LOCAL_EXCEEDS_REMOTE, LedgerState, fold_all
+from kvledger.ledger.lifecycle import TRANSITIONS, Phase
+from kvledger.ledger.valid import event_problem
 from tests.ledger.builders import Side
 
 T = "tx-1"
@@ -363,7 +363,7 @@ def test_premature_release_over_a_merged_log() -> None:
     findings = [f for f in audit(state, now=1004.0) if f.code == "premature_release"]
     assert len(findings) == 1 and findings[0].evidence == (2, 3)
     # Within the clock-skew allowance, it is not reported.
-    from ledger.audit import AuditConfig
+    from kvledger.ledger.audit import AuditConfig
 
     assert not [f for f in audit(state, 1004.0, AuditConfig(clock_skew_s=5.0)) if f.code == "premature_release"]
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-import ledger.upkeep as upkeep_module
-from ledger.audit import audit, counts_by_code
-from ledger.events import Ack
-from ledger.fold import LedgerState, fold_all
-from ledger.limits import LAYERS_MAX, RANKS_MAX
-from ledger.side import bits, copies, layers_mask
-from ledger.store import snapshot
-from ledger.transfer_state import TransferState
+import kvledger.ledger.upkeep as upkeep_module
+from kvledger.ledger.audit import audit, counts_by_code
+from kvledger.ledger.events import Ack
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.limits import LAYERS_MAX, RANKS_MAX
+from kvledger.ledger.side import bits, copies, layers_mask
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.transfer_state import TransferState
 from tests.ledger.builders import Side
 
 T = "tx-1"

@@ -10,14 +10,14 @@ from collections import Counter
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from ledger.audit import audit, counts_by_code
-from ledger.events import Event
-from ledger.fold import LedgerState
-from ledger.ledger import Ledger
-from ledger.limits import REPLAY_RETAIN_S
-from ledger.merge import batched
-from ledger.replay import replay_chunks
-from ledger.store import snapshot
+from kvledger.ledger.audit import audit, counts_by_code
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.limits import REPLAY_RETAIN_S
+from kvledger.ledger.merge import batched
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.store import snapshot
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.humanize import ago, duration, iso, offset, utc
+from kvledger.ledger.humanize import ago, duration, iso, offset, utc
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from ledger import idmemory
-from ledger.idmemory import IdMemory
-from ledger.limits import ID_MEMORY_FALSE_POSITIVE_MAX
+from kvledger.ledger import idmemory
+from kvledger.ledger.idmemory import IdMemory
+from kvledger.ledger.limits import ID_MEMORY_FALSE_POSITIVE_MAX
 
 SOURCE = "prefill-0/sched"
 
@@ -43,7 +43,7 @@ def test_answers_do_not_depend_on_the_process_hash_seed() -> None:
     """The live connector and an offline replay run in different processes: they must take the same
     false positives, so the memory never uses Python's salted `hash`."""
     script = (
-        "from ledger.idmemory import IdMemory\n"
+        "from kvledger.ledger.idmemory import IdMemory\n"
         "m = IdMemory(generation_ids=64, generations=2)\n"
         "[m.add('s', f'tx-{i}') for i in range(100)]\n"
         "print(bytes(m.current).hex(), [i for i in range(20000) if m.contains('s', f'new-{i}')])\n"

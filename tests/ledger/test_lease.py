@@ -6,9 +6,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ledger.events import Ack, Expire, Fail, Map, ReqId, TransferId
-from ledger.fold import LedgerState
-from ledger.side import due_at
+from kvledger.ledger.events import Ack, Expire, Fail, Map, ReqId, TransferId
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.side import due_at
 from tests.ledger.histories import Shape, history
 
 P = "prefill-0/tp0"

@@ -12,10 +12,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.events import Event, Map
-from ledger.fold import LedgerState
-from ledger.lifecycle import NEXT_PHASE, TERMINAL, TRANSITIONS, Phase, PhaseName
-from ledger.side import TransferState, completed_by, is_complete
+from kvledger.ledger.events import Event, Map
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.lifecycle import NEXT_PHASE, TERMINAL, TRANSITIONS, Phase, PhaseName
+from kvledger.ledger.side import TransferState, completed_by, is_complete
 from tests.ledger.histories import Shape, history
 from tests.ledger.reference import _complete, judge
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from ledger.events import Ack, Event, TransferId
-from ledger.ledger import Ledger
-from ledger.log import EventLog, SeqError
+from kvledger.ledger.events import Ack, Event, TransferId
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.log import EventLog, SeqError
 from tests.ledger.builders import Side
 
 
@@ -74,7 +74,7 @@ def test_unsubscribe_stops_the_listener() -> None:
 def test_ledger_folds_under_the_log_lock_and_hands_each_release_out_once() -> None:
     clock = iter(float(i) for i in range(100))
     ledger = Ledger("prefill-0/tp0", clock=lambda: next(clock))
-    from ledger.events import Map, ReqId
+    from kvledger.ledger.events import Map, ReqId
 
     event, release = ledger.record(
         Map, transfer_id=TransferId("tx"), request_id=ReqId("p-1"), role="producer", mode="read",
@@ -91,7 +91,7 @@ def test_ledger_folds_under_the_log_lock_and_hands_each_release_out_once() -> No
 
 
 def test_maintain_forgets_old_decided_sides_and_trims_the_log(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ledger.ledger as ledger_module
+    import kvledger.ledger.ledger as ledger_module
 
     monkeypatch.setattr(ledger_module, "LOG_EVENTS_RETAINED_MAX", 3)
     ledger = Ledger("prefill-0/tp0")

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from ledger.events import Event
-from ledger.merge import OverlapError, merge, merge_chunks
+from kvledger.ledger.events import Event
+from kvledger.ledger.merge import OverlapError, merge, merge_chunks
 from tests.ledger.builders import Side
 
 

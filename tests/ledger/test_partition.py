@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
-from ledger.partition import partition_of
+from kvledger.ledger.partition import partition_of
 
 
 def test_same_partition_in_another_process() -> None:
     ids = [f"tx-{n:08x}" for n in range(200)]
     here = [partition_of(tid, 16) for tid in ids]
-    code = "import sys; from ledger.partition import partition_of; print([partition_of(t, 16) for t in sys.argv[1:]])"
+    code = "import sys; from kvledger.ledger.partition import partition_of; "
+    code += "print([partition_of(t, 16) for t in sys.argv[1:]])"
     there = subprocess.run([sys.executable, "-c", code, *ids], capture_output=True, text=True, check=True)
     assert there.stdout.strip() == str(here)
 

@@ -15,16 +15,16 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from cli.app import app
-from ledger.advice import timeout_advice
-from ledger.audit import audit
-from ledger.events import Drop, Event, TransferId
-from ledger.jsonl import write_log
-from ledger.merge import batched
-from ledger.partition import partition_of, partition_of_event
-from ledger.partitioned import Batch, Merger, answer, fold_partition, merge, slices
-from ledger.replay import replay_chunks
-from ledger.summary import state_counts
+from kvledger.cli.app import app
+from kvledger.ledger.advice import timeout_advice
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Drop, Event, TransferId
+from kvledger.ledger.jsonl import write_log
+from kvledger.ledger.merge import batched
+from kvledger.ledger.partition import partition_of, partition_of_event
+from kvledger.ledger.partitioned import Batch, Merger, answer, fold_partition, merge, slices
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.summary import state_counts
 from tests.ledger.histories import Shape, audit_moments, history
 
 SHAPES = st.sampled_from([
@@ -189,13 +189,13 @@ def _tricky(events: list[Event]) -> bytes:
 
 
 def write_lines(events: list[Event]) -> list[bytes]:
-    from ledger.jsonl import header_line
+    from kvledger.ledger.jsonl import header_line
 
     return [header_line(), *(msgspec.json.encode(e) + b"\n" for e in events)]
 
 
 def test_a_log_split_by_its_lines_is_what_decoding_it_whole_and_filtering_gives(tmp_path: Path) -> None:
-    from ledger.jsonl import open_log, read_chunks
+    from kvledger.ledger.jsonl import open_log, read_chunks
 
     events = _with_drops(history(5, Shape(transfers=50, span_s=60.0, faults_per_side=2.0)), 5)
     log = tmp_path / "tricky.jsonl"
@@ -218,7 +218,7 @@ def test_split_lines_is_the_same_compiled_and_interpreted(tmp_path: Path) -> Non
     import subprocess
     import sys
 
-    from ledger.compiled import INTERPRETED_ENV, compiled
+    from kvledger.ledger.compiled import INTERPRETED_ENV, compiled
 
     if not compiled():
         pytest.skip("one build only here")
@@ -226,14 +226,14 @@ def test_split_lines_is_the_same_compiled_and_interpreted(tmp_path: Path) -> Non
     log = tmp_path / "tricky.jsonl"
     log.write_bytes(_tricky(events))
     script = (
-        "import sys, json; from ledger.jsonl import split_lines; "
+        "import sys, json; from kvledger.ledger.jsonl import split_lines; "
         "body = open(sys.argv[1], 'rb').read().split(b'\\n', 1)[1]; "
         "print(json.dumps([repr(split_lines(body, p, 3)) for p in range(3)]))"
     )
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, INTERPRETED_ENV: "1", "PYTHONPATH": str(root)}
     run = subprocess.run([sys.executable, "-c", script, str(log)], env=env, capture_output=True, text=True, check=True)
-    from ledger.jsonl import split_lines
+    from kvledger.ledger.jsonl import split_lines
 
     body = log.read_bytes().split(b"\n", 1)[1]
     assert json.loads(run.stdout) == [repr(split_lines(body, p, 3)) for p in range(3)]

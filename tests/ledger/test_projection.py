@@ -1,4 +1,4 @@
-"""The service's fold of stored rows (`ledger.projection.fold_rows`): what it keeps beside the fold is what
+"""The service's fold of stored rows (`kvledger.ledger.projection.fold_rows`): what it keeps beside the fold is what
 the rows say, and an event the fold raises on is handed back while the rest are folded. Runs on whichever
 build loads (the compiled one and, in CI's second pass, the sources); tests/ledger/both_builds.py compares
 the two on generated histories."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.events import KINDS
-from ledger.fold import LedgerState
+from kvledger.ledger.events import KINDS
+from kvledger.ledger.fold import LedgerState
 from tests.ledger.builders import ServiceFold, Side, apply_raising_on
 
 

@@ -9,8 +9,8 @@ import random
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from ledger.audit import SEVERITY_RANK, audit
-from ledger.fold import fold_all
+from kvledger.ledger.audit import SEVERITY_RANK, audit
+from kvledger.ledger.fold import fold_all
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, audit_moments, history
 from tests.ledger.reference import Reference, canonical

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-import ledger.jsonl as jsonl_module
-from ledger.audit import audit
-from ledger.events import Event
-from ledger.jsonl import LogFormatError, read_chunks, read_events, write_log
-from ledger.merge import batched
-from ledger.replay import ReplayResult, replay_chunks
-from ledger.summary import summarize
-from ledger.synth import SynthConfig, generate
+import kvledger.ledger.jsonl as jsonl_module
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import LogFormatError, read_chunks, read_events, write_log
+from kvledger.ledger.merge import batched
+from kvledger.ledger.replay import ReplayResult, replay_chunks
+from kvledger.ledger.summary import summarize
+from kvledger.ledger.synth import SynthConfig, generate
 
 CFG = SynthConfig(transfers=600, concurrency=64, layers=16, layers_per_step=4, fault_rate=0.1)
 

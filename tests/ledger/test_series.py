@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.series import HoldingSeries
+from kvledger.ledger.series import HoldingSeries
 
 
 def test_peaks_survive_bucketing_and_the_level_after_them_is_the_last() -> None:

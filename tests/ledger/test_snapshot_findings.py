@@ -11,10 +11,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.audit import audit
-from ledger.events import Drop, Event, TransferId
-from ledger.fold import LedgerState, fold_all
-from ledger.store import snapshot
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Drop, Event, TransferId
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.store import snapshot
 from tests.ledger.histories import Shape, audit_moments, history
 
 GATE = "decode-0/tp1"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ledger.fold import LedgerState
-from ledger.limits import LOST_SILENCE_TRANSFER_TIMEOUTS
-from ledger.sources import engine_of, judge_sources
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.limits import LOST_SILENCE_TRANSFER_TIMEOUTS
+from kvledger.ledger.sources import engine_of, judge_sources
 from tests.ledger.builders import Side
 
 TIMEOUT_S = 30.0

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.events import Event, from_msgpack, to_msgpack
-from ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
-from ledger.store.rows import encode_row
-from ledger.synth import SynthConfig, generate
-from ledger.valid import InvalidEvent, _each_fits, check_event, event_problem, json_chunk_valid
+from kvledger.ledger.events import Event, from_msgpack, to_msgpack
+from kvledger.ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
+from kvledger.ledger.store.rows import encode_row
+from kvledger.ledger.synth import SynthConfig, generate
+from kvledger.ledger.valid import InvalidEvent, _each_fits, check_event, event_problem, json_chunk_valid
 from tests.fuzz.strategies import events
 from tests.ledger.builders import Side
 

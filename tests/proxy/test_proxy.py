@@ -14,7 +14,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from proxy.app import KvAddress, ProxySettings, create_app
+from kvledger.proxy.app import KvAddress, ProxySettings, create_app
 
 START_POLLS_MAX = 1000
 PREFILL_WAIT_S = 30.0

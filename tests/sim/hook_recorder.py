@@ -7,10 +7,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, cast
 
-from connector.scheduler import SchedulerCore
-from connector.sim.driver import Storm
-from connector.sim.hook_order import HOOK_NAMES
-from connector.worker import WorkerCore
+from kvledger.connector.scheduler import SchedulerCore
+from kvledger.connector.sim.driver import Storm
+from kvledger.connector.sim.hook_order import HOOK_NAMES
+from kvledger.connector.worker import WorkerCore
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from connector.sim.config import StormConfig, StormResult
-from connector.sim.storm import run_storm
+from kvledger.connector.sim.config import StormConfig, StormResult
+from kvledger.connector.sim.storm import run_storm
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = StormConfig(seed=5, requests=600, concurrency=128, fault_rate=0.05)
@@ -41,8 +41,8 @@ def test_same_seed_same_run_in_process() -> None:
 def test_same_seed_same_run_in_another_process_with_other_hash_seeds() -> None:
     script = (
         "import dataclasses, json, sys\n"
-        "from connector.sim.config import StormConfig\n"
-        "from connector.sim.storm import run_storm\n"
+        "from kvledger.connector.sim.config import StormConfig\n"
+        "from kvledger.connector.sim.storm import run_storm\n"
         "r = run_storm(StormConfig(seed=5, requests=600, concurrency=128, fault_rate=0.05, mode='write'))\n"
         "out = dataclasses.asdict(r); out.pop('wall_seconds'); out.pop('incident_log'); out.pop('hook_us_max')\n"
         "print(json.dumps(out, sort_keys=True))\n"

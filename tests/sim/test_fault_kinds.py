@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from connector.sim.check import evaluate
-from connector.sim.config import FAULT_KINDS, FaultKind, StormConfig
-from connector.sim.driver import Storm
-from ledger.events import Mode
+from kvledger.connector.sim.check import evaluate
+from kvledger.connector.sim.config import FAULT_KINDS, FaultKind, StormConfig
+from kvledger.connector.sim.driver import Storm
+from kvledger.ledger.events import Mode
 
 SEED = 11
 REQUESTS = 300

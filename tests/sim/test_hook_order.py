@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from connector.sim.check import evaluate
-from connector.sim.config import StormConfig
-from connector.sim.driver import Storm
-from connector.sim.hook_order import in_step_order, phases
-from connector.sim.soak import Soak
-from connector.sim.soak_check import evaluate_soak
-from connector.sim.soak_config import SoakConfig
+from kvledger.connector.sim.check import evaluate
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.driver import Storm
+from kvledger.connector.sim.hook_order import in_step_order, phases
+from kvledger.connector.sim.soak import Soak
+from kvledger.connector.sim.soak_check import evaluate_soak
+from kvledger.connector.sim.soak_config import SoakConfig
 from tests.sim.hook_recorder import Call, by_round, record_storm
 
 CONFIG = StormConfig(seed=11, requests=300, concurrency=48, fault_rate=0.05)

@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from connector.sim.check import evaluate
-from connector.sim.config import StormConfig
-from connector.sim.driver import Storm
-from connector.sim.integrity import MAMBA_SUFFIX, checksums
-from ledger.events import Mode, block_groups_of
+from kvledger.connector.sim.check import evaluate
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.driver import Storm
+from kvledger.connector.sim.integrity import MAMBA_SUFFIX, checksums
+from kvledger.ledger.events import Mode, block_groups_of
 
 CONFIG = StormConfig(seed=7, mode="read", requests=200, concurrency=48, mamba_layers=2, fault_rate=0.05)
 

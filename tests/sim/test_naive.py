@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from connector.sim.naive import NaiveBookkeeping, run_naive
-from ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
-from ledger.fold import fold_all
+from kvledger.connector.sim.naive import NaiveBookkeeping, run_naive
+from kvledger.ledger.events import Ack, Event, Expire, Fail, Map, ReqId, Schedule, Seal, TransferId
+from kvledger.ledger.fold import fold_all
 
 SOURCE = "prefill-0/tp0"
 TID = TransferId("tx-1")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from connector.sim.check import evaluate
-from connector.sim.config import StormConfig
-from connector.sim.driver import Storm
+from kvledger.connector.sim.check import evaluate
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.driver import Storm
 
 CONFIG = StormConfig(seed=4, mode="read", requests=300, concurrency=64, faults=frozenset())
 

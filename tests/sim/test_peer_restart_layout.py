@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from connector.sim import StormConfig, run_storm
-from ledger.events import Mode
+from kvledger.connector.sim import StormConfig, run_storm
+from kvledger.ledger.events import Mode
 
 SMALL = dict(seed=5, requests=300, concurrency=64, faults=frozenset({"peer_restart_layout"}))
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from cli.app import app
-from connector.sim.check import evaluate
-from connector.sim.config import StormConfig
-from connector.sim.driver import Storm
-from ledger.decisions import Release
-from ledger.jsonl import read_chunks
-from ledger.replay import replay_chunks
-from ledger.store.connect import open_store
+from kvledger.cli.app import app
+from kvledger.connector.sim.check import evaluate
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.driver import Storm
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.jsonl import read_chunks
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.store.connect import open_store
 
 CONFIG = StormConfig(seed=9, requests=400, concurrency=96, fault_rate=0.05)
 
@@ -27,7 +27,7 @@ def test_incident_log_replays_to_the_live_decisions(tmp_path: Path) -> None:
         assert result.ok and result.replay_matches, result.problems
         live: dict[str, list[Release]] = {s: r for e in storm.engines for s, r in e.releases.items()}
         assert sum(len(v) for v in live.values()) > CONFIG.requests  # both sides, both processes decided
-        # ledger.replay, the CLI's engine (it compacts as it goes): the same releases per source, in order.
+        # kvledger.ledger.replay, the CLI's engine (it compacts as it goes): the same releases per source, in order.
         offline: dict[str, list[Release]] = {s: [] for s in live}
         for release in replay_chunks(read_chunks(path)).releases:
             offline[release.source].append(release)

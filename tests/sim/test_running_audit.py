@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from connector.figures import FINDINGS, FINDINGS_FOUND, MEMORY_BOUND, LedgerFigures
-from connector.sim.check import evaluate
-from connector.sim.config import StormConfig
-from connector.sim.driver import Storm
-from ledger.audit import audit, counts_by_code
-from ledger.jsonl import read_chunks
-from ledger.replay import replay_chunks
+from kvledger.connector.figures import FINDINGS, FINDINGS_FOUND, MEMORY_BOUND, LedgerFigures
+from kvledger.connector.sim.check import evaluate
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.driver import Storm
+from kvledger.ledger.audit import audit, counts_by_code
+from kvledger.ledger.jsonl import read_chunks
+from kvledger.ledger.replay import replay_chunks
 from tests.connector.prom_registry import registry_metrics, sample
 
 CONFIG = StormConfig(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from connector.sim.config import StormConfig
-from connector.sim.storm import run_storm
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.storm import run_storm
 
 SEEDS = range(1, 16)
 

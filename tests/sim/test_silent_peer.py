@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from connector.sim.config import StormConfig
-from connector.sim.storm import run_storm
-from ledger.events import Mode
+from kvledger.connector.sim.config import StormConfig
+from kvledger.connector.sim.storm import run_storm
+from kvledger.ledger.events import Mode
 
 SMALL = dict(
     seed=11, requests=300, concurrency=64, faults=frozenset({"silent_peer"}), fault_rate=0.2, transport_inflight_max=64

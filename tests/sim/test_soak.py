@@ -15,10 +15,10 @@ import dataclasses
 
 import pytest
 
-from connector.sim.report import soak_account, soak_figures
-from connector.sim.soak_config import STORM_KINDS_IN_SOAK, SoakConfig, SoakResult
-from connector.sim.storm import run_soak
-from ledger.limits import REPLAY_RETAIN_S
+from kvledger.connector.sim.report import soak_account, soak_figures
+from kvledger.connector.sim.soak_config import STORM_KINDS_IN_SOAK, SoakConfig, SoakResult
+from kvledger.connector.sim.storm import run_soak
+from kvledger.ledger.limits import REPLAY_RETAIN_S
 
 SEED = 20261201
 CONFIG = SoakConfig(seed=SEED, sim_hours=1.5, restart_gap_min_s=600.0, restart_gap_max_s=1200.0)

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from connector.params import TransferParams
-from connector.sim.limits import REUSE_SOON_MAX_S, REUSE_SOON_MIN_S
-from connector.sim.soak import Soak, SoakRequest
-from connector.sim.soak_check import evaluate_soak
-from connector.sim.soak_config import SoakConfig, SoakResult
-from connector.sim.storm import run_soak
-from ledger.events import TransferId
-from ledger.ledger import Ledger
+from kvledger.connector.params import TransferParams
+from kvledger.connector.sim.limits import REUSE_SOON_MAX_S, REUSE_SOON_MIN_S
+from kvledger.connector.sim.soak import Soak, SoakRequest
+from kvledger.connector.sim.soak_check import evaluate_soak
+from kvledger.connector.sim.soak_config import SoakConfig, SoakResult
+from kvledger.connector.sim.storm import run_soak
+from kvledger.ledger.events import TransferId
+from kvledger.ledger.ledger import Ledger
 
 SEED = 31
 QUIET = SoakConfig(seed=SEED, sim_hours=0.25, faults=frozenset(), soak_faults=frozenset())

@@ -9,15 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from connector.sim.soak_config import SoakConfig
-from connector.sim.storm import run_soak
+from kvledger.connector.sim.soak_config import SoakConfig
+from kvledger.connector.sim.storm import run_soak
 
 CONFIG = SoakConfig(seed=20261201, sim_hours=1.5, restart_gap_min_s=600.0, restart_gap_max_s=1200.0)
 
 
 def _run(*args: str) -> str:
     run = subprocess.run(
-        [sys.executable, "-m", "cli", *args, "--fail-on", "never"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "kvledger.cli", *args, "--fail-on", "never"], capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr
     return run.stdout

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from connector.sim.config import FAULT_KINDS, StormConfig, StormResult
-from connector.sim.report import account, figures, side_by_side
-from connector.sim.storm import run_storm
+from kvledger.connector.sim.config import FAULT_KINDS, StormConfig, StormResult
+from kvledger.connector.sim.report import account, figures, side_by_side
+from kvledger.connector.sim.storm import run_storm
 
 SEED = 20261129
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.events import Event
-from ledger.partition import partition_of
-from ledger.store.base import EventStore
-from ledger.store.connect import open_store
+from kvledger.ledger.events import Event
+from kvledger.ledger.partition import partition_of
+from kvledger.ledger.store.base import EventStore
+from kvledger.ledger.store.connect import open_store
 
 PG_URL = os.environ.get("KVLEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 SKIP_PG = os.environ.get("KVLEDGER_SKIP_PG") == "1"
@@ -91,8 +91,8 @@ def nats_url(nats_available: None) -> Iterator[str]:
     """A NATS store URL naming a fresh stream (4 partitions) of its own; the stream is deleted at the end."""
     url = f"{NATS_URL}/kvl-test-{uuid.uuid4().hex[:12]}?partitions=4"
     yield url
-    from ledger.store.nats_store import NatsStore
-    from ledger.store.url import parse_url
+    from kvledger.ledger.store.nats_store import NatsStore
+    from kvledger.ledger.store.url import parse_url
 
     target = parse_url(url).nats
     assert target is not None

@@ -10,14 +10,14 @@ import msgspec
 import pytest
 from sqlalchemy import event
 
-from ledger.events import Ack, Event, TransferId
-from ledger.store.base import ConflictError, EventStore, UnstorableEvent
-from ledger.store.batch import SOURCES_PER_QUERY
-from ledger.store.connect import open_store
-from ledger.store.limits import INSERT_ROWS_PER_STATEMENT
-from ledger.store.rows import INSERT_COLUMNS, encode_row, encode_rows
-from ledger.store.sql import SqlStore, rows_per_insert
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Ack, Event, TransferId
+from kvledger.ledger.store.base import ConflictError, EventStore, UnstorableEvent
+from kvledger.ledger.store.batch import SOURCES_PER_QUERY
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.limits import INSERT_ROWS_PER_STATEMENT
+from kvledger.ledger.store.rows import INSERT_COLUMNS, encode_row, encode_rows
+from kvledger.ledger.store.sql import SqlStore, rows_per_insert
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.store.conftest import ROW_BACKENDS, backend_url
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger.store.base import NotALedger, StoreError, StoreUnavailable
-from ledger.store.connect import open_store
+from kvledger.ledger.store.base import NotALedger, StoreError, StoreUnavailable
+from kvledger.ledger.store.connect import open_store
 
 
 def test_unparseable_and_unsupported_urls() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ledger.events import Ack, Event, TransferId, from_json
-from ledger.store.base import ConflictError, EventStore, StoredSnapshot, StoreError, UnstorableEvent
-from ledger.store.connect import open_store
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Ack, Event, TransferId, from_json
+from kvledger.ledger.store.base import ConflictError, EventStore, StoredSnapshot, StoreError, UnstorableEvent
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.store.conftest import as_stored
 
 

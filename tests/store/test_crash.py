@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from ledger.events import Event
-from ledger.fold import fold_all
-from ledger.jsonl import LogReader
-from ledger.log import EventLog
-from ledger.store.base import EventStore, StoreUnavailable
-from ledger.store.connect import open_store
-from ledger.store.recovery import drain_spill, load_state, open_ledger
-from ledger.store.writer import SPILL_GLOB, BackgroundWriter
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import fold_all
+from kvledger.ledger.jsonl import LogReader
+from kvledger.ledger.log import EventLog
+from kvledger.ledger.store.base import EventStore, StoreUnavailable
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.recovery import drain_spill, load_state, open_ledger
+from kvledger.ledger.store.writer import SPILL_GLOB, BackgroundWriter
+from kvledger.ledger.synth import SynthConfig, generate
 
 KILLS = 100
 SEED = 20240501

@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
-from cli.app import app
-from ledger.store import migrate, schema
-from ledger.store.base import SchemaMismatch, StoreError
-from ledger.store.connect import create_store_engine, ensure_pg_schema, open_store
-from ledger.store.url import parse_url
+from kvledger.cli.app import app
+from kvledger.ledger.store import migrate, schema
+from kvledger.ledger.store.base import SchemaMismatch, StoreError
+from kvledger.ledger.store.connect import create_store_engine, ensure_pg_schema, open_store
+from kvledger.ledger.store.url import parse_url
 
 runner = CliRunner()
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.app import app
-from ledger.jsonl import read_events
-from ledger.store.connect import open_store
-from ledger.store.nats_store import NatsStore
-from ledger.synth import SynthConfig, generate
+from kvledger.cli.app import app
+from kvledger.ledger.jsonl import read_events
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.nats_store import NatsStore
+from kvledger.ledger.synth import SynthConfig, generate
 
 pytestmark = pytest.mark.nats
 

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from cli.export import store_to_jsonl
-from ledger.audit import audit
-from ledger.events import Event
-from ledger.jsonl import read_events
-from ledger.log import EventLog
-from ledger.partition import partition_of
-from ledger.replay import replay_chunks
-from ledger.store.connect import open_store
-from ledger.store.writer import BackgroundWriter
-from ledger.synth import SynthConfig, generate
+from kvledger.cli.export import store_to_jsonl
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import read_events
+from kvledger.ledger.log import EventLog
+from kvledger.ledger.partition import partition_of
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.writer import BackgroundWriter
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.store.nats_server import NatsServer
 
 pytestmark = pytest.mark.nats
@@ -101,7 +101,7 @@ def test_a_batch_published_again_after_the_duplicate_window_is_stored_once(serve
 
 
 def test_a_missing_stream_is_refused_naming_the_command_that_makes_it(server: NatsServer) -> None:
-    from ledger.store.base import StoreUnavailable
+    from kvledger.ledger.store.base import StoreUnavailable
 
     with pytest.raises(StoreUnavailable, match="kvledger db upgrade"):
         open_store(f"{server.url}/nothing-here")

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import make_url
 
-from ledger.events import Event, from_json
-from ledger.log import EventLog
-from ledger.store.connect import open_store
-from ledger.store.writer import BackgroundWriter
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Event, from_json
+from kvledger.ledger.log import EventLog
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.writer import BackgroundWriter
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.ledger.builders import Side
 from tests.store.test_stalls import SHORT_LOCK_TIMEOUT, table_locked
 

@@ -7,15 +7,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.audit import audit
-from ledger.events import Event
-from ledger.fold import LedgerState, fold_all
-from ledger.jsonl import write_log
-from ledger.ledger import Ledger
-from ledger.store import snapshot
-from ledger.store.base import EventStore
-from ledger.store.recovery import load_state, open_ledger, save_snapshot, snapshot_source
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.fold import LedgerState, fold_all
+from kvledger.ledger.jsonl import write_log
+from kvledger.ledger.ledger import Ledger
+from kvledger.ledger.store import snapshot
+from kvledger.ledger.store.base import EventStore
+from kvledger.ledger.store.recovery import load_state, open_ledger, save_snapshot, snapshot_source
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.ledger.builders import Side
 from tests.store.conftest import ROW_BACKENDS, backend_url
 

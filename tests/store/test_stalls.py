@@ -10,10 +10,10 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
-from ledger.store.base import StoreUnavailable
-from ledger.store.connect import open_store
-from ledger.store.limits import PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.store.base import StoreUnavailable
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.limits import PG_LOCK_TIMEOUT_MS, PG_STATEMENT_TIMEOUT_MS
+from kvledger.ledger.synth import SynthConfig, generate
 from tests.store.conftest import PG_URL
 
 pytestmark = pytest.mark.postgres

@@ -9,13 +9,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.events import Event, from_json
-from ledger.jsonl import read_events
-from ledger.log import EventLog
-from ledger.store.base import EventStore, StoreError, StoreUnavailable
-from ledger.store.connect import open_store
-from ledger.store.writer import BackgroundWriter
-from ledger.synth import SynthConfig, generate
+from kvledger.ledger.events import Event, from_json
+from kvledger.ledger.jsonl import read_events
+from kvledger.ledger.log import EventLog
+from kvledger.ledger.store.base import EventStore, StoreError, StoreUnavailable
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.writer import BackgroundWriter
+from kvledger.ledger.synth import SynthConfig, generate
 
 
 class FlakyStore:

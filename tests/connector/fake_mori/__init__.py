@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
-from connector.transports.mori import MoriTransport
+from kvledger.connector.transports.mori import MoriTransport
 
 FAKE_ROOT = Path(__file__).resolve().parent
 """The folder that holds the fake `mori` package: on sys.path it shadows any real mori."""

@@ -1,4 +1,4 @@
-"""Alembic environment: migrations run on the connection ledger.store.migrate hands over.
+"""Alembic environment: migrations run on the connection kvledger.ledger.store.migrate hands over.
 
 Run by hand with `alembic -x db=URL upgrade head` (alembic.ini at the repo top points here), though
 `kvledger db upgrade --db URL` is the supported way.
@@ -11,7 +11,7 @@ import os
 from alembic import context
 from sqlalchemy import Connection
 
-from ledger.store.schema import VERSION_TABLE, metadata
+from kvledger.ledger.store.schema import VERSION_TABLE, metadata
 
 
 def _run(connection: Connection) -> None:
@@ -25,8 +25,8 @@ def run_migrations_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    from ledger.store.connect import create_store_engine, ensure_pg_schema
-    from ledger.store.url import parse_url
+    from kvledger.ledger.store.connect import create_store_engine, ensure_pg_schema
+    from kvledger.ledger.store.url import parse_url
 
     url = context.get_x_argument(as_dictionary=True).get("db") or os.environ.get("KVLEDGER_DB")
     if not url:

@@ -15,7 +15,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-# Spelled out rather than taken from ledger.store.schema: a migration must not change when the code does.
+# Spelled out rather than taken from kvledger.ledger.store.schema: a migration must not change when the code does.
 _Cursor = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 

@@ -21,7 +21,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # Spelled out rather than taken from ledger.store.schema: a migration must not change when the code does.
+    # Spelled out rather than taken from kvledger.ledger.store.schema: a migration must not change when the code does.
     table = op.create_table(
         "kvledger_store",
         sa.Column("store_id", sa.String(64), primary_key=True),

@@ -15,7 +15,7 @@ down_revision = "0001_initial"
 branch_labels = None
 depends_on = None
 
-# Spelled out rather than taken from ledger.store.schema: a migration must not change when the code does.
+# Spelled out rather than taken from kvledger.ledger.store.schema: a migration must not change when the code does.
 _Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 

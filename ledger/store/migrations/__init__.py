@@ -1,1 +1,0 @@
-"""Alembic environment and versions of the kvledger store schema (see ledger.store.migrate)."""
