@@ -20,6 +20,7 @@ from kvledger.ledger.advice import timeout_advice
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Drop, Event, TransferId
 from kvledger.ledger.jsonl import write_log
+from kvledger.ledger.limits import ID_WINDOW_S
 from kvledger.ledger.merge import batched
 from kvledger.ledger.partition import partition_of, partition_of_event
 from kvledger.ledger.partitioned import Batch, Merger, answer, fold_partition, merge, slices
@@ -112,6 +113,35 @@ def test_double_owner_across_partitions_is_found_by_the_ownership_projection() -
     expected = _one_fold(events, now)
     assert [f.code for f in expected[1]] == ["double_owner"]  # type: ignore[attr-defined]
     assert _partitioned(events, 2, now) == expected
+
+
+STAMPED = Shape(
+    transfers=300, span_s=10 * ID_WINDOW_S, late_gap_s=1.5 * ID_WINDOW_S, faults_per_side=2.0, reuse_rate=0.3,
+    orphan_rate=0.15, premature_rate=0.3, block_pool=4, stamped_rate=0.5, issue_lead_s=5.0,
+)  # fmt: skip
+"""Ten id windows: stamped ids reused and late inside and past their window, tombstones retired by time."""
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_retirement_by_time_is_the_same_in_every_partition(seed: int) -> None:
+    """Each partition retires stamped ids at the whole stream's clock (its cut), never its own: the merged
+    answer, the compaction counts (tombstones held after retirement) included, is one fold's."""
+    events = _with_drops(history(seed, STAMPED), seed)
+    whole = replay_chunks(batched(events, 64), compact_every=64).state
+    assert sum(whole.compacted_by_phase.values()) > whole.tombstone_count, "tombstones were retired"
+    assert whole.past_window and whole.behind_horizon == 0, "rule S judged events past their window"
+    held = [*whole.tombstones, *whole.orphan_tombstones]
+    for jobs in (2, 3):
+        for p in range(jobs):
+            state = fold_partition(slices(batched(events, 64), p, jobs), p, jobs, compact_every=64).state
+            assert state.retired_through == whole.retired_through, (p, jobs)
+            mine = sorted(k for k in held if partition_of(k[1], jobs) == p)
+            assert sorted([*state.tombstones, *state.orphan_tombstones]) == mine, (p, jobs)
+    for now in [events[-1].ts, *audit_moments(events, random.Random(seed), count=1)]:
+        expected = _one_fold(events, now, compact_every=64)
+        assert expected[2]["compaction"]["tombstones"] == whole.tombstone_count  # type: ignore[index]
+        for jobs in (2, 3, 5):
+            assert _partitioned(events, jobs, now, compact_every=64) == expected, (jobs, now)
 
 
 def test_the_cli_with_jobs_prints_what_one_job_prints(tmp_path: Path) -> None:
