@@ -5,7 +5,10 @@ committed). Baselines in the same run: decoding the same file with msgspec alone
 what fraction of replay time goes to folding, and decoding the 1M log's events as msgpack
 (`decode_only_msgpack_events_per_s`, the store's encoding): what a replay's decoding costs at
 its cheapest. Peak memory is measured in a fresh child process per log size (ru_maxrss), so
-1M and 10M are comparable. Ends with one JSON line.
+1M and 10M are comparable. On the large log, `kvledger replay`'s fold and audit with `--jobs` 1, 2, 4
+and the machine's cores (`events_per_s_jobs_N`, in this process: the command's work less its start
+and printing), `speedup_max` (the best N over 1 job, same run) and `same_output` (every N's summary,
+advice and findings equal 1 job's). Ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -46,6 +49,13 @@ FIELDS: tuple[str, ...] = (
     "events_per_s",
     "decode_only_events_per_s",
     "fold_fraction",
+    "events_per_s_jobs_1",
+    "events_per_s_jobs_2",
+    "events_per_s_jobs_4",
+    "events_per_s_jobs_cores",
+    "cores",
+    "speedup_max",
+    "same_output",
 )
 """Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
 
@@ -102,6 +112,36 @@ def fold(path: Path) -> dict[str, float]:
     }
 
 
+def jobs_figures(path: Path, events: int) -> dict[str, object]:
+    """`kvledger replay`'s fold and audit of `path` (kvledger.cli.replay.fold) with --jobs 1, 2, 4 and the cores."""
+    from kvledger.cli.jobs import cores
+    from kvledger.cli.replay import fold as fold_jobs
+    from kvledger.ledger.advice import timeout_advice
+    from kvledger.ledger.audit import AuditConfig
+    from kvledger.ledger.summary import summarize_counts
+
+    config = AuditConfig()
+    figures: dict[str, object] = {"cores": cores()}
+    outputs: dict[int, object] = {}
+    rates: dict[int, float] = {}
+    for jobs in dict.fromkeys((1, 2, 4, cores())):
+        start = time.perf_counter()
+        answer, _ = fold_jobs([path], jobs, config, now=None, skip_bad=False)
+        elapsed = time.perf_counter() - start
+        assert answer.events == events
+        rates[jobs] = events / elapsed
+        outputs[jobs] = (
+            answer.events, answer.clock, summarize_counts(answer.counts, answer.findings),
+            timeout_advice(answer.latencies), answer.findings,
+        )  # fmt: skip
+        print(f"--jobs {jobs}: {rates[jobs]:,.0f} ev/s")
+    for label, jobs in (("1", 1), ("2", 2), ("4", 4), ("cores", cores())):
+        figures[f"events_per_s_jobs_{label}"] = round(rates[jobs])
+    figures["speedup_max"] = round(max(rates.values()) / rates[1], 2)
+    figures["same_output"] = all(output == outputs[1] for output in outputs.values())
+    return figures
+
+
 def in_child(flag: str, path: Path) -> dict[str, float]:
     """`fold` (--child-fold) or `decode_only_msgpack` (--child-msgpack) of `path` in a fresh process: a child
     starts with the peak memory of the process it was forked from (ru_maxrss survives exec)."""
@@ -151,6 +191,7 @@ def main() -> None:
                 figures["events_per_s"] = round(n / child["seconds"])
                 figures["decode_only_events_per_s"] = round(n / decode_s)
                 figures["fold_fraction"] = round(1 - decode_s / child["seconds"], 3)
+                figures.update(jobs_figures(path, n))
             os.unlink(path)
     print(json.dumps(figures))
 

@@ -15,15 +15,20 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from kvledger.ledger.advice import timeout_advice
+from kvledger.ledger.advice import LatencyRecorder, timeout_advice
 from kvledger.ledger.audit import SEVERITY_RANK, AuditConfig, Finding, audit
 from kvledger.ledger.humanize import duration, offset, utc
 from kvledger.ledger.inputs import Inputs
 from kvledger.ledger.jsonl import LogFormatError
-from kvledger.ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
+from kvledger.ledger.limits import (
+    ARRIVAL_LAG_S,
+    DEFAULT_CLOCK_SKEW_S,
+    DEFAULT_DEFER_TIMEOUT_S,
+    DEFAULT_TRANSFER_TIMEOUT_S,
+)
 from kvledger.ledger.merge import OverlapError
 from kvledger.ledger.replay import ReplayResult, replay_chunks
-from kvledger.ledger.summary import compaction_warning, summarize
+from kvledger.ledger.summary import compaction_warning, compaction_warning_of, state_counts, summarize_counts
 from kvledger.ledger.timeline import build
 
 EXIT_FINDINGS = 1
@@ -49,6 +54,13 @@ FailOn = Annotated[
 TransferTimeout = Annotated[float, typer.Option(help="Seconds without progress before stuck/orphan")]
 DeferTimeout = Annotated[float, typer.Option(help="The producer's configured defer_timeout, for the advice")]
 ClockSkew = Annotated[float, typer.Option(help="Allowed wall-clock skew between machines")]
+Jobs = Annotated[
+    int,
+    typer.Option(
+        help="Fold in this many processes, one partition of the transfers each, merged into exactly the "
+        "one-process answer. Opt-in: each worker still reads every line, so more jobs are not faster yet"
+    ),
+]
 
 T = TypeVar("T")
 
@@ -97,6 +109,65 @@ def load(
     return guarded(run)
 
 
+class Answer:
+    """A folded log as the commands print it, from one process or merged from `--jobs` partitions."""
+
+    def __init__(
+        self,
+        events: int,
+        counts: dict[str, Any],
+        latencies: LatencyRecorder,
+        releases: list[Any],
+        findings: list[Finding],
+        clock: float,
+        warning: str | None,
+    ) -> None:
+        self.events, self.counts, self.latencies, self.releases = events, counts, latencies, releases
+        self.findings, self.clock, self.warning = findings, clock, warning
+
+
+def fold(
+    logs: list[Path],
+    jobs: int,
+    config: AuditConfig,
+    *,
+    now: float | None,
+    until_seq: int | None = None,
+    until_ts: float | None = None,
+    skip_bad: bool,
+    keep_releases: bool = False,
+) -> tuple[Answer, list[tuple[str, int, str]]]:
+    """Fold and audit `logs` in one process (`jobs` 1) or in `jobs` partitions, merged into the same answer."""
+    from kvledger.cli.jobs import fold_jobs
+
+    n = jobs
+    if n < 1:
+        raise _bad_input(f"--jobs: must be at least 1, got {n}")
+    if n == 1 or not all(p.is_file() for p in logs):  # a pipe is read once, by one process; a bad path fails there
+        result, skipped = load(logs, until_seq=until_seq, until_ts=until_ts, skip_bad=skip_bad,
+                               keep_releases=keep_releases)  # fmt: skip
+        clock = now if now is not None else (result.last_ts or 0.0)
+        answer = Answer(result.events, state_counts(result.state), result.latencies, result.releases,
+                        audit(result.state, clock, config), clock, compaction_warning(result.state))  # fmt: skip
+        return answer, skipped
+    merged, skipped, clock = guarded(
+        lambda: fold_jobs(
+            logs,
+            n,
+            until_seq=until_seq,
+            until_ts=until_ts,
+            skip_bad=skip_bad,
+            now=now,
+            config=config,
+            keep_releases=keep_releases,
+        )
+    )
+    warning = compaction_warning_of(merged.counts["compaction"], ARRIVAL_LAG_S)
+    answer = Answer(merged.events, merged.counts, merged.latencies, merged.releases,
+                    merged.findings, clock, warning)  # fmt: skip
+    return answer, skipped
+
+
 def _fail_rank(fail_on: str) -> int | None:
     if fail_on == "never":
         return None
@@ -115,9 +186,8 @@ def _report_skipped(skipped: list[tuple[str, int, str]]) -> None:
         sys.stderr.write(f"kvledger: skipped {name}:{line}: {why}\n")
 
 
-def report_compaction(result: ReplayResult) -> None:
+def report_compaction(warning: str | None) -> None:
     """Never silent: when an event arrived behind the horizon of retired stamped ids, some answers are not exact."""
-    warning = compaction_warning(result.state)
     if warning is not None:
         sys.stderr.write(f"kvledger: warning: {warning}\n")
 
@@ -155,39 +225,38 @@ def replay_command(
     transfer_timeout: TransferTimeout = DEFAULT_TRANSFER_TIMEOUT_S,
     defer_timeout: DeferTimeout = DEFAULT_DEFER_TIMEOUT_S,
     clock_skew: ClockSkew = DEFAULT_CLOCK_SKEW_S,
+    jobs: Jobs = 1,
 ) -> None:
     """Fold incident logs and explain them: phases, releases, held blocks, findings, timeout advice."""
     rank = _fail_rank(fail_on)
     config = guarded(lambda: AuditConfig(transfer_timeout_s=transfer_timeout, clock_skew_s=clock_skew))
-    result, skipped = load(logs, until_seq=until_seq, until_ts=until_ts, skip_bad=skip_bad_lines, keep_releases=as_json)
+    answer, skipped = fold(logs, jobs, config, now=now, until_seq=until_seq, until_ts=until_ts,
+                           skip_bad=skip_bad_lines, keep_releases=as_json)  # fmt: skip
     _report_skipped(skipped)
-    report_compaction(result)
-    clock = now if now is not None else (result.last_ts or 0.0)
-    findings = audit(result.state, clock, config)
-    summary = summarize(result.state, findings)
-    advice = timeout_advice(result.latencies, defer_timeout_s=defer_timeout, transfer_timeout_s=transfer_timeout)
+    report_compaction(answer.warning)
+    clock, findings = answer.clock, answer.findings
+    summary = summarize_counts(answer.counts, findings)
+    advice = timeout_advice(answer.latencies, defer_timeout_s=defer_timeout, transfer_timeout_s=transfer_timeout)
     if as_json:
         document = {
-            "events": result.events,
+            "events": answer.events,
             "now": clock,
             "summary": summary,
             "advice": advice,
-            "decisions": [msgspec.to_builtins(r) for r in result.releases],
+            "decisions": [msgspec.to_builtins(r) for r in answer.releases],
             "findings": [msgspec.to_builtins(f) for f in findings],
             "skipped": [{"file": n, "line": line, "error": why} for n, line, why in skipped],
         }
         sys.stdout.write(json.dumps(document) + "\n")
     else:
-        _print_replay(result, clock, summary, advice, findings)
+        _print_replay(answer.events, clock, summary, advice, findings)
     _exit_for(findings, rank)
 
 
 def _print_replay(
-    result: ReplayResult, clock: float, summary: dict[str, Any], advice: dict[str, Any], findings: list[Finding]
+    events: int, clock: float, summary: dict[str, Any], advice: dict[str, Any], findings: list[Finding]
 ) -> None:
-    out.print(
-        f"[bold]{result.events} events[/] folded; {summary['transfers']} transfer sides; audit clock {utc(clock)}"
-    )
+    out.print(f"[bold]{events} events[/] folded; {summary['transfers']} transfer sides; audit clock {utc(clock)}")
     out.print(_counts_table("transfers by phase", summary["transfers_by_phase"]))
     out.print(_counts_table("transfers by mode", summary["transfers_by_mode"]))
     out.print(_counts_table("releases by cause", summary["releases_by_cause"] or {"none": 0}))
@@ -222,15 +291,15 @@ def audit_command(
     fail_on: FailOn = "error",
     transfer_timeout: TransferTimeout = DEFAULT_TRANSFER_TIMEOUT_S,
     clock_skew: ClockSkew = DEFAULT_CLOCK_SKEW_S,
+    jobs: Jobs = 1,
 ) -> None:
     """Findings only, at `--now` (default: the last event's ts)."""
     rank = _fail_rank(fail_on)
     config = guarded(lambda: AuditConfig(transfer_timeout_s=transfer_timeout, clock_skew_s=clock_skew))
-    result, skipped = load(logs, until_seq=None, until_ts=None, skip_bad=skip_bad_lines)
+    answer, skipped = fold(logs, jobs, config, now=now, skip_bad=skip_bad_lines)
     _report_skipped(skipped)
-    report_compaction(result)
-    clock = now if now is not None else (result.last_ts or 0.0)
-    findings = audit(result.state, clock, config)
+    report_compaction(answer.warning)
+    clock, findings = answer.clock, answer.findings
     if as_json:
         sys.stdout.write(json.dumps([msgspec.to_builtins(f) for f in findings]) + "\n")
     elif findings:

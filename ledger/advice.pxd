@@ -28,5 +28,8 @@ cdef class LatencyRecorder:
     cdef public Py_ssize_t expired_releases
     cdef public double expired_block_seconds
 
-    @cython.locals(held_s=double, bucket=object, histogram=LatencyHistogram)
+    @cython.locals(held_s=double)
     cpdef double observe(self, object release, Side side) except? -1.0
+
+    @cython.locals(bucket=object, histogram=LatencyHistogram)
+    cpdef double record(self, object release, double held_s) except? -1.0

@@ -135,6 +135,11 @@ class LatencyRecorder:
         held_s = release.ts - side.first_ts
         if held_s < 0.0:
             held_s = 0.0
+        return self.record(release, held_s)
+
+    def record(self, release: Release, held_s: float) -> float:
+        """Record one release whose side held its blocks `held_s` seconds (`observe`'s measure, taken where
+        the side was: a merge of partitions records each release again, in fold order). Returns `held_s`."""
         bucket = _bucket(held_s)
         self.all_causes.add_in(bucket, held_s)
         cause = release.cause

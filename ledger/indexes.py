@@ -295,17 +295,16 @@ class Indexes:
         return out
 
     def has_evidence(self, key: Key) -> bool:
-        """Whether an audit reports the side, or may: late, duplicate, over-ack or reuse events, a
-        double-owned block, an expired orphan, a producer released by expire, or a consumer of a
-        transfer whose producer was (the pair a premature_release is made of). Kept whole by a caller
-        that keeps evidence (a replay), such a side stays until the audit reads it."""
+        """Whether an audit reports the side, or may: late, duplicate, over-ack or reuse events, an
+        expired orphan, a producer released by expire, or a consumer of a transfer whose producer was
+        (the pair a premature_release is made of). Kept whole by a caller that keeps evidence (a replay),
+        such a side stays until the audit reads it. Each is about the side's own transfer: a double-owned
+        block is not evidence here (only a live side is reported for it, and a decided side is what
+        compaction takes), so what a replay keeps does not depend on other transfers
+        (kvledger.ledger.partitioned)."""
         # Usually all empty: a key tuple is hashed into each only when it holds something (a replay's
         # compaction asks this of every side it forgets).
-        if (
-            (self.anomalous and key in self.anomalous)
-            or (self.double_owned and key in self.double_owned)
-            or (self.orphans_expired and key in self.orphans_expired)
-        ):
+        if (self.anomalous and key in self.anomalous) or (self.orphans_expired and key in self.orphans_expired):
             return True
         expired = self.expired_producers
         if not expired:

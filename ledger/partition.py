@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 
-from kvledger.ledger.events import TransferId
+from kvledger.ledger.events import Drop, Event, TransferId
 
 
 def partition_of(transfer_id: TransferId | str, partitions: int) -> int:
@@ -19,3 +19,11 @@ def partition_of(transfer_id: TransferId | str, partitions: int) -> int:
     if partitions < 1:
         raise ValueError(f"partitions must be at least 1, got {partitions}")
     return zlib.crc32(transfer_id.encode("utf-8")) % partitions
+
+
+def partition_of_event(event: Event, partitions: int) -> int:
+    """The partition that folds `event`: its transfer's, and 0 for a `drop` (a forged control message names
+    no side; partition 0 keeps the whole log's latest drops as one fold does)."""
+    if type(event) is Drop:
+        return 0
+    return partition_of(event.transfer_id, partitions)

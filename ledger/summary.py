@@ -13,23 +13,42 @@ from kvledger.ledger.limits import FINDINGS_WORST_MAX
 
 
 def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
+    return summarize_counts(state_counts(state), findings)
+
+
+def state_counts(state: LedgerState) -> dict[str, Any]:
+    """What a summary reads of a state, as plain counts: the counts of a log's partitions add up to the
+    whole log's (`kvledger.ledger.partitioned.merge_counts`)."""
     by_phase: Counter[str] = Counter(state.compacted_by_phase)
     by_mode: Counter[str] = Counter(state.compacted_by_mode)
     for t in state.transfers.values():
         by_phase[t.phase] += 1
         by_mode[t.mode or "unmapped"] += 1
-    oldest = min((t.first_ts for t in state.live.values()), default=None)
     return {
-        "transfers": sum(by_phase.values()),
-        "transfers_by_phase": {k: v for k, v in sorted(by_phase.items()) if v},
-        "transfers_by_mode": {k: v for k, v in sorted(by_mode.items()) if v},
-        "releases_by_cause": {k: v for k, v in state.releases_by_cause.items() if v},
+        "by_phase": {k: v for k, v in sorted(by_phase.items()) if v},
+        "by_mode": {k: v for k, v in sorted(by_mode.items()) if v},
+        "releases_by_cause": dict(state.releases_by_cause),
+        "compaction": compaction_report(state),
         "live_transfers": len(state.live),
         "blocks_held": state.blocks_held,
-        "oldest_held_ts": oldest,
+        "oldest_held_ts": min((t.first_ts for t in state.live.values()), default=None),
+    }
+
+
+def summarize_counts(counts: dict[str, Any], findings: list[Finding]) -> dict[str, Any]:
+    """The summary of a state whose `state_counts` are `counts`, with its audit's `findings`."""
+    by_phase: dict[str, int] = counts["by_phase"]
+    return {
+        "transfers": sum(by_phase.values()),
+        "transfers_by_phase": {k: v for k, v in by_phase.items() if v},
+        "transfers_by_mode": {k: v for k, v in counts["by_mode"].items() if v},
+        "releases_by_cause": {k: v for k, v in counts["releases_by_cause"].items() if v},
+        "live_transfers": counts["live_transfers"],
+        "blocks_held": counts["blocks_held"],
+        "oldest_held_ts": counts["oldest_held_ts"],
         "findings_by_code": {k: v for k, v in counts_by_code(findings).items() if v},
         "findings_by_severity": dict(Counter(f.severity for f in findings)),
-        "compaction": compaction_report(state),
+        "compaction": counts["compaction"],
         "worst": [msgspec.to_builtins(f) for f in findings[:FINDINGS_WORST_MAX]],
     }
 
@@ -53,10 +72,16 @@ def compaction_warning(state: LedgerState) -> str | None:
     Every answer is exact but one: an event inside its stamped id's window that arrived more than
     `arrival_lag_s` behind the upkeep's clock, after the id's tombstone may have been retired (impossible in
     a time-ordered log). It is judged as the first event of a new side, and counted."""
-    if not state.behind_horizon:
+    return compaction_warning_of(compaction_report(state), state.arrival_lag_s)
+
+
+def compaction_warning_of(report: dict[str, int], arrival_lag_s: float) -> str | None:
+    """`compaction_warning` from a `compaction_report` (one state's, or a merge of partitions')."""
+    behind_horizon = report["behind_horizon"]
+    if not behind_horizon:
         return None
     return (
-        f"memory bound hit: {state.behind_horizon} events arrived more than {state.arrival_lag_s:g} s behind the "
+        f"memory bound hit: {behind_horizon} events arrived more than {arrival_lag_s:g} s behind the "
         "log's clock for stamped transfer ids that may have been retired; each was judged as the first event "
         "of a new side, so the decisions and findings about those are not exact"
     )
