@@ -136,6 +136,12 @@ class LogReader:
     def chunks(self) -> Iterator[list[Event]]:
         """The events in lists of up to `JSONL_CHUNK_BYTES` of lines: a replay folds each list
         without a generator step per event."""
+        for chunk in self._whole_lines():
+            yield self._decode(chunk)
+
+    def _whole_lines(self) -> Iterator[bytes]:
+        """The stream in pieces of about `JSONL_CHUNK_BYTES`, each ending at the end of a line (or of the
+        stream)."""
         read, readline = self._stream.read, self._stream.readline
         while True:
             chunk = read(JSONL_CHUNK_BYTES)
@@ -143,7 +149,7 @@ class LogReader:
                 return
             if not chunk.endswith(b"\n"):
                 chunk += readline(JSONL_LINE_BYTES_MAX + 1)
-            yield self._decode(chunk)
+            yield chunk
 
     def _decode(self, chunk: bytes) -> list[Event]:
         """The events of `chunk` (whole lines), the line count moved past them."""
@@ -176,14 +182,8 @@ class LogReader:
         `split_lines`)."""
         if self.skip_bad_lines:
             raise ValueError("partition_chunks reads a log whose bad lines fail it, not one that skips them")
-        read, readline = self._stream.read, self._stream.readline
         index = 0
-        while True:
-            chunk = read(JSONL_CHUNK_BYTES)
-            if not chunk:
-                return
-            if not chunk.endswith(b"\n"):
-                chunk += readline(JSONL_LINE_BYTES_MAX + 1)
+        for chunk in self._whole_lines():
             events: list[Event] | None = None
             if len(chunk) <= JSONL_LINE_BYTES_MAX:
                 kept, ordinals, unsure, count, newest = split_lines(chunk, partition, partitions)

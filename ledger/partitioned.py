@@ -46,7 +46,7 @@ from kvledger.ledger.events import Event, Map, ReqId, TransferId
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
 from kvledger.ledger.partition import partition_of_event
-from kvledger.ledger.replay import fold_indexed
+from kvledger.ledger.replay import cut, fold_indexed
 from kvledger.ledger.summary import state_counts
 
 Slice: TypeAlias = tuple[list[Event], list[int], int, float]
@@ -72,10 +72,7 @@ def slices(
     index = 0
     for chunk in chunks:
         if until_ts is not None or until_seq is not None:
-            kept = [
-                e for e in chunk
-                if (until_ts is None or e.ts <= until_ts) and (until_seq is None or e.seq <= until_seq)
-            ]  # fmt: skip
+            kept = cut(chunk, until_ts, until_seq)
             if len(kept) < len(chunk) and stopped is not None:
                 stopped.append(True)
             chunk = kept

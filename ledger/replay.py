@@ -37,6 +37,12 @@ class ReplayResult:
     stopped_early: bool = False
 
 
+def cut(chunk: list[Event], until_ts: float | None, until_seq: int | None) -> list[Event]:
+    """The events of `chunk` at or before the cut (`--until-ts`, `--until-seq`): one source's clock may step
+    back past it, so a replay reads on after the first event left out."""
+    return [e for e in chunk if (until_ts is None or e.ts <= until_ts) and (until_seq is None or e.seq <= until_seq)]
+
+
 def replay_chunks(
     chunks: Iterable[list[Event]],
     *,
@@ -73,10 +79,7 @@ def replay_chunks(
     with collector_paused():
         for chunk in chunks:
             if until_ts is not None or until_seq is not None:
-                kept = [
-                    e for e in chunk
-                    if (until_ts is None or e.ts <= until_ts) and (until_seq is None or e.seq <= until_seq)
-                ]  # fmt: skip
+                kept = cut(chunk, until_ts, until_seq)
                 if len(kept) < len(chunk):
                     result.stopped_early = True  # not a stop: one source's clock may step back past the cut
                 chunk = kept
