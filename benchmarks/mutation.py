@@ -56,8 +56,9 @@ MUTATED = (
     "ledger/merge.py",
 )
 TESTS = "tests/ledger"
-SUPPORT = ("tests/fuzz",)
-"""Test helpers the ledger tests import (tests/ledger/test_valid.py uses tests.fuzz's strategies): copied too."""
+SUPPORT = ("tests/fuzz", "tests/data")
+"""What the ledger tests read beside their own folder (tests/ledger/test_valid.py uses tests.fuzz's strategies,
+test_exact_memory.py a case's settings in tests/data): copied too."""
 DEFAULT_EVERY = 4
 FIRST_BATCH = "kvledger.ledger.audit.x_counts_by_code__mutmut_*"
 """A few quick mutants run first: mutmut generates every mutant and measures the tests on its way to them."""
