@@ -273,6 +273,18 @@ def _caches(blocks: int) -> dict[str, torch.Tensor]:
     return {f"layers.{i}.attn": torch.zeros(blocks, 2, 4, 1, 8) for i in range(DEAD_PEER_LAYERS)}
 
 
+def _producer_holding(config: ConnectorConfig, count: int, now: float) -> tuple[Any, Any]:
+    """A READ producer's worker and scheduler halves holding `count` finished requests' transfers (`tx-<i>`, one
+    block each), bound at `now`."""
+    worker, scheduler = build_worker(config), build_scheduler(config)
+    worker.register_kv_caches(_caches(count), count)
+    for i in range(count):
+        params = parse_params({"transfer_id": f"tx-{i}", "do_remote_decode": True})
+        scheduler.on_request_finished(ReqId(f"p-{i}"), params, (i,), now)
+    worker.bind(scheduler.build_meta(now), now)
+    return worker, scheduler
+
+
 def _wait(condition: Any) -> None:
     deadline = time.monotonic() + WAIT_S
     while not condition():
@@ -388,16 +400,10 @@ def flood_hook_max() -> tuple[float, int, int]:
     mapped. Stepped in vLLM's order until every message was handled and every side the unknown releases opened
     expired (the flood's aftermath: UNMAPPED_SIDES_MAX of them at most). Returns (max us, hook calls, steps)."""
     producer_config, consumer_config = _pair_configs("read")
-    worker = build_worker(producer_config)
-    scheduler = build_scheduler(producer_config)
+    now = 1000.0
+    worker, scheduler = _producer_holding(producer_config, LIVE_TRANSFERS, now)
     sender = Channel("127.0.0.1", 0, 0, lambda host, port: True, key=CONTROL_KEY)
     try:
-        worker.register_kv_caches(_caches(LIVE_TRANSFERS), LIVE_TRANSFERS)
-        now = 1000.0
-        for i in range(LIVE_TRANSFERS):
-            params = parse_params({"transfer_id": f"tx-{i}", "do_remote_decode": True})
-            scheduler.on_request_finished(ReqId(f"p-{i}"), params, (i,), now)
-        worker.bind(scheduler.build_meta(now), now)
         names = [f"tx-{i}" for i in range(LIVE_TRANSFERS)]
         names += [f"unheld-{i}" for i in range(FLOOD_LEASES * LEASE_IDS_PER_MESSAGE_MAX - LIVE_TRANSFERS)]
         me = consumer_config.rank_address
@@ -464,18 +470,12 @@ def forged_messages_accepted(attempts: int = 64) -> int:
     """A READ producer holding `attempts` transfers gets a `release` for each from the loopback (an
     allow-listed address) without the key: how many freed their transfer."""
     producer_config, _ = _pair_configs("read")
-    worker = build_worker(producer_config)
-    scheduler = build_scheduler(producer_config)
+    now = 1000.0
+    worker, scheduler = _producer_holding(producer_config, attempts, now)
     context: zmq.Context[Any] = zmq.Context()
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
-        worker.register_kv_caches(_caches(attempts), attempts)
-        now = 1000.0
-        for i in range(attempts):
-            params = parse_params({"transfer_id": f"tx-{i}", "do_remote_decode": True})
-            scheduler.on_request_finished(ReqId(f"p-{i}"), params, (i,), now)
-        worker.bind(scheduler.build_meta(now), now)
         sock.connect(f"tcp://127.0.0.1:{producer_config.my_port(producer_config.notify_port)}")
         for i in range(attempts):
             sock.send(encode(ReleaseBlocks(transfer_id=TransferId(f"tx-{i}"), rank=0, consumer_tp_size=1)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -171,13 +172,23 @@ def test_the_negative_control_serves_released_blocks() -> None:
         consumer.close()
 
 
-def test_tcp_serves_a_read_only_while_its_transfer_is_held() -> None:
+@contextmanager
+def _tcp_pair() -> Iterator[tuple[TcpTransport, TcpTransport, Any, torch.Tensor, torch.Tensor]]:
+    """A producer's and a consumer's tcp transports on loopback, a 64-float region each, the consumer connected:
+    (producer, consumer, session, producer's tensor, consumer's tensor)."""
     producer, consumer = TcpTransport("127.0.0.1", 0), TcpTransport("127.0.0.1", 0)
     try:
         src, dst = torch.arange(64, dtype=torch.float32), torch.zeros(64)
         remote = producer.register("kv", src)
         consumer.register("kv", dst)
-        session = consumer.connect(producer.endpoint(), [remote])
+        yield producer, consumer, consumer.connect(producer.endpoint(), [remote]), src, dst
+    finally:
+        producer.close()
+        consumer.close()
+
+
+def test_tcp_serves_a_read_only_while_its_transfer_is_held() -> None:
+    with _tcp_pair() as (producer, consumer, session, src, dst):
         answers: dict[str, bool | None] = {"held": True, "gone": False, "unknown": None}
         producer.set_hold_check(answers.get)
         results = {}
@@ -189,18 +200,10 @@ def test_tcp_serves_a_read_only_while_its_transfer_is_held() -> None:
         assert results["gone"].code == Code.REFUSED and not results["gone"].transient
         assert results["unknown"].code == Code.NOT_HELD_YET and results["unknown"].transient
         assert results[""].code == Code.REFUSED  # a read that names no transfer is never served
-    finally:
-        producer.close()
-        consumer.close()
 
 
 def test_tcp_answers_a_request_whose_hold_check_raised_and_serves_on() -> None:
-    producer, consumer = TcpTransport("127.0.0.1", 0), TcpTransport("127.0.0.1", 0)
-    try:
-        src, dst = torch.arange(64, dtype=torch.float32), torch.zeros(64)
-        remote = producer.register("kv", src)
-        consumer.register("kv", dst)
-        session = consumer.connect(producer.endpoint(), [remote])
+    with _tcp_pair() as (producer, consumer, session, src, dst):
 
         def held(tid: str) -> bool | None:
             if tid == "broken":
@@ -214,9 +217,6 @@ def test_tcp_answers_a_request_whose_hold_check_raised_and_serves_on() -> None:
         served = consumer.read(session, "kv", "kv", [(0, 0, 64)], transfer_id="fine")
         assert consumer.wait_all([served], WAIT_S)
         assert served.status().succeeded() and torch.equal(dst[:16], src[:16])
-    finally:
-        producer.close()
-        consumer.close()
 
 
 # -- one-sided reads (mori, on the fake mori.io): confirmed with the producer before and after ------------------
