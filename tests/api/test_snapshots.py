@@ -146,6 +146,20 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == snapshots.__name__]
 
 
+def _refolded_at_start(
+    url: str, rows: int, at: float, caplog: pytest.LogCaptureFixture
+) -> tuple[tuple[bytes, list[list[Finding]]], str]:
+    """A service started over `url` whose snapshot is refused: it restores none and folds all `rows`. Returns
+    what it then says at `at` and the one warning it logged."""
+    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
+    with _service(url) as live:
+        assert live.restored_from is None
+        assert live.rows_folded == rows
+        started = _folded(live, [at])
+    (warning,) = _warnings(caplog)
+    return started, warning
+
+
 def _checksummed(document: bytes) -> bytes:
     """`document` sealed as format 2 sealed it: its CRC-32 after it, not compressed."""
     return document + zlib.crc32(document).to_bytes(4, "little")
@@ -220,12 +234,7 @@ def test_an_old_format_snapshot_is_ignored_and_the_fold_starts_from_zero(
     finally:
         store.close()
     _save(sqlite_url, cursor, _with_ledger_format(written.body, ledger_format), column_format)
-    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
-    with _service(sqlite_url) as live:
-        assert live.restored_from is None
-        assert live.rows_folded == len(events)
-        started = _folded(live, [events[-1].ts])
-    (warning,) = _warnings(caplog)
+    started, warning = _refolded_at_start(sqlite_url, len(events), events[-1].ts, caplog)
     assert f"snapshot at cursor {cursor} " in warning and why in warning
     assert started == _refolded(sqlite_url, [events[-1].ts])
 
@@ -257,12 +266,7 @@ def test_a_row_committed_below_the_snapshot_is_folded_not_skipped(
     assert cursor == split + 1
     _insert_at(store_url, [(late + 1, events[late])])
     _insert_at(store_url, [(i + 2, e) for i, e in enumerate(events) if i >= split])
-    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
-    with _service(store_url) as live:
-        assert live.restored_from is None
-        assert live.rows_folded == len(events)
-        started = _folded(live, [events[-1].ts])
-    (warning,) = _warnings(caplog)
+    started, warning = _refolded_at_start(store_url, len(events), events[-1].ts, caplog)
     assert f"snapshot at cursor {cursor} " in warning and "committed below its cursor" in warning
     assert started == _refolded(store_url, [events[-1].ts])
 
@@ -299,12 +303,7 @@ def test_a_snapshot_whose_newest_events_were_removed_and_their_cursors_taken_aga
         store.close()
     sqlite = store_url.startswith("sqlite")
     assert reused == ((cursor, events[split + 1]) if sqlite else (cursor + 1, events[split]))
-    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
-    with _service(store_url) as live:
-        assert live.restored_from is None
-        assert live.rows_folded == len(events) - 2
-        started = _folded(live, [events[-1].ts])
-    (warning,) = _warnings(caplog)
+    started, warning = _refolded_at_start(store_url, len(events) - 2, events[-1].ts, caplog)
     assert f"snapshot at cursor {cursor} " in warning
     if sqlite:
         event = events[split + 1]
@@ -341,12 +340,7 @@ def test_a_snapshot_copied_from_another_store_is_refused(
     finally:
         target.close()
     assert own_id != other_id
-    caplog.set_level(logging.WARNING, logger=snapshots.__name__)
-    with _service(store_url) as live:
-        assert live.restored_from is None
-        assert live.rows_folded == len(events)
-        started = _folded(live, [events[-1].ts])
-    (warning,) = _warnings(caplog)
+    started, warning = _refolded_at_start(store_url, len(events), events[-1].ts, caplog)
     assert f"snapshot at cursor {cursor} " in warning
     assert f"taken of another store (store id {other_id!r}; this store's is {own_id!r})" in warning
     assert started == _refolded(store_url, [events[-1].ts])
