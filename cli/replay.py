@@ -55,10 +55,10 @@ TransferTimeout = Annotated[float, typer.Option(help="Seconds without progress b
 DeferTimeout = Annotated[float, typer.Option(help="The producer's configured defer_timeout, for the advice")]
 ClockSkew = Annotated[float, typer.Option(help="Allowed wall-clock skew between machines")]
 Jobs = Annotated[
-    int,
+    int | None,
     typer.Option(
         help="Fold in this many processes, one partition of the transfers each, merged into exactly the "
-        "one-process answer. Opt-in: each worker still reads every line, so more jobs are not faster yet"
+        "one-process answer. Default: the cores available for logs of 64 MB or more, 1 below"
     ),
 ]
 
@@ -128,7 +128,7 @@ class Answer:
 
 def fold(
     logs: list[Path],
-    jobs: int,
+    jobs: int | None,
     config: AuditConfig,
     *,
     now: float | None,
@@ -137,10 +137,11 @@ def fold(
     skip_bad: bool,
     keep_releases: bool = False,
 ) -> tuple[Answer, list[tuple[str, int, str]]]:
-    """Fold and audit `logs` in one process (`jobs` 1) or in `jobs` partitions, merged into the same answer."""
-    from kvledger.cli.jobs import fold_jobs
+    """Fold and audit `logs` in one process (`jobs` 1) or in `jobs` partitions, merged into the same answer
+    (None: `kvledger.cli.jobs.default_jobs`)."""
+    from kvledger.cli.jobs import default_jobs, fold_jobs
 
-    n = jobs
+    n = default_jobs(logs) if jobs is None else jobs
     if n < 1:
         raise _bad_input(f"--jobs: must be at least 1, got {n}")
     if n == 1 or not all(p.is_file() for p in logs):  # a pipe is read once, by one process; a bad path fails there
@@ -225,7 +226,7 @@ def replay_command(
     transfer_timeout: TransferTimeout = DEFAULT_TRANSFER_TIMEOUT_S,
     defer_timeout: DeferTimeout = DEFAULT_DEFER_TIMEOUT_S,
     clock_skew: ClockSkew = DEFAULT_CLOCK_SKEW_S,
-    jobs: Jobs = 1,
+    jobs: Jobs = None,
 ) -> None:
     """Fold incident logs and explain them: phases, releases, held blocks, findings, timeout advice."""
     rank = _fail_rank(fail_on)
@@ -291,7 +292,7 @@ def audit_command(
     fail_on: FailOn = "error",
     transfer_timeout: TransferTimeout = DEFAULT_TRANSFER_TIMEOUT_S,
     clock_skew: ClockSkew = DEFAULT_CLOCK_SKEW_S,
-    jobs: Jobs = 1,
+    jobs: Jobs = None,
 ) -> None:
     """Findings only, at `--now` (default: the last event's ts)."""
     rank = _fail_rank(fail_on)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Iterator
 from operator import attrgetter
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeAlias
 
 import msgspec
 
@@ -91,8 +91,13 @@ class LogReader:
     spill files, whose events the store itself then checks and quarantines.
     """
 
-    def __init__(self, stream: IO[bytes], name: str, *, skip_bad_lines: bool = False, check: bool = True) -> None:
+    def __init__(
+        self, stream: IO[bytes], name: str, *, skip_bad_lines: bool = False, check: bool = True, end: int | None = None
+    ) -> None:
         self._stream = stream
+        self.end = end
+        """Read no further than this offset (None: to the end): a log still written to reads the same to every
+        reader that is given one end (`--jobs`' workers)."""
         self.name = name
         self.skip_bad_lines = skip_bad_lines
         self.check = check
@@ -143,12 +148,16 @@ class LogReader:
         """The stream in pieces of about `JSONL_CHUNK_BYTES`, each ending at the end of a line (or of the
         stream)."""
         read, readline = self._stream.read, self._stream.readline
-        while True:
-            chunk = read(JSONL_CHUNK_BYTES)
+        left = -1 if self.end is None else max(0, self.end - self._stream.tell())
+        while left:
+            chunk = read(JSONL_CHUNK_BYTES if left < 0 else min(JSONL_CHUNK_BYTES, left))
             if not chunk:
                 return
             if not chunk.endswith(b"\n"):
-                chunk += readline(JSONL_LINE_BYTES_MAX + 1)
+                rest = JSONL_LINE_BYTES_MAX + 1
+                chunk += readline(rest if left < 0 else min(rest, left - len(chunk)))
+            if left > 0:
+                left -= len(chunk)
             yield chunk
 
     def _decode(self, chunk: bytes) -> list[Event]:
@@ -173,20 +182,39 @@ class LogReader:
             return None
         return events
 
-    def partition_chunks(self, partition: int, partitions: int) -> Iterator[tuple[list[Event], list[int], int, float]]:
+    def marked_chunks(self, partitions: int, *, stride: int = 1, first: int = 0) -> Iterator[tuple[int, Marked | None]]:
+        """Every `stride`-th chunk from the `first`: its length and its `line_marks` (None for a chunk
+        `partition_chunks` decodes whole). What one of `stride` workers tells the others, so that each line
+        is scanned once however many partitions read it."""
+        for k, chunk in enumerate(self._whole_lines()):
+            if k % stride == first:
+                yield len(chunk), line_marks(chunk, partitions) if len(chunk) <= JSONL_LINE_BYTES_MAX else None
+
+    def partition_chunks(
+        self, partition: int, partitions: int, marked: Iterable[tuple[int, Marked | None]] | None = None
+    ) -> Iterator[tuple[list[Event], list[int], int, float]]:
         """`chunks` as partition `partition` of `partitions` folds them (`kvledger.ledger.partitioned.fold_partition`):
         each chunk's events of the partition, their positions in the whole log, how many events the
-        chunk holds and its newest ts. Lines of other partitions are told by `split_lines` and never
+        chunk holds and its newest ts. Lines of other partitions are told by `line_marks` and never
         decoded; a chunk where that is not enough (a bad or very long line) is decoded whole, as `chunks`
-        decodes it, so a bad line fails here as it does there. Not with `skip_bad_lines` (see
-        `split_lines`)."""
+        decodes it, so a bad line fails here as it does there. `marked`: each chunk's length and marks
+        (`marked_chunks`, possibly another reader's; None: decode the chunk whole), else this reader marks
+        each chunk itself. Not with `skip_bad_lines` (see `line_marks`)."""
         if self.skip_bad_lines:
             raise ValueError("partition_chunks reads a log whose bad lines fail it, not one that skips them")
+        told = iter(marked) if marked is not None else None
         index = 0
         for chunk in self._whole_lines():
             events: list[Event] | None = None
-            if len(chunk) <= JSONL_LINE_BYTES_MAX:
-                kept, ordinals, unsure, count, newest = split_lines(chunk, partition, partitions)
+            if told is not None:
+                length, marks = next(told, (-1, None))
+                if length != len(chunk):
+                    raise ValueError(f"{self.name}: the log changed while it was read (a chunk of another length)")
+            else:
+                marks = line_marks(chunk, partitions) if len(chunk) <= JSONL_LINE_BYTES_MAX else None
+            if marks is not None:
+                kept, ordinals, unsure = select_lines(chunk, marks[0], marks[1], partition)
+                count, newest = marks[2], marks[3]
                 events = self._decode_fast(kept)
                 if events is not None and len(events) != len(ordinals):
                     events = None
@@ -252,18 +280,18 @@ def _newlines(chunk: bytes) -> int:
     return n
 
 
-def _crc_table() -> bytes:
-    """zlib's crc32 table, 256 little-endian 4-byte words (bytes: indexed alike compiled and interpreted)."""
+def _crc_table() -> list[int]:
+    """zlib's crc32 table: 256 words (compiled, a C array of them: ledger/jsonl.pxd)."""
     words = []
     for n in range(256):
         c = n
         for _ in range(8):
             c = (0xEDB88320 ^ (c >> 1)) if c & 1 else c >> 1
-        words.append(c.to_bytes(4, "little"))
-    return b"".join(words)
+        words.append(c)
+    return words
 
 
-_CRC_TABLE = _crc_table()
+_CRC32 = _crc_table()
 _SPECIAL = bytes(1 if byte in (10, 34, 92) else 0 for byte in range(256))
 """The bytes `split_lines` stops at: newline, quote, backslash."""
 _TRANSFER_ID = b'transfer_id"'
@@ -271,30 +299,56 @@ _TRANSFER_ID = b'transfer_id"'
 # 46 '.', 58 ':', 92 backslash, 125 '}', 48-57 digits.
 
 
+Marked: TypeAlias = tuple[bytes, bytes, int, float]
+"""`line_marks` of a chunk: its lines' marks, their ends, its events and its newest plain ts."""
+LINE_BLANK = 254
+"""`line_marks`' mark for a blank line (no event)."""
+LINE_UNSURE = 255
+"""`line_marks`' mark for a line decoding must tell: every partition keeps it."""
+MARKED_PARTITIONS_MAX = 254
+"""Partitions a line's mark can name (0 to 253), beside the two marks above."""
+
+
 def split_lines(chunk: bytes, partition: int, partitions: int) -> tuple[bytes, list[int], list[int], int, float]:
-    """The lines of `chunk` (whole JSONL event lines) that partition `partition` of `partitions` folds,
-    told without decoding them: a line names its transfer once (`"transfer_id":"ID"`) and its ts once
-    (`"ts":NUMBER`), and the partition is `kvledger.ledger.partition.partition_of(ID)` (crc32 of the id's bytes:
-    with no backslash in the line, the JSON string's bytes are the id's UTF-8).
+    """The lines of `chunk` (whole JSONL event lines) that partition `partition` of `partitions` folds, told
+    without decoding them (`line_marks`, then `select_lines`): the kept lines joined; each one's position among
+    the chunk's events (1-based); the positions among the kept of the lines decoding must tell; how many events
+    the chunk holds; and the newest ts of the plain lines (`-inf` when none)."""
+    marks, ends, events, newest = line_marks(chunk, partitions)
+    kept, ordinals, unsure = select_lines(chunk, marks, ends, partition)
+    return kept, ordinals, unsure, events, newest
+
+
+def line_marks(chunk: bytes, partitions: int) -> tuple[bytes, bytes, int, float]:
+    """Each line of `chunk` (whole JSONL event lines) marked with the partition of `partitions` that folds it,
+    told without decoding it: a line names its transfer once (`"transfer_id":"ID"`) and its ts once
+    (`"ts":NUMBER`), and the partition is `kvledger.ledger.partition.partition_of(ID)` (crc32 of the id's
+    bytes: with no backslash in the line, the JSON string's bytes are the id's UTF-8).
 
     A line that is not that plain (a backslash, either key twice or not followed at once by its value,
-    a `"drop"`, which partition 0 folds whatever its transfer) is kept by every partition, to be told by
-    decoding it. Returns the kept lines joined; each one's position among the chunk's events (1-based);
-    the positions among the kept of the lines decoding must tell; how many events the chunk holds (its
-    lines that are not blank); and the newest ts of the plain lines (`-inf` when none).
+    a `"drop"`, which partition 0 folds whatever its transfer) is marked `LINE_UNSURE`: every partition keeps
+    it, to be told by decoding it; a blank line `LINE_BLANK`. Returns the marks, one byte a line in order (a
+    last line without its newline included); where each line ends, 4 bytes a line (`_put_end`: what
+    `select_lines` cuts at); how many events the chunk holds (its lines that are not blank); and the newest ts
+    of the plain lines (`-inf` when none). At most `MARKED_PARTITIONS_MAX` partitions. A chunk is at most
+    JSONL_CHUNK_BYTES plus one line, so its offsets fit 4 bytes.
 
     Only for a log read without skipping bad lines: the counts take every line that is not blank for an
     event, which is what the fold sees when the log is valid; when it is not, reading it fails anyway,
     on its first bad line, which the partition keeping that line decodes. Compiled (ledger/jsonl.pxd),
-    one C loop over the bytes (about a tenth of decoding them); interpreted, the same loop, slowly."""
+    one C loop over the bytes (about two thirds of decoding them); interpreted, the same loop, slowly."""
+    if not 1 <= partitions <= MARKED_PARTITIONS_MAX:
+        raise ValueError(f"partitions must be 1 to {MARKED_PARTITIONS_MAX}, got {partitions}")
     data = chunk
     special = _SPECIAL
-    table = _CRC_TABLE
     word = _TRANSFER_ID
     size = len(chunk)
-    kept: list[bytes] = []
-    ordinals: list[int] = []
-    unsure: list[int] = []
+    count = _newlines(chunk) + 1
+    out = bytearray(count)
+    marks = out
+    out_ends = bytearray(4 * count)
+    ends = out_ends
+    lines = 0
     events = 0
     newest = float("-inf")
     best_start = best_end = -1  # the greatest plain decimal ts seen: parsed once, at the end
@@ -339,18 +393,20 @@ def split_lines(chunk: bytes, partition: int, partitions: int) -> tuple[bytes, l
             while k < i and (data[k] == 32 or data[k] == 9 or data[k] == 13):
                 k += 1
             if k == i:
+                marks[lines] = LINE_BLANK
+                _put_end(ends, lines, start)
+                lines += 1
                 continue
         events += 1
         if odd or ids != 1 or stamps != 1 or id_start < 0 or ts_start < 0:
-            kept.append(chunk[line_start:start])
-            ordinals.append(events)
-            unsure.append(len(kept) - 1)
+            marks[lines] = LINE_UNSURE
+            _put_end(ends, lines, start)
+            lines += 1
             continue
         crc = 0xFFFFFFFF
         id_end = id_start
         while id_end < i and data[id_end] != 34:
-            k = ((crc ^ data[id_end]) & 0xFF) * 4
-            crc = (crc >> 8) ^ (table[k] | (table[k + 1] << 8) | (table[k + 2] << 16) | (table[k + 3] << 24))
+            crc = (crc >> 8) ^ _CRC32[(crc ^ data[id_end]) & 0xFF]
             id_end += 1
         crc ^= 0xFFFFFFFF
         ts_end = ts_start
@@ -373,14 +429,58 @@ def split_lines(chunk: bytes, partition: int, partitions: int) -> tuple[bytes, l
                 ts = newest  # not a number: the line is bad, and the partition keeping it says so
             if ts > newest:
                 newest = ts
-        if crc % partitions == partition:
-            kept.append(chunk[line_start:start])
-            ordinals.append(events)
+        marks[lines] = crc % partitions
+        _put_end(ends, lines, start)
+        lines += 1
     if best_start >= 0:
         ts = float(chunk[best_start:best_end])
         if ts > newest:
             newest = ts
-    return b"".join(kept), ordinals, unsure, events, newest
+    return bytes(out[:lines]), bytes(out_ends[: 4 * lines]), events, newest
+
+
+def _put_end(ends: bytearray, line: int, end: int) -> None:
+    """Write where line `line` ends (the offset of the byte after its newline), 4 bytes little-endian."""
+    k = 4 * line
+    ends[k] = end & 0xFF
+    ends[k + 1] = (end >> 8) & 0xFF
+    ends[k + 2] = (end >> 16) & 0xFF
+    ends[k + 3] = end >> 24
+
+
+def select_lines(chunk: bytes, marks: bytes, ends: bytes, partition: int) -> tuple[bytes, list[int], list[int]]:
+    """The lines of `chunk` that `marks` and `ends` (`line_marks` of it) give to `partition`, with the unsure
+    ones every partition keeps: joined; each one's position among the chunk's events (1-based); the positions
+    among the kept of the unsure ones. Only the kept lines are touched: their bounds come from `ends`."""
+    lines = len(marks)
+    if 4 * lines != len(ends) or (lines and _end_of(ends, lines - 1) != len(chunk)):
+        raise ValueError(f"{lines} line marks for a chunk of other lines: the log changed while it was read")
+    data = marks
+    kept: list[bytes] = []
+    ordinals: list[int] = []
+    unsure: list[int] = []
+    events = 0
+    start = 0
+    for line in range(lines):
+        mark = data[line]
+        end = _end_of(ends, line)
+        if mark != LINE_BLANK:
+            events += 1
+            keep = mark == partition
+            if mark == LINE_UNSURE:
+                unsure.append(len(kept))
+                keep = True
+            if keep:
+                kept.append(chunk[start:end])
+                ordinals.append(events)
+        start = end
+    return b"".join(kept), ordinals, unsure
+
+
+def _end_of(ends: bytes, line: int) -> int:
+    """Where line `line` ends (`_put_end`)."""
+    k = 4 * line
+    return ends[k] | (ends[k + 1] << 8) | (ends[k + 2] << 16) | (ends[k + 3] << 24)
 
 
 def _decimal_greater(data: bytes, a: int, a_end: int, b: int, b_end: int) -> bool:
@@ -402,12 +502,15 @@ def _decimal_greater(data: bytes, a: int, a_end: int, b: int, b_end: int) -> boo
     return a < a_end
 
 
-def open_log(path: str | os.PathLike[str], *, skip_bad_lines: bool = False, check: bool = True) -> LogReader:
-    """Open a JSONL incident log for reading (the caller closes `reader._stream` via `read_events`)."""
+def open_log(
+    path: str | os.PathLike[str], *, skip_bad_lines: bool = False, check: bool = True, end: int | None = None
+) -> LogReader:
+    """Open a JSONL incident log for reading (the caller closes `reader._stream` via `read_events`); `end`: read
+    no further than this offset."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{p}: no such file")
-    return LogReader(open(p, "rb"), str(p), skip_bad_lines=skip_bad_lines, check=check)
+    return LogReader(open(p, "rb"), str(p), skip_bad_lines=skip_bad_lines, check=check, end=end)
 
 
 def read_events(path: str | os.PathLike[str], *, skip_bad_lines: bool = False, check: bool = True) -> Iterator[Event]:

@@ -31,8 +31,9 @@ Sans-IO: what reads the log and moves the answers (processes) lives above (cli/j
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any, TypeAlias
 
@@ -268,6 +269,8 @@ def answer(folded: Folded, now: float, config: AuditConfig | None = None) -> Par
 
 
 _index_of = attrgetter("index")
+_drain: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
+"""Runs an iterator to its end in C, keeping nothing."""
 _first = itemgetter(0)
 
 
@@ -463,6 +466,9 @@ class Ownership:
         held = self.held.get(c.source)
         if held is None:
             held = self.held[c.source] = {}
+        if held.keys().isdisjoint(c.block_ids):  # the common case, in C loops: every block is new to the source
+            held.update(dict.fromkeys(c.block_ids, key))
+            return
         for block in c.block_ids:  # a block named twice is held once: the second finds this side holding it
             holder = held.get(block)
             if holder is None:
@@ -483,7 +489,12 @@ class Ownership:
         if self.double_owned:
             self.double_owned.pop(key, None)  # the finding needs both sides live at the end
         held = self.held[r.source]
-        for block in claim.block_ids:  # each block let go of once: a second mention finds it gone
+        blocks = claim.block_ids
+        holders = list(map(held.get, blocks))
+        if holders.count(key) == len(holders):  # the common case, in C loops: this side alone holds each block
+            _drain(map(held.pop, blocks, repeat(None)))  # a block named twice is popped once
+            return
+        for block in blocks:  # each block let go of once: a second mention finds it gone
             holder = held.get(block)
             if holder is None:
                 continue

@@ -9,6 +9,7 @@ import itertools
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -267,3 +268,71 @@ def test_split_lines_is_the_same_compiled_and_interpreted(tmp_path: Path) -> Non
 
     body = log.read_bytes().split(b"\n", 1)[1]
     assert json.loads(run.stdout) == [repr(split_lines(body, p, 3)) for p in range(3)]
+
+
+def test_without_jobs_a_large_log_is_folded_on_every_core_and_a_small_one_in_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--jobs` left out: the cores for logs of JOBS_AUTO_BYTES or more (here lowered to this log's size), 1
+    below it or for what is not a regular file; the output is the same either way."""
+    from typer.testing import CliRunner
+
+    from kvledger.cli import jobs as jobs_module
+
+    events = history(5, Shape(transfers=40, span_s=60.0, block_pool=6, faults_per_side=1.5))
+    log = tmp_path / "incident.jsonl"
+    write_log(log, events)
+    size = log.stat().st_size
+    assert jobs_module.default_jobs([log]) == 1
+    assert jobs_module.default_jobs([tmp_path / "missing.jsonl"]) == 1
+    monkeypatch.setattr(jobs_module, "JOBS_AUTO_BYTES", size)
+    monkeypatch.setattr(jobs_module, "cores", lambda: 3)
+    assert jobs_module.default_jobs([log]) == 3
+    assert jobs_module.default_jobs([tmp_path]) == 1  # a folder is no regular file: one process names the error
+    folded: list[int] = []
+    fold_jobs = jobs_module.fold_jobs
+
+    def counted(logs: list[Path], n: int, **kwargs: Any) -> Any:
+        folded.append(n)
+        return fold_jobs(logs, n, **kwargs)
+
+    monkeypatch.setattr(jobs_module, "fold_jobs", counted)
+    runner = CliRunner()
+    auto = runner.invoke(app, ["replay", str(log), "--json", "--fail-on", "never"])
+    one = runner.invoke(app, ["replay", str(log), "--json", "--fail-on", "never", "--jobs", "1"])
+    assert auto.exit_code == one.exit_code == 0, auto.output
+    assert folded == [3] and auto.stdout == one.stdout
+
+
+def test_marks_made_by_other_readers_split_a_log_as_a_readers_own_do(tmp_path: Path) -> None:
+    """`--jobs`' workers each mark every N-th chunk of a log (`marked_chunks`) and fold from everyone's marks:
+    the same slices as a reader that marks every chunk itself, over a log of many chunks. Marks that do not
+    fit the log fail it, naming it; a reader given an end reads no further."""
+    from kvledger.ledger.jsonl import open_log
+    from kvledger.ledger.limits import JSONL_CHUNK_BYTES
+
+    events = _with_drops(history(3, Shape(transfers=900, span_s=300.0, faults_per_side=1.0)), 3)
+    log = tmp_path / "tricky.jsonl"
+    log.write_bytes(_tricky(events))
+    assert log.stat().st_size > 3 * JSONL_CHUNK_BYTES
+
+    def read(method: str, *args: Any, end: int | None = None, **kwargs: Any) -> list[Any]:
+        reader = open_log(log, end=end)
+        try:
+            return list(getattr(reader, method)(*args, **kwargs))
+        finally:
+            reader._stream.close()
+
+    for partitions in (2, 3):
+        made = [read("marked_chunks", partitions, stride=partitions, first=w) for w in range(partitions)]
+        told = [made[k % partitions][k // partitions] for k in range(sum(map(len, made)))]
+        assert len(told) > partitions
+        for partition in range(partitions):
+            own = read("partition_chunks", partition, partitions)
+            assert read("partition_chunks", partition, partitions, told) == own, (partition, partitions)
+    wrong = [(told[0][0] - 1, told[0][1]), *told[1:]]
+    with pytest.raises(ValueError, match=f"{log}: the log changed while it was read"):
+        read("partition_chunks", 0, 3, wrong)
+    lines = log.read_bytes().splitlines(keepends=True)
+    end = sum(map(len, lines[:101]))
+    assert len(read("__iter__", end=end)) == sum(1 for line in lines[1:101] if line.strip())
