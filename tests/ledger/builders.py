@@ -42,8 +42,13 @@ class Side:
             ts: float | None = None) -> Ack:  # fmt: skip
         return Ack(**self._next(ts), transfer_id=TransferId(tid), what=what, layers=layers, rank=rank)  # type: ignore[arg-type]
 
-    def fail(self, tid: str, reason: str = "boom", *, retryable: bool = False, ts: float | None = None) -> Fail:
-        return Fail(**self._next(ts), transfer_id=TransferId(tid), reason=reason, retryable=retryable)
+    def lease(self, tid: str, until: float, *, ts: float | None = None) -> Ack:
+        """A lease renewal: the consumer asks the producer to hold its blocks until `until`."""
+        return Ack(**self._next(ts), transfer_id=TransferId(tid), what="lease", until=until)
+
+    def fail(self, tid: str, reason: str = "boom", *, retryable: bool = False, code: str = "error",
+             ts: float | None = None) -> Fail:  # fmt: skip
+        return Fail(**self._next(ts), transfer_id=TransferId(tid), reason=reason, retryable=retryable, code=code)  # type: ignore[arg-type]
 
     def drop(self, tid: str, message: str = "release", reason: str = "bad_mac", *, ts: float | None = None) -> Drop:
         return Drop(**self._next(ts), transfer_id=TransferId(tid), message=message, sender="127.0.0.1", reason=reason)
