@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.live = live
         # Load the whole store (from its newest snapshot on) before serving: no request sees a half-folded state.
         await live.refresh(TAIL_EVENTS_MAX)
+        await live.publish_audit()  # GET /audit's first answer, before serving: requests only ever read one
         app.state.board, app.state.trust = BoardKeeper(live), TrustChecks(live)
         await app.state.board.rebuild()  # the page's first answer never waits for an audit
         # What startup built lives as long as the service: keep it out of the garbage collector's full
@@ -49,7 +50,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if frozen:
             gc.collect()
             gc.freeze()
-        tasks = [asyncio.create_task(live.poll_forever(), name="kvledger-poll")]
+        tasks = [
+            asyncio.create_task(live.poll_forever(), name="kvledger-poll"),
+            asyncio.create_task(live.audit_forever(), name="kvledger-audit"),
+        ]
         if settings.snapshot_every_events:
             tasks.append(asyncio.create_task(snapshots.write_forever(live), name="kvledger-snapshots"))
         try:

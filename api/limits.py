@@ -1,4 +1,4 @@
-"""The web page's named limits: how much one page shows, how often its audit is rebuilt, plot sizes."""
+"""The service's named limits: how much one page shows, how often the audits are rebuilt, fold slices, plot sizes."""
 
 from __future__ import annotations
 
@@ -42,6 +42,16 @@ SNAPSHOT_COST_FACTOR = 10
 """A snapshot is written at most once per this many times the CPU seconds the last one took (the copy and
 its encoding), so that snapshots take at most a tenth of a core however large the fold and however fast
 events come (api/snapshots.py, `due`): the rule the page's audit rebuilds follow (BOARD_COST_FACTOR)."""
+
+
+AUDIT_COST_FACTOR = 10
+"""The audit that requests without `?now=` read (`kvledger.api.live.Live.audit_forever`) is computed at most
+once per this many times the last one took: it holds the fold lock meanwhile, so ingest folds at least
+nine tenths of the time however large the ledger (the rule of SNAPSHOT_COST_FACTOR and BOARD_COST_FACTOR)."""
+
+FOLD_SLICE_EVENTS = 1000
+"""Events folded on the event loop in one go (a few milliseconds at a million events' fold); a larger batch
+(ingest takes up to 10,000 events) is folded a slice at a time, requests served in between."""
 
 
 def frozen_at_start(sides: int) -> bool:

@@ -6,7 +6,14 @@ it had folded, taken from the batch with the cursors the store gave it. So the
 state always equals a fold of the store (the same order another replica would
 fold) and an event is never folded twice. All
 mutation happens on the event loop under `fold_lock`, so `async` handlers read a
-state that no thread is changing.
+state that no thread is changing; a batch is folded FOLD_SLICE_EVENTS at a time,
+the loop serving requests between slices.
+
+No request waits on a write. The audit a request without `?now=` answers is computed
+off the request path (`audit_forever`, on a thread of its own under the fold lock)
+and published whole as one immutable `Audited`, which handlers read without a lock;
+snapshots are encoded in a forked child (`kvledger.api.snapshots`). Handlers never
+take `fold_lock`.
 
 Every store call goes through `store_call`, on threads of its own (at most
 `store_threads_max`): a store that stalls holds those, never the threads or the
@@ -18,6 +25,7 @@ so that one stored event can never stop the service.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -28,9 +36,10 @@ from typing import NamedTuple, ParamSpec, TypeVar
 import anyio.to_thread
 from anyio import CapacityLimiter
 
+from kvledger.api.limits import AUDIT_COST_FACTOR, FOLD_SLICE_EVENTS
 from kvledger.api.settings import Settings
 from kvledger.ledger.advice import LatencyRecorder
-from kvledger.ledger.audit import AuditConfig, Finding, audit
+from kvledger.ledger.audit import AuditConfig, Finding, audit, counts_by_code
 from kvledger.ledger.collector import collector_paused, untrack
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import KINDS, Event
@@ -57,10 +66,27 @@ class Written(NamedTuple):
     rows: int
     bytes: int
     lock_s: float
-    """Seconds the fold lock was held to copy the fold (the fold and the page's rebuilds wait that long)."""
+    """Seconds the fold lock was held to fork the child that encoded it (the fold waits that long)."""
     encode_cpu_s: float
-    """CPU seconds the copy and its encoding took (the fold waits only for the copy)."""
+    """CPU seconds the child took to copy, encode and compress the fold (none of it on the service's GIL)."""
     save_s: float
+
+
+class Audited(NamedTuple):
+    """One audit of the fold, as requests without `?now=` answer it: computed off the request path
+    (`Live.audit_forever`), published by one assignment and never changed after (its list, dict and set
+    included), so handlers read it without a lock."""
+
+    version: int
+    """The fold's `Live.version` it audited."""
+    now: float
+    findings: list[Finding]
+    counts: dict[str, int]
+    """`counts_by_code(findings)`."""
+    keys: frozenset[Key]
+    """The sides with a finding."""
+    cost_s: float
+    """Seconds the audit took on its thread."""
 
 
 class Live:
@@ -120,6 +146,10 @@ class Live:
         self.snapshot_rows = 0
         """Rows the newest snapshot known (restored or written) covers: the next is due after more."""
         self._on_release = on_release
+        self.audited: Audited | None = None
+        """The newest published audit (`audit_forever`); None until the first (the app's start publishes one)."""
+        self.auditor = ThreadPoolExecutor(1, thread_name_prefix="kvledger-audit")
+        """The published audits' thread: off the event loop, requests are served while one runs."""
         # One tuple each, replaced whole: the page's board reads these from a worker thread.
         self._audit: tuple[tuple[int, float], list[Finding]] | None = None
         self._finding_keys: tuple[tuple[int, float], set[Key]] | None = None
@@ -149,7 +179,7 @@ class Live:
             while True:
                 rows = await self.store_call(store.tail, self.cursor, limit)
                 if rows:
-                    self._fold(rows)
+                    await self._fold_sliced(rows)
                     folded += len(rows)
                 if len(rows) < limit:
                     break
@@ -165,7 +195,7 @@ class Live:
         if appended is not None and appended.inserted:
             async with self.fold_lock:
                 if self.cursor == appended.after_cursor:
-                    self._fold(appended.inserted)
+                    await self._fold_sliced(appended.inserted)
                     self._advance()
                     return
         await self.catch_up()
@@ -173,6 +203,14 @@ class Live:
     def _advance(self) -> None:
         self.advanced.set()
         self.advanced = asyncio.Event()
+
+    async def _fold_sliced(self, rows: list[tuple[int, Event]]) -> None:
+        """Fold `rows` (under the caller's fold lock) FOLD_SLICE_EVENTS at a time, the event loop serving
+        requests between slices. The state after each slice is the fold of the store up to its last cursor."""
+        for first in range(0, len(rows), FOLD_SLICE_EVENTS):
+            if first:
+                await asyncio.sleep(0)
+            self._fold(rows[first : first + FOLD_SLICE_EVENTS])
 
     def _fold(self, rows: list[tuple[int, Event]]) -> None:
         # Without the pause, a 1,000-event batch's fold set off several of the collector's passes, each over
@@ -220,7 +258,46 @@ class Live:
                 self.store_error = f"{type(error).__name__}: {error}"
                 log.exception("kvledger service: poll failed; polling on")
 
+    async def publish_audit(self) -> Audited:
+        """Audit the fold at `clock_now()` on the audit thread, under the fold lock (the fold waits; requests
+        go on, served between the thread's turns on the GIL), and publish it as `audited`."""
+        async with self.fold_lock:
+            loop = asyncio.get_running_loop()
+            audited = await loop.run_in_executor(self.auditor, self._audit_now, self.version, self.clock_now())
+        self.audited = audited
+        return audited
+
+    def _audit_now(self, version: int, now: float) -> Audited:
+        started = time.perf_counter()
+        findings = audit(self.state, now, self.audit_config)
+        counts, keys = counts_by_code(findings), frozenset((f.source, f.transfer_id) for f in findings)
+        return Audited(version, now, findings, counts, keys, time.perf_counter() - started)
+
+    async def audit_forever(self) -> None:
+        """The background task: publish an audit once the fold or the clock (`clock_now`) moved past the
+        published one, but never sooner than AUDIT_COST_FACTOR times the last one took after it began (a
+        million events' audit under sustained ingest then costs the fold a tenth of its time at most)."""
+        while True:
+            audited = self.audited
+            if audited is not None:
+                await asyncio.sleep(max(0.0, AUDIT_COST_FACTOR * audited.cost_s - audited.cost_s))
+            await self._moved_past(audited)
+            try:
+                await self.publish_audit()
+            except Exception:
+                log.exception("kvledger service: audit not published; trying again in a second")
+                await asyncio.sleep(1.0)
+
+    async def _moved_past(self, audited: Audited | None) -> None:
+        """Return once the fold's version or the clock differs from `audited`'s."""
+        resolution = self.settings.audit_cache_resolution_s
+        while audited is not None and audited.version == self.version and audited.now == self.clock_now():
+            waiter = self.advanced
+            with contextlib.suppress(TimeoutError):  # the clock's next step (`clock_now`)
+                await asyncio.wait_for(waiter.wait(), max(0.0, audited.now + resolution - time.time()))
+
     def close(self) -> None:
+        self.auditor.shutdown(wait=True)  # an audit under way reads the fold: it ends first
         self.appender.shutdown(wait=True)  # an append under way finishes before its store closes
         if self.store is not None:
             self.store.close()
@@ -232,9 +309,27 @@ class Live:
         now = time.time()
         return now - (now % resolution) if resolution > 0 else now
 
+    def published(self) -> Audited:
+        """The newest published audit: what a request without `?now=` answers, read without a lock. At most
+        AUDIT_COST_FACTOR audits' time behind the fold and the clock (its `now` says when it audited)."""
+        audited = self.audited
+        if audited is None:  # a `Live` used without the app, which publishes one at its start: on the loop
+            audited = self.audited = self._audit_now(self.version, self.clock_now())
+        return audited
+
+    def findings_at(self, now: float | None) -> tuple[float, list[Finding]]:
+        """(audit time, findings) at `now`, or the published audit's when None (`published`)."""
+        if now is None:
+            audited = self.published()
+            return audited.now, audited.findings
+        return now, self.findings(now)
+
     def findings(self, now: float) -> list[Finding]:
-        """The ledger's audit at `now`, computed once per (state version, now)."""
+        """The ledger's audit at `now`, computed once per (state version, now) unless published for them."""
         key = (self.version, now)
+        audited = self.audited
+        if audited is not None and (audited.version, audited.now) == key:
+            return audited.findings
         cached = self._audit
         if cached is None or cached[0] != key:
             cached = self._audit = (key, audit(self.state, now, self.audit_config))
@@ -250,9 +345,15 @@ class Live:
             dead=self.settings.dead_engines,
         )
 
-    def keys_with_findings(self, now: float) -> set[Key]:
-        findings = self.findings(now)
+    def keys_with_findings(self, now: float | None) -> frozenset[Key] | set[Key]:
+        """The sides with a finding at `now` (None: the published audit's)."""
+        if now is None:
+            return self.published().keys
         key = (self.version, now)
+        audited = self.audited
+        if audited is not None and (audited.version, audited.now) == key:
+            return audited.keys
+        findings = self.findings(now)
         cached = self._finding_keys
         if cached is None or cached[0] != key:
             cached = self._finding_keys = (key, {(f.source, f.transfer_id) for f in findings})

@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvledger.api.live import Live
-from kvledger.ledger.audit import CODES, counts_by_code
+from kvledger.ledger.audit import CODES
 
 RELEASE_LATENCY_BUCKETS_S: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300,
@@ -59,7 +59,7 @@ class LiveCollector(Collector):
             leases.add_metric([what], state.lease_counts.get(what, 0))
         yield leases
         findings = GaugeMetricFamily("kvledger_findings", "Audit findings now, by code", labels=["code", "severity"])
-        for code, count in counts_by_code(live.findings(live.clock_now())).items():
+        for code, count in live.published().counts.items():
             findings.add_metric([code, CODES[code]], count)
         yield findings
         yield from _by_phase_and_lost(live)

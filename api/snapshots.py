@@ -4,8 +4,13 @@ A snapshot holds the ledger's state (`kvledger.ledger.store.snapshot` encodes it
 fold beside it (event counts, the transfers' order, the request index, latencies, the holdings plot), as of
 cursor C. It is kept in the store's snapshots table under the source "" (no event has an empty source:
 `kvledger.ledger.valid`), C as its seq. Snapshots are written in the background (`write_forever`), never on a
-request's path; the newest two are kept. The fold waits only while the state is copied (`_take`), not while
-the copy is encoded (an ingest waited two seconds per snapshot of a million events' fold that way).
+request's path; the newest two are kept. A snapshot is encoded out of the service's process, as Redis's
+BGSAVE does: `write` forks under the fold lock, between two folded slices, and the child encodes and
+compresses its copy-on-write copy of the fold and hands the body back through a pipe; the service stores
+it. The fold waits only for the fork, and no copy or encoding holds the service's GIL: for a million events'
+fold they are seconds of CPU, much of it single C calls (copying every side, encoding a list whole) that no
+request could interleave with. The child needs memory for the pages the fold changes while it runs, and for
+its copies and the document (up to about the fold's own size again).
 
 Exactly once: a start folds the snapshot's events, then the tail after C in cursor order, as the running
 service does. The snapshot records three things a start checks against the store, and is used only if all
@@ -36,11 +41,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import signal
+import threading
 import time
+import traceback
 import zlib
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, NoReturn
 
 import anyio.to_thread
 import msgspec
@@ -60,9 +68,6 @@ from kvledger.ledger.store.base import EventStore, StoredSnapshot
 from kvledger.ledger.store.snapshot import SnapshotFormatError
 
 log = logging.getLogger(__name__)
-
-_In = TypeVar("_In")
-_Out = TypeVar("_Out")
 
 SOURCE = ""
 """The snapshots table's source for the service's snapshots: no event source is empty."""
@@ -85,7 +90,7 @@ NOT_FOLDED = frozenset({
     "settings", "store", "store_error", "version", "caught_up_from", "ingest_failure", "audit_config",
     "fold_lock", "appender", "advanced", "replays_running", "uploads_running", "streams_open", "quarantined",
     "store_limiter", "snapshot_rows", "snapshot_written", "restored_from", "_on_release", "_restore", "_audit",
-    "_finding_keys",
+    "_finding_keys", "audited", "auditor",
 })  # fmt: skip
 """`Live`'s other attributes: settings, locks, counters of the service itself. An attribute in neither set
 makes `encode` fail loudly (a snapshot that silently dropped part of the fold would start a wrong service)."""
@@ -147,20 +152,23 @@ class _Taken(NamedTuple):
     fold_errors: int
 
 
-def encode(live: Live) -> tuple[int, int, bytes]:
-    """(cursor, rows, body) of `live`'s fold. Call it where the fold cannot move (under `fold_lock`)."""
-    taken = _take(live)
+def encode(live: Live, store_id: str | None = None) -> tuple[int, int, bytes]:
+    """(cursor, rows, body) of `live`'s fold. Call it where the fold cannot move (under `fold_lock`, or in
+    `write`'s child). `store_id`: the store's, when known (else asked of `live.store`)."""
+    taken = _take(live, store_id)
     return taken.cursor, taken.rows, seal(_encoded(taken))
 
 
-def _take(live: Live) -> _Taken:
+def _take(live: Live, store_id: str | None = None) -> _Taken:
     unknown = sorted(set(vars(live)) - FOLDED - NOT_FOLDED)
     if unknown:
         raise SnapshotFormatError(f"Live's attributes {unknown} are in neither FOLDED nor NOT_FOLDED: "
                                   "update api/snapshots.py")  # fmt: skip
+    if store_id is None:
+        store_id = live.store.store_id() if live.store is not None else ""
     keys = list(live.state.transfers)
     return _Taken(
-        store_id=live.store.store_id() if live.store is not None else "",  # read once by `write`, before the lock
+        store_id=store_id,
         cursor=live.cursor,
         rows=live.rows_folded,
         last_folded=live.last_folded,
@@ -174,26 +182,6 @@ def _take(live: Live) -> _Taken:
         holding=live.holding.to_plain(),
         fold_errors=live.fold_errors,
     )
-
-
-def _cpu_timed(work: Callable[[_In], _Out], arg: _In) -> tuple[_Out, float]:
-    """`work(arg)` and the CPU seconds its thread spent on it (a busy machine's other tenants left out)."""
-    started = time.thread_time()
-    out = work(arg)
-    return out, time.thread_time() - started
-
-
-def _sealed(handed: list[_Taken]) -> bytes:
-    """The sealed document of what `_take` took. `handed` holds the only reference to it, dropped here a chunk
-    of sides at a time: the copies (a side each) are freed on this thread, counted in its CPU time, and the
-    event loop gets the GIL between chunks. Freed where `write` returned, on the event loop, they held it for
-    1.2 s at once (a 2M-side fold) and were not counted in the snapshot's cost."""
-    taken = handed.pop()
-    body = seal(_encoded(taken))
-    chunks = taken.ledger.transfers.chunks
-    while chunks:
-        chunks.pop()
-    return body
 
 
 def _encoded(taken: _Taken) -> bytes:
@@ -364,22 +352,32 @@ def _save(store: EventStore, stored: StoredSnapshot, keep_from: int | None) -> N
 
 
 async def write(live: Live) -> Written | None:
-    """Snapshot `live`'s fold now: copied on a thread of its own under the fold lock (`_take`; requests served
-    from memory go on, the fold waits: 0.9 to 1.3 s for a million events' fold), then encoded in chunks that let
-    the event loop in between, compressed and stored while the fold goes on."""
+    """Snapshot `live`'s fold now: a child forked under the fold lock encodes it (`_encode_in_child`) while
+    the fold and the requests go on, and it is stored on a store thread."""
     store = live.store
     if store is None:
         return None
-    await live.store_call(store.store_id)  # read (once) here: `_take` finds it without a query under the lock
-    async with live.fold_lock:
-        started = time.perf_counter()
-        taken, take_cpu_s = await anyio.to_thread.run_sync(_cpu_timed, _take, live)
-        lock_s = time.perf_counter() - started
-    cursor, rows = taken.cursor, taken.rows
-    handed = [taken]
-    del taken
-    body, encode_cpu_s = await anyio.to_thread.run_sync(_cpu_timed, _sealed, handed)  # the fold goes on meanwhile
-    encode_cpu_s += take_cpu_s
+    store_id = await live.store_call(store.store_id)  # read here: the child asks no store anything
+    read_fd, write_fd = os.pipe()
+    try:
+        async with live.fold_lock:
+            started = time.perf_counter()
+            cursor, rows = live.cursor, live.rows_folded
+            pid = os.fork()
+            if pid == 0:
+                _encode_in_child(live, store_id, write_fd)
+            lock_s = time.perf_counter() - started
+    except BaseException:
+        os.close(read_fd)  # no child (the fork failed): nothing will read it
+        raise
+    finally:
+        os.close(write_fd)
+    child = _Child(pid, read_fd)
+    try:
+        body, encode_cpu_s = await anyio.to_thread.run_sync(child.result, abandon_on_cancel=True)
+    except BaseException:
+        child.kill()  # cancelled (the service stops) or failed: the child is reaped by `result`'s thread
+        raise
     # Kept: the new one and the one before it (a start falls back to it should the new one not decode).
     keep_from = live.snapshot_written.cursor if live.snapshot_written is not None else live.restored_from
     started = time.perf_counter()
@@ -389,6 +387,72 @@ async def write(live: Live) -> Written | None:
     log.info("kvledger service: snapshot at cursor %d written (%d events, %d bytes; fold lock held %.3f s)",
              cursor, rows, len(body), lock_s)  # fmt: skip
     return written
+
+
+_CHILD_OK, _CHILD_FAILED = b"\x00", b"\x01"
+"""The first byte a child writes: the body follows, or the traceback of why there is none."""
+
+
+def _encode_in_child(live: Live, store_id: str, write_fd: int) -> NoReturn:
+    """In the forked child: the sealed document of `live` (as it was at the fork) written to `write_fd`, then
+    exit. Only this thread runs here; it touches no store, lock or loop the service's threads held, and
+    keeps none of the service's files open (a socket the service closes must close for its client now)."""
+    written = False
+    try:
+        signal.set_wakeup_fd(-1)  # the service's loop's: a signal here must not wake the service
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, signal.SIG_DFL)
+        gc.disable()  # a collection would walk (and copy) the whole fold's pages, and frees nothing here
+        os.closerange(3, write_fd)
+        os.closerange(write_fd + 1, os.sysconf("SC_OPEN_MAX"))
+        try:
+            out = _CHILD_OK + encode(live, store_id)[2]
+        except BaseException:
+            out = _CHILD_FAILED + traceback.format_exc().encode()
+        view = memoryview(out)
+        while view:
+            view = view[os.write(write_fd, view) :]
+        written = out[:1] == _CHILD_OK
+    finally:
+        os._exit(0 if written else 1)  # nothing of the service's runs here: no atexit, no finalizers
+
+
+class _Child:
+    """A forked encoder (`write`): its pid and the read end of its pipe."""
+
+    def __init__(self, pid: int, read_fd: int) -> None:
+        self.pid, self.read_fd = pid, read_fd
+        self._reaping = threading.Lock()
+        self._reaped = False
+        """Set once waited for: its pid may then be another process's, never to be signalled."""
+
+    def result(self) -> tuple[bytes, float]:
+        """(the sealed body, CPU seconds the child took) once it exits; `SnapshotFailed` if it wrote none.
+        Blocking (a thread of its own), off the GIL while it waits."""
+        chunks = []
+        try:
+            while chunk := os.read(self.read_fd, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(self.read_fd)
+            with self._reaping:  # the pipe's end: the child has exited, or is exiting
+                _, status, usage = os.wait4(self.pid, 0)
+                self._reaped = True
+        out = b"".join(chunks)
+        if status != 0 or out[:1] != _CHILD_OK:
+            why = out[1:].decode(errors="replace").strip() if out[:1] == _CHILD_FAILED else "it wrote no snapshot"
+            raise SnapshotFailed(f"the snapshot's child (pid {self.pid}) exited with status {status}: {why}")
+        return out[1:], usage.ru_utime + usage.ru_stime
+
+    def kill(self) -> None:
+        """End the child now, unless it was already waited for (`result`, which then reaps it)."""
+        with self._reaping:
+            if not self._reaped:
+                os.kill(self.pid, signal.SIGKILL)
+
+
+class SnapshotFailed(RuntimeError):
+    """The child `write` forked exited without a snapshot."""
 
 
 def due(live: Live, waited_s: float) -> bool:

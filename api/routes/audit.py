@@ -32,13 +32,17 @@ async def get_audit(
     limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
 ) -> AuditOut:
     check_limit(live, limit)
-    at = now if now is not None else live.clock_now()
-    findings = live.findings(at)
+    if now is None:  # the published audit: read, never computed here (kvledger.api.live)
+        audited = live.published()
+        at, findings, counts = audited.now, audited.findings, audited.counts
+    else:
+        at, findings = now, live.findings(now)
+        counts = counts_by_code(findings)
     chosen = findings if code is None else [f for f in findings if f.code == code]
     return AuditOut(
         now=at,
         total=len(chosen),
-        counts=counts_by_code(findings),
+        counts=counts,
         findings=[finding_out(f) for f in chosen[:limit]],
         truncated=len(chosen) > limit,
     )
@@ -62,8 +66,7 @@ def oldest_held(live: Live, now: float, lost: Collection[str]) -> OldestHeld | N
 
 @router.get("/audit/summary", response_model=AuditSummary, summary="Counts, holdings, latencies, timeout advice")
 async def get_summary(live: LiveDep, now: Now = None) -> AuditSummary:
-    at = now if now is not None else live.clock_now()
-    findings = live.findings(at)
+    at, findings = live.findings_at(now)
     state = live.state
     lost = {h.source: h for h in live.health(at).values() if h.lost}
     late = late_after_expire(state, findings)

@@ -37,7 +37,7 @@ async def list_transfers(
 ) -> TransferPage:
     check_limit(live, limit)
     keys: Sequence[Key] = live.by_request.get(request_id, ()) if request_id is not None else live.order
-    flagged = live.keys_with_findings(now if now is not None else live.clock_now()) if has_finding is not None else None
+    flagged = live.keys_with_findings(now) if has_finding is not None else None
     transfers = live.state.transfers
     page: list[TransferOut] = []
     position = cursor
@@ -80,7 +80,7 @@ async def get_transfer(
     timeline = await live.store_call(transfer_events, store, transfer_id, events_max)
     if not sides and not timeline:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
-    findings = live.findings(now if now is not None else live.clock_now())
+    findings = live.findings_at(now)[1]
     return TransferDetail(
         transfer_id=transfer_id,
         sides=[transfer_out(t) for t in sides],
