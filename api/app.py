@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +19,7 @@ from kvledger.api import errors, snapshots
 from kvledger.api.board import BoardKeeper
 from kvledger.api.event_schema import add_event_components
 from kvledger.api.guards import BodyDeadline
-from kvledger.api.limits import frozen_at_start
+from kvledger.api.limits import GIL_SWITCH_INTERVAL_S, frozen_at_start
 from kvledger.api.live import Live
 from kvledger.api.metrics import build_registry
 from kvledger.api.routes import audit, events, health, replay, transfers, web
@@ -50,6 +51,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if frozen:
             gc.collect()
             gc.freeze()
+        # A request waits for the GIL on each hand-over from a busy thread (the audit, an append), several per
+        # request: at most this long each, not CPython's 5 ms.
+        switch_interval_s = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         tasks = [
             asyncio.create_task(live.poll_forever(), name="kvledger-poll"),
             asyncio.create_task(live.audit_forever(), name="kvledger-audit"),
@@ -66,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await app.state.board.close()
             if frozen:
                 gc.unfreeze()
+            sys.setswitchinterval(switch_interval_s)
             live.close()
             app.state.live = None
 

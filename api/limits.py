@@ -53,6 +53,12 @@ FOLD_SLICE_EVENTS = 1000
 """Events folded on the event loop in one go (a few milliseconds at a million events' fold); a larger batch
 (ingest takes up to 10,000 events) is folded a slice at a time, requests served in between."""
 
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""The running service's `sys.setswitchinterval`: how long the event loop waits for the GIL while another
+thread holds it busy before it is handed over. Against CPython's 5 ms, GET /audit's p99 while ingest runs and
+while a snapshot is written is a few milliseconds lower, and HTTP ingest is faster, the appending thread and
+the fold handing over sooner (benchmarks/api.py, the two alternating on one machine)."""
+
 
 def frozen_at_start(sides: int) -> bool:
     """Whether a service that starts with `sides` transfer sides freezes them (GC_FREEZE_SIDES_MIN)."""
