@@ -5,12 +5,20 @@ sides, as a caller reads them."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
 from kvledger.ledger.fold import LedgerState, fold_all
-from kvledger.ledger.side import TransferState, awaits_data, requests_of
+from kvledger.ledger.side import (
+    TransferState,
+    awaits_data,
+    completed_by,
+    local_exceeds_remote,
+    requests_of,
+    wide_masks,
+)
 from tests.ledger.builders import Side
 
 T = TransferId("tx-1")
@@ -104,3 +112,73 @@ def test_requests_of_refuses_keys_that_do_not_pair_with_the_sides() -> None:
     with pytest.raises(ValueError, match="1 keys for 2 sides"):
         requests_of([(P, TransferId("tx-a"))], sides)
     assert requests_of([], []) == {}
+
+
+def _completed_by_after(events: list[Event]) -> str | None:
+    state, _ = fold_all(events)
+    (side,) = state.transfers.values()
+    return completed_by(side)
+
+
+def test_completed_by_names_the_evidence_that_completed_each_kind_of_side() -> None:
+    p, c = Side(P), Side(C)
+    write: list[Event] = [p.map(T, "w-1", "producer", "write"), p.schedule(T, (0, 1), op="write"), p.seal(T, 2)]
+    assert _completed_by_after(write) is None
+    assert _completed_by_after([*write, p.ack(T, "write", (0, 1))]) == "all_written"
+    assert _completed_by_after([*write, p.ack(T, "release")]) == "release_acks"  # the consumer let it go
+    fan_in: list[Event] = [p.map("tx-2", "r-2", "producer", "read", acks=2), p.ack("tx-2", "release", rank=0)]
+    assert _completed_by_after(fan_in) is None
+    assert _completed_by_after([*fan_in, p.ack("tx-2", "release", rank=1)]) == "release_acks"
+    read: list[Event] = [c.map("tx-3", "r-3", "consumer", "read", remote=(7, 8, 9)), c.schedule("tx-3")]
+    assert _completed_by_after([*read, c.ack("tx-3", "read")]) == "whole_read"
+    assert _completed_by_after([*read, c.ack("tx-3", "recv")]) == "recv"
+    layered: list[Event] = [c.map("tx-4", "r-4", "consumer", "read", remote=(7, 8, 9)), c.schedule("tx-4", (0, 1))]
+    assert _completed_by_after([*layered, c.ack("tx-4", "read", (0, 1)), c.seal("tx-4", 2)]) == "all_read"
+    written: list[Event] = [c.map("tx-5", "w-5", "consumer", "write", remote=(7, 8, 9)), c.ack("tx-5", "write", (0, 1))]
+    assert _completed_by_after(written) is None  # a WRITE consumer completes on recv alone
+    assert _completed_by_after([*written, c.ack("tx-5", "recv")]) == "recv"
+
+
+@pytest.mark.parametrize(
+    ("blocks", "local_groups", "remote_groups", "refused"),
+    [
+        (3, (2, 1), None, False),  # groups on one side only: the totals are compared
+        (4, (2, 2), None, True),
+        (3, None, (1, 2), False),
+        (4, None, (2, 1), True),
+    ],
+)
+def test_a_consumer_with_groups_on_one_side_only_is_checked_by_its_total(
+    blocks: int, local_groups: tuple[int, ...] | None, remote_groups: tuple[int, ...] | None, refused: bool
+) -> None:
+    c = Side(C)
+    mapped = msgspec.structs.replace(
+        c.map(T, "r-1", "consumer", "read", blocks=tuple(range(1, blocks + 1)), remote=(7, 8, 9)),
+        block_groups=local_groups,
+        remote_block_groups=remote_groups,
+    )
+    assert local_exceeds_remote(mapped) is refused
+    _, releases = fold_all([mapped])
+    assert [r.why for r in releases] == (["local_exceeds_remote"] if refused else [])
+
+
+def test_wide_masks_finds_a_side_wide_in_any_one_of_its_masks() -> None:
+    p, c = Side(P), Side(C)
+    events: list[Event] = [
+        p.map("tx-narrow", "r-0", "producer", "write", blocks=(1,)),
+        p.schedule("tx-narrow", (0, 62), op="write"),
+        p.map("tx-scheduled", "r-1", "producer", "write", blocks=(2,)),
+        p.schedule("tx-scheduled", (63,), op="write"),
+        p.map("tx-acked", "r-2", "producer", "write", blocks=(3,)),
+        p.schedule("tx-acked", (70,), op="write"),
+        p.ack("tx-acked", "write", (70,)),
+        c.ack("tx-early", "read", (70,)),  # before its schedule (and its map): an early ack
+        p.map("tx-ranks", "r-4", "producer", "read", blocks=(4,), acks=2),
+        p.ack("tx-ranks", "release", rank=100),
+    ]
+    state, _ = fold_all(events)
+    sides = list(state.transfers.values())
+    names = [t.transfer_id for t in sides]
+    assert names == ["tx-narrow", "tx-scheduled", "tx-acked", "tx-early", "tx-ranks"]
+    assert [names[i] for i in wide_masks(sides, 63)] == names[1:]
+    assert wide_masks(sides, 128) == []
