@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -83,10 +84,33 @@ class Audited(NamedTuple):
     findings: list[Finding]
     counts: dict[str, int]
     """`counts_by_code(findings)`."""
-    keys: frozenset[Key]
+    keys: set[Key]
     """The sides with a finding."""
     cost_s: float
     """Seconds the audit took on its thread."""
+
+
+RELEASE_SLICE = 2048
+"""Findings (and keys) a replaced audit frees at a time (`_release`)."""
+
+
+def _release(replaced: list[Audited | None]) -> None:
+    """Free a replaced audit (the only reference to it, in `replaced`) on the audit thread, RELEASE_SLICE
+    findings and keys at a time, the event loop taking the GIL between slices: freed whole where it was
+    replaced, 100k findings and their keys held the loop for tens of milliseconds. A list or set someone still
+    holds (a board built from it, a request answering from it) is left whole, freed when they let go."""
+    audited = replaced.pop()
+    if audited is None:
+        return
+    findings, keys = audited.findings, audited.keys
+    del audited
+    if sys.getrefcount(findings) == 2:  # this frame's and the call's own: no one else's
+        while findings:
+            del findings[-RELEASE_SLICE:]
+    if sys.getrefcount(keys) == 2:
+        while keys:
+            for _ in range(min(RELEASE_SLICE, len(keys))):
+                keys.pop()
 
 
 class Live:
@@ -264,13 +288,14 @@ class Live:
         async with self.fold_lock:
             loop = asyncio.get_running_loop()
             audited = await loop.run_in_executor(self.auditor, self._audit_now, self.version, self.clock_now())
-        self.audited = audited
+        replaced, self.audited = [self.audited], audited
+        self.auditor.submit(_release, replaced)
         return audited
 
     def _audit_now(self, version: int, now: float) -> Audited:
         started = time.perf_counter()
         findings = audit(self.state, now, self.audit_config)
-        counts, keys = counts_by_code(findings), frozenset((f.source, f.transfer_id) for f in findings)
+        counts, keys = counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}
         return Audited(version, now, findings, counts, keys, time.perf_counter() - started)
 
     async def audit_forever(self) -> None:
@@ -345,7 +370,7 @@ class Live:
             dead=self.settings.dead_engines,
         )
 
-    def keys_with_findings(self, now: float | None) -> frozenset[Key] | set[Key]:
+    def keys_with_findings(self, now: float | None) -> set[Key]:
         """The sides with a finding at `now` (None: the published audit's)."""
         if now is None:
             return self.published().keys

@@ -1,7 +1,8 @@
 """Reads never wait on writes: a request without `?now=` is answered from the published audit while the next
 audit holds the fold lock and an ingest's fold waits for it, and while a snapshot is being encoded (in a
 forked child, the fold going on); a large batch is folded a slice at a time, the event loop running between
-slices. Each writer is held still by the test (a gate), never timed."""
+slices, and a replaced audit is freed a slice at a time off the loop. Each writer is held still by the test (a
+gate), never timed."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from fastapi.testclient import TestClient
 from kvledger.api import live as live_module
 from kvledger.api import snapshots
 from kvledger.api.app import create_app
-from kvledger.api.live import Live, Written
+from kvledger.api.live import Audited, Live, Written, _release
 from kvledger.ledger.audit import Finding, audit
-from kvledger.ledger.events import Event
+from kvledger.ledger.events import Event, TransferId
 from kvledger.ledger.store.connect import open_store
 from tests.api.conftest import TOKEN, settings_for, wait_for
 from tests.api.seed import incident_events
@@ -205,3 +206,36 @@ def test_a_batch_larger_than_a_slice_is_folded_a_slice_at_a_time_the_loop_runnin
         assert live.rows_folded == rows + 35
     assert slices == [10, 10, 10, 5]
     assert ran_between == [True, True, True]
+
+
+class _Watched(list[Finding]):
+    """Findings that record the size of each slice deleted from them."""
+
+    def __init__(self, findings: list[Finding], deleted: list[int]) -> None:
+        super().__init__(findings)
+        self.deleted = deleted
+
+    def __delitem__(self, index: Any) -> None:
+        self.deleted.append(len(self[index]))
+        super().__delitem__(index)
+
+
+def _replaced(count: int, deleted: list[int]) -> Audited:
+    findings = [
+        Finding(code="stuck", severity="warning", source="s/tp0", transfer_id=TransferId(f"tx-{i}"), request_id=None,
+                block_ids=(i,), evidence=(i,), detail=f"finding {i}")
+        for i in range(count)
+    ]  # fmt: skip
+    keys = {(f.source, f.transfer_id) for f in findings}
+    return Audited(1, 0.0, _Watched(findings, deleted), {"stuck": count}, keys, 0.0)
+
+
+def test_a_replaced_audit_is_freed_a_slice_at_a_time_unless_someone_still_holds_it() -> None:
+    deleted: list[int] = []
+    _release([_replaced(5000, deleted)])
+    assert deleted == [live_module.RELEASE_SLICE] * 2 + [5000 - 2 * live_module.RELEASE_SLICE]
+    held_deleted: list[int] = []
+    held = _replaced(5000, held_deleted)
+    findings, keys = held.findings, held.keys
+    _release([held])
+    assert held_deleted == [] and len(findings) == 5000 and len(keys) == 5000
