@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kvledger.ledger.audit import audit
 from kvledger.ledger.fold import fold_all
+from kvledger.ledger.humanize import utc
 from kvledger.ledger.ids import stamped_id
 from kvledger.ledger.limits import EVIDENCE_SEQS_MAX, ID_WINDOW_S
 from tests.ledger.builders import Side
@@ -32,7 +33,8 @@ def test_every_map_past_the_window_is_counted_and_the_first_ones_are_the_evidenc
     (reuse,) = audit(state, PAST + 10.0)
     assert reuse.code == "id_reuse"
     assert reuse.evidence == tuple(range(1, EVIDENCE_SEQS_MAX + 1))
-    assert f"mapped {maps} times after its id window ended" in reuse.detail
+    window_ended = utc(ISSUED + ID_WINDOW_S)
+    assert reuse.detail == f"transfer id mapped {maps} times after its id window ended ({window_ended}): refused"
     assert reuse.block_ids == (0,)  # the first refused map's
 
 
@@ -44,4 +46,5 @@ def test_every_late_event_past_the_window_is_counted_and_the_first_ones_are_the_
     (finding,) = audit(state, PAST + 10.0)
     assert finding.code == "late_event"
     assert finding.evidence == tuple(range(1, EVIDENCE_SEQS_MAX + 1))
-    assert finding.detail.startswith(f"{late} events after the transfer id's window ended")
+    window_ended = utc(ISSUED + ID_WINDOW_S)
+    assert finding.detail == f"{late} events after the transfer id's window ended ({window_ended}): judged alone"
