@@ -1,7 +1,8 @@
 """What the fold keeps of lease renewals and failures beyond the decision itself: every renewal counted (on
 the fold and on its side, whose expiry names how many it had), a renewal that moves no deadline changes
-nothing, sides due at one deadline come in map order however they got there, every refused read counted,
-and a retry window that counts from the first transient failure (what the connector's retries read)."""
+nothing (before the map too, and never a consumer's), sides due at one deadline come in map order however
+they got there, every refused read counted, and a retry window that counts from the first transient
+failure (what the connector's retries read)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ def test_every_renewal_is_counted_and_the_expiry_names_how_many_there_were() -> 
     assert state.lease_counts["renewals"] == 2
     assert state.live[(P, TransferId("tx-1"))].leases == 2
     release = state.apply(p.expire("tx-1", ts=30.0))
-    assert release is not None and release.why == "lease_missed"
+    assert release is not None and release.why == "lease_missed" and release.ts == 30.0
     assert release.reason == f"{REASON_LEASE_MISSED} (2 renewals)"
+    assert state.lease_counts["expiries"] == 1
+    state.apply(p.map("tx-2", "r-2", blocks=(9,), deadline=40.0))
+    state.apply(p.lease("tx-2", 50.0))
+    state.apply(p.expire("tx-2", ts=50.0))
+    assert state.lease_counts["expiries"] == 2  # every side expired after a renewal moved its deadline
 
 
 def test_a_renewal_to_the_deadline_the_side_already_has_moves_nothing() -> None:
@@ -69,3 +75,21 @@ def test_a_retry_window_counts_from_the_first_transient_failure() -> None:
     assert side.transient_failures == 2
     assert side.transient_since == 3.0  # the first failure's time: a later one does not restart the window
     assert state.retrying == {(C, TransferId("tx-1")): side}
+
+
+def test_a_renewal_before_the_map_counts_only_where_it_moves_a_producers_deadline_later() -> None:
+    for role, until, deadline, why in (
+        ("producer", 20.0, 20.0, "lease_missed"),  # later than the map's: the side holds until the lease
+        ("producer", 5.0, 10.0, "deadline"),  # earlier: the map's deadline stands
+        ("producer", 10.0, 10.0, "deadline"),  # the same: nothing moved
+        ("consumer", 20.0, 10.0, "deadline"),  # a consumer holds nothing for a peer: never moved
+    ):
+        side = Side(P if role == "producer" else C, start_ts=0.0)
+        state = LedgerState()
+        state.apply(side.lease("tx-1", until))
+        state.apply(side.map("tx-1", "r-1", role, remote=(1, 2, 3) if role == "consumer" else None, deadline=10.0))
+        held = state.live[(side.source, TransferId("tx-1"))]
+        assert held.deadline == deadline, role
+        assert [t.transfer_id for t in state.due(deadline)] == ["tx-1"]
+        release = state.apply(side.expire("tx-1", ts=deadline))
+        assert release is not None and release.why == why, (role, until)
