@@ -104,3 +104,10 @@ SERIES_POINTS_MAX = 240
 
 SERIES_BUCKET_MIN_S = 0.01
 """The narrowest bucket of a blocks-held series (one simulator step): it doubles as the log's span grows."""
+
+FLEET_SNAPSHOT_EVERY_S = 10.0
+"""A partition worker saves its fold (and then acknowledges what the fold holds) at most this often while it
+folds new events: after a crash its successor folds at most this much again."""
+
+FLEET_SNAPSHOT_EVERY_EVENTS = 500_000
+"""...or after this many events folded since its last save, whichever comes first."""

@@ -175,6 +175,8 @@ class Folded:
         self.stream_events = 0
         self.stream_last_ts: float | None = None
         """The newest ts of the whole stream's events: the audit clock's default."""
+        self.next_compaction = 0
+        """`stream_events` at which the next compaction is due (`fold_partition` with `into` goes on from it)."""
 
     def take(self, upto: int) -> Batch:
         """The items gathered since the last `take`, as a `Batch` told up to stream position `upto`."""
@@ -192,23 +194,28 @@ def fold_partition(
     keep_releases: bool = True,
     emit: Callable[[Batch], None] | None = None,
     batch_items: int = BATCH_ITEMS,
+    into: Folded | None = None,
 ) -> Folded:
     """Fold one partition's slices of a stream, as `kvledger.ledger.replay.replay_chunks` folds the whole stream
     (the same compaction, after the same chunks, with the same cut), keeping each release's and each
     accepted map's position in the whole stream (the releases themselves only with `keep_releases`). With
-    `emit`, they go out in batches of about `batch_items` as the fold goes, the rest in the answer."""
+    `emit`, they go out in batches of about `batch_items` as the fold goes, the rest in the answer. With
+    `into`, the fold goes on from that partition's fold (a consumer's next slices: `kvledger.ledger.fleet`)."""
     if not 0 <= partition < partitions:
         raise ValueError(f"partition {partition} is not in range({partitions})")
-    out = Folded(partition, partitions)
+    out = Folded(partition, partitions) if into is None else into
+    if (out.partition, out.partitions) != (partition, partitions):
+        raise ValueError(f"folding partition {partition} of {partitions} into {out.partition} of {out.partitions}")
     state = out.state
     sides_of, compact = state.sides_of, state.compact
     record = out.latencies.record
     released: list[Release] = []
     caused: list[int] = []
     claimed: list[int] = []
-    n = mine = 0
-    next_compaction = compact_every or 0
-    last_ts = own_last = float("-inf")
+    n, mine = out.stream_events, out.events
+    next_compaction = out.next_compaction if into is not None else compact_every or 0
+    last_ts = out.stream_last_ts if out.stream_last_ts is not None else float("-inf")
+    own_last = out.last_ts if out.last_ts is not None else float("-inf")
     with collector_paused():
         for events, indices, stream_events, newest in parts:
             if not stream_events:
@@ -248,6 +255,7 @@ def fold_partition(
     out.last_ts = own_last if mine else None
     out.stream_events = n
     out.stream_last_ts = last_ts if n else None
+    out.next_compaction = next_compaction
     return out
 
 

@@ -452,6 +452,12 @@ class NatsStore:
         last, place = max(0, cursor) >> CURSOR_SHIFT, max(0, cursor) & ((1 << CURSOR_SHIFT) - 1)
         return sum(n if seq < last else min(n, place) for seq, n in self._counts(last))
 
+    def last_sequence(self) -> int:
+        """The stream sequence of the newest message (0: none): every cursor is at or below
+        `last_sequence() << 16 | 0xFFFF`."""
+        info = self._call(self.js.stream_info(self.target.stream))
+        return int(info.state.last_seq)
+
     def missing_messages(self) -> int:
         """Messages the stream once held and holds no more (a purge, a deletion, limits changed by hand): 0
         for a stream kvledger made and nobody edited. A nonzero answer means some events are gone."""

@@ -1,0 +1,67 @@
+"""A partition worker in a process of its own, for tests/store/test_nats_workers.py: folds the stream's
+partitions from their durable consumers until it has folded everything the stream holds, then writes each
+partition's answer, digest and counts to `--out`. It prints `saved <partition> <stream seq>` after each save
+(flushed), so a test can kill it while it folds; `--crash-after-save N` kills itself (SIGKILL) right after
+its N-th save, before that save's acknowledgement."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+import msgspec
+
+from kvledger.ledger.fleet import PartitionFold, run_worker
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.nats_consumer import Delivered
+from kvledger.ledger.store.nats_store import NatsStore
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("--partitions", required=True, help="e.g. 0,1,2,3")
+    parser.add_argument("--service", default="test")
+    parser.add_argument("--fetch", type=int, default=256)
+    parser.add_argument("--snapshot-every-events", type=int, default=1_000_000)
+    parser.add_argument("--crash-after-save", type=int, default=0)
+    parser.add_argument("--last-seq", type=int, required=True, help="the stream's last sequence: stop there")
+    parser.add_argument("--now", type=float, required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    store = open_store(args.url)
+    assert isinstance(store, NatsStore)
+    saves = 0
+    redelivered = 0
+
+    def after_save(fold: PartitionFold) -> None:
+        nonlocal saves
+        saves += 1
+        print(f"saved {fold.partition} {fold.saved}", flush=True)
+        if saves == args.crash_after_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def between(folds: dict[int, PartitionFold], delivered: list[Delivered]) -> bool:
+        nonlocal redelivered
+        redelivered += sum(d.redelivered for d in delivered)
+        return not all(f.upto >= args.last_seq for f in folds.values())
+
+    folds = run_worker(
+        store, [int(p) for p in args.partitions.split(",")], service=args.service, between=between,
+        keep_releases=True, snapshot_every_events=args.snapshot_every_events, fetch_messages=args.fetch,
+        after_save=after_save,
+    )  # fmt: skip
+    out = {
+        p: (msgspec.msgpack.encode(f.answer(args.now, upto=args.last_seq)), f.digest, f.folded.events)
+        for p, f in folds.items()
+    }
+    with open(args.out, "wb") as file:
+        file.write(msgspec.msgpack.encode({"answers": out, "redelivered": redelivered}))
+    store.close()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Partition workers over a NATS stream of the test's own server (`kvledger.ledger.fleet`, durable pull
+consumers in `kvledger.ledger.store.nats_consumer`): a worker process killed (SIGKILL) while it folds,
+another killed between a save and its acknowledgement, and a third started after them finish the stream
+with every event folded exactly once; the partitions' answers, merged, are what an offline replay of the
+exported stream says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from kvledger.cli.export import store_to_jsonl
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.jsonl import read_events
+from kvledger.ledger.merge import batched
+from kvledger.ledger.partitioned import PartitionAnswer, merge
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.nats_consumer import PartitionConsumers, consumer_name
+from kvledger.ledger.store.nats_store import NatsStore
+from tests.ledger.histories import Shape, history
+from tests.store.nats_server import NatsServer
+
+pytestmark = pytest.mark.nats
+
+PARTITIONS = 4
+SHAPE = Shape(transfers=150, span_s=300.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
+              consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[NatsServer]:
+    own = NatsServer(tmp_path / "jetstream")
+    own.start()
+    yield own
+    if own.process is not None:
+        own.kill()
+
+
+def _digest(events: list[Event]) -> int:
+    return sum((zlib.crc32(e.source.encode()) << 32) | e.seq for e in events) & ((1 << 64) - 1)
+
+
+def _worker(url: str, out: Path, last_seq: int, now: float, *extra: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "tests.store.fleet_worker", url, "--partitions", "0,1,2,3",
+               "--last-seq", str(last_seq), "--now", str(now), "--out", str(out), *extra]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+
+def test_workers_killed_mid_fold_and_between_save_and_ack_fold_every_event_once(
+    server: NatsServer, tmp_path: Path
+) -> None:
+    url = f"{server.url}/workers?partitions={PARTITIONS}"
+    events = history(5, SHAPE)
+    store = open_store(url, create=True)
+    assert isinstance(store, NatsStore)
+    for batch in batched(events, 40):  # many small messages: a worker fetching 2 at a time folds for a while
+        store.append(batch)
+    last_seq = store.last_sequence()
+    store.close()
+    exported = tmp_path / "stream.jsonl"
+    assert store_to_jsonl(url, exported) == len(events)
+    stored = list(read_events(exported))
+    now = max(e.ts for e in stored) + 1.0
+    out = tmp_path / "answers.msgpack"
+
+    # 1. Killed while it folds: after its second save, wherever it is then.
+    first = _worker(url, out, last_seq, now, "--fetch", "2", "--snapshot-every-events", "150")
+    assert first.stdout is not None
+    saves = [first.stdout.readline() for _ in range(2)]
+    assert all(line.startswith("saved ") for line in saves), saves
+    first.kill()
+    first.wait()
+    assert not out.exists()  # killed before it folded the stream
+    # 2. Killed right after a save, before its acknowledgement: the saved messages come again.
+    second = _worker(url, out, last_seq, now, "--fetch", "2", "--snapshot-every-events", "150",
+                     "--crash-after-save", "2")  # fmt: skip
+    second.communicate()
+    assert second.returncode == -9
+    assert not out.exists()
+    # 3. To the end.
+    third = _worker(url, out, last_seq, now)
+    third.communicate()
+    assert third.returncode == 0
+    report = msgspec.msgpack.decode(out.read_bytes())
+    assert report["redelivered"] > 0  # what the second saved and did not acknowledge was delivered again
+    answers = {int(p): v for p, v in report["answers"].items()}
+    assert sorted(answers) == list(range(PARTITIONS))
+    assert sum(n for _, _, n in answers.values()) == len(stored)  # 0 lost ...
+    assert sum(d for _, d, _ in answers.values()) & ((1 << 64) - 1) == _digest(stored)  # ... 0 folded twice
+    merged = merge(msgspec.msgpack.decode(a, type=PartitionAnswer) for a, _, _ in answers.values())
+    one = replay_chunks(batched(stored, 64))
+    expected = audit(one.state, now)
+    assert any(f.code == "double_owner" for f in expected) and len({f.code for f in expected}) > 3
+    assert merged.findings == expected
+    assert merged.releases == one.releases
+    assert merged.events == len(stored)
+
+
+def test_two_services_keep_positions_of_their_own(server: NatsServer) -> None:
+    url = f"{server.url}/positions?partitions=2"
+    store = open_store(url, create=True)
+    assert isinstance(store, NatsStore)
+    events = history(2, Shape(transfers=20))
+    store.append(events)
+    a = PartitionConsumers(store, [0, 1], service="a")
+    b = PartitionConsumers(store, [0], service="b")
+    got_a = a.fetch()
+    assert sum(len(d.rows) for d in got_a) == len(events)
+    a.ack(0, got_a[0].last_seq)
+    assert a.position(0) == got_a[0].last_seq > 0
+    assert b.position(0) == 0  # b's consumer is its own
+    assert len(b.fetch()[0].rows) == len(got_a[0].rows)
+    assert consumer_name("a", "positions", 0) != consumer_name("b", "positions", 0)
+    with pytest.raises(ValueError):
+        consumer_name("a.b", "positions", 0)
+    a.close()
+    b.close()
+    store.close()
