@@ -51,6 +51,19 @@ def test_compose_runs_postgres_with_a_healthcheck_and_a_volume() -> None:
     assert command.index("kvledger db upgrade --db") < command.index("kvledger serve --host 0.0.0.0")
 
 
+def test_compose_runs_nats_with_a_healthcheck_its_image_can_run() -> None:
+    """The nats image's healthcheck runs `wget` in a shell: the plain `nats:` tags are built FROM scratch
+    (the server binary alone), so a CMD-SHELL check there never passes and the service over it never starts."""
+    services = _compose()["services"]
+    nats, service = services["nats"], services["kvledger-nats"]  # type: ignore[index]
+    kind, *check = nats["healthcheck"]["test"]
+    assert kind == "CMD-SHELL" and "healthz" in " ".join(check)
+    assert nats["image"].startswith("nats:") and nats["image"].endswith("-alpine"), nats["image"]
+    assert "-js" in nats["command"]
+    assert service["depends_on"]["nats"]["condition"] == "service_healthy"
+    assert service["environment"]["KVLEDGER_DB"].startswith("nats://nats:4222/")
+
+
 def test_the_compose_start_command_migrates_and_serves(tmp_path: Path) -> None:
     """The container's command, verbatim but for loopback and a free port, over a new SQLite file."""
     (port,) = free_loopback_ports(1)
