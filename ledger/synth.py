@@ -39,6 +39,10 @@ class SynthConfig:
     """Transfer ids are stamped (ledger/ids.py) as kvledger's proxy issues them: issued at the transfer's
     start, with the transfer's number as their random bits (no draw: the rest of the log is the same either
     way). False: `tx-{number:08x}`, unstamped, as a third-party proxy's ids are to the fold."""
+    first_transfer: int = 0
+    """The first transfer's number: engines of one fleet given apart ranges have apart ids and request ids."""
+    clock_start: float = 1_700_000_000.0
+    """The first event's time (unix seconds)."""
 
 
 def synth_transfer_id(cfg: SynthConfig, n: int, start: float) -> TransferId:
@@ -136,10 +140,10 @@ def generate(cfg: SynthConfig, seed: int = 0) -> Iterator[Event]:
     next_seq = {cfg.producer: 1, cfg.consumer: 1}
     inflight: list[Iterator[list[Event]]] = []
     started = 0
-    clock = 1_700_000_000.0
+    clock = cfg.clock_start
     while started < cfg.transfers or inflight:
         while started < cfg.transfers and len(inflight) < cfg.concurrency:
-            inflight.append(iter(_transfer_events(cfg, rng, started, clock)))
+            inflight.append(iter(_transfer_events(cfg, rng, cfg.first_transfer + started, clock)))
             started += 1
         i = rng.randrange(len(inflight))
         step = next(inflight[i], None)

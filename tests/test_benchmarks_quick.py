@@ -41,7 +41,7 @@ def declared_fields(path: Path) -> tuple[str, ...]:
 
 def test_the_benchmarks_are_found() -> None:
     names = {path.stem for path in SCRIPTS}
-    assert {"fold", "store", "mutation"} <= names, names
+    assert {"fold", "store", "mutation", "fleet"} <= names, names
     assert "quick" not in names and "__init__" not in names
 
 
