@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeAlias
 
 import nats.errors
 import nats.js.errors
@@ -47,9 +47,13 @@ ACK_WAIT_S = 600.0
 worker's snapshot interval (`kvledger.ledger.limits.FLEET_SNAPSHOT_EVERY_S`), so a live worker is not sent
 again what it folded; a dead one's messages come back to its successor anyway (redelivery at start)."""
 FETCH_MESSAGES = 256
-"""Messages one fetch asks for per partition (up to MESSAGE_EVENTS_MAX events each)."""
+"""Messages one fetch asks for, shared out among the owned partitions (up to MESSAGE_EVENTS_MAX events each)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+_Fetched: TypeAlias = tuple[int, list[tuple[int, bytes]], int, int, int]
+"""One partition's fetch, not yet decoded: (partition, (stream seq, body) of each new message, the last one's
+stream seq, upto, messages passed over)."""
 
 
 class Delivered(NamedTuple):
@@ -161,20 +165,30 @@ class PartitionConsumers:
         return int(info.ack_floor.stream_seq or 0) if info.ack_floor is not None else 0
 
     def fetch(self, messages: int = FETCH_MESSAGES, timeout: float = 0.2) -> list[Delivered]:
-        """Each owned partition's next messages (up to `messages` each), waiting up to `timeout` seconds
-        where none is there; one `Delivered` per partition, in partition order."""
-        return self.store._call(self._fetch_all(messages, timeout), timeout=timeout + CALL_TIMEOUT_S)
+        """The owned partitions' next messages (up to `messages` in all, shared out among them), waiting up to
+        `timeout` seconds where none is there; one `Delivered` per partition, in partition order. The
+        messages are decoded here, on the caller's thread, not on the connection's."""
+        each = max(1, messages // len(self.parts))
+        fetched = self.store._call(self._fetch_all(each, timeout), timeout=timeout + CALL_TIMEOUT_S)
+        out = []
+        for partition, bodies, last_seq, upto, again in fetched:
+            rows: list[tuple[int, Event]] = []
+            for seq, data in bodies:
+                base = seq << CURSOR_SHIFT
+                rows.extend((base | place, event) for place, event in enumerate(decode_batch(data), 1))
+            out.append(Delivered(partition, rows, last_seq, upto, again))
+        return out
 
-    async def _fetch_all(self, messages: int, timeout: float) -> list[Delivered]:
+    async def _fetch_all(self, messages: int, timeout: float) -> list[_Fetched]:
         last = (await self.store.js.stream_info(self.stream)).state.last_seq
         return list(await asyncio.gather(*(self._fetch(part, messages, timeout, last) for part in self.parts.values())))
 
-    async def _fetch(self, part: _Partition, messages: int, timeout: float, last: int) -> Delivered:
+    async def _fetch(self, part: _Partition, messages: int, timeout: float, last: int) -> _Fetched:
         try:
             msgs = await part.sub.fetch(messages, timeout=timeout)
         except nats.errors.TimeoutError:
             msgs = []
-        rows: list[tuple[int, Event]] = []
+        bodies: list[tuple[int, bytes]] = []
         again = 0
         new_last = 0
         for msg in msgs:
@@ -182,8 +196,7 @@ class PartitionConsumers:
             if seq <= part.handed:
                 again += 1
                 continue
-            base = seq << CURSOR_SHIFT
-            rows.extend((base | place, event) for place, event in enumerate(decode_batch(msg.data), 1))
+            bodies.append((seq, msg.data))
             part.handed = new_last = seq
         if msgs:
             part.unacked.append((msgs[-1].metadata.sequence.stream, msgs[-1]))
@@ -191,7 +204,7 @@ class PartitionConsumers:
         else:
             pending = (await part.sub.consumer_info()).num_pending or 0
         part.upto = max(part.upto, part.handed, last if pending == 0 else 0)
-        return Delivered(part.partition, rows, new_last, part.upto, again)
+        return part.partition, bodies, new_last, part.upto, again
 
     def ack(self, partition: int, through: int) -> None:
         """Acknowledge every message of `partition` up to stream sequence `through`: the caller's fold of
