@@ -57,12 +57,41 @@ def serve(
         list[str] | None,
         typer.Option(help="An engine known dead, optionally =why (repeat): what it held is lost, not leaked"),
     ] = None,
+    partitions: Annotated[
+        str | None,
+        typer.Option(
+            help="nats:// stores: fold these partitions of the stream (0-7, 0,2,5-6, all) in worker processes, "
+            "each from its durable consumer, and answer /audit and /transfers merged (docs/fleet.md)"
+        ),
+    ] = None,
+    service_name: Annotated[
+        str, typer.Option("--service", help="With --partitions: names the durable consumers and snapshots")
+    ] = "kvledger",
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="With --partitions: worker processes (default: the cores)")
+    ] = None,
 ) -> None:
     """Serve the audit API, metrics and web page over the store at --db (ingest token: KVLEDGER_TOKEN)."""
     settings = service_settings(
         db, defer_timeout=defer_timeout, transfer_timeout=transfer_timeout, dead=parse_dead(dead or [])
     )
+    if partitions is not None:
+        run_fleet(settings, partitions, service=service_name, workers=workers, host=host, port=port)
+        return
     run_service(settings, host=host, port=port)
+
+
+def run_fleet(settings: Settings, partitions: str, *, service: str, workers: int | None, host: str, port: int) -> None:
+    """uvicorn serving the API over partition workers (`kvledger.api.fleet_app`) until Ctrl-C."""
+    import uvicorn
+
+    from kvledger.api.fleet_app import create_fleet_app
+    from kvledger.api.server import server_config
+
+    if not settings.db.startswith("nats://"):
+        raise typer.BadParameter("--partitions needs a nats:// store", param_hint="--partitions")
+    app = create_fleet_app(settings, partitions, service=service, workers=workers)
+    uvicorn.Server(server_config(app, settings, host=host, port=port)).run()
 
 
 def run_service(settings: Settings, *, host: str, port: int) -> None:

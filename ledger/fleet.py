@@ -24,19 +24,23 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from kvledger.ledger.advice import LatencyRecorder, RecorderPlain
 from kvledger.ledger.audit import AuditConfig
-from kvledger.ledger.events import Event
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import Event, TransferId
 from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S, REPLAY_COMPACT_EVERY
 from kvledger.ledger.partitioned import Batch, Folded, PartitionAnswer, answer, fold_partition
 from kvledger.ledger.store import snapshot
 from kvledger.ledger.store.base import StoredSnapshot
 from kvledger.ledger.store.snapshot import SnapshotFormatError
+from kvledger.ledger.transfer_state import TransferState
 
 if TYPE_CHECKING:
     from kvledger.ledger.store.nats_consumer import Delivered
@@ -76,6 +80,8 @@ class _Saved(msgspec.Struct, kw_only=True, array_like=True):
     latencies: RecorderPlain
     pending: Batch
     state: msgspec.Raw
+    order: list[tuple[str, TransferId]] = []
+    first: list[int] = []
 
 
 _saved_decoder = msgspec.msgpack.Decoder(_Saved)
@@ -85,9 +91,25 @@ _encode = msgspec.msgpack.Encoder().encode
 class PartitionFold:
     """One partition's fold from its consumer, and where in the stream it is."""
 
-    def __init__(self, partition: int, partitions: int, *, keep_releases: bool = False) -> None:
+    def __init__(
+        self,
+        partition: int,
+        partitions: int,
+        *,
+        keep_releases: bool = False,
+        compact_every: int | None = REPLAY_COMPACT_EVERY,
+        track_sides: bool = False,
+    ) -> None:
         self.folded = Folded(partition, partitions)
         self.keep_releases = keep_releases
+        self.compact_every = compact_every
+        """As `fold_partition`'s; None (the service's) keeps every side, as the one-process service does."""
+        self.track_sides = track_sides
+        self.order: list[Key] = []
+        """With `track_sides`: the sides in first-seen order (the service's transfer listing)."""
+        self.first: list[int] = []
+        """Each side's first event's cursor, in `order`'s order (ascending)."""
+        self._seen: set[Key] = set()
         self.applied = 0
         """The stream sequence of the last message folded (0: none)."""
         self.upto = 0
@@ -112,8 +134,16 @@ class PartitionFold:
             part = (events, cursors, len(events), max(e.ts for e in events))
             fold_partition(
                 [part], self.folded.partition, self.folded.partitions, into=self.folded,
-                keep_releases=self.keep_releases, compact_every=REPLAY_COMPACT_EVERY,
+                keep_releases=self.keep_releases, compact_every=self.compact_every,
             )  # fmt: skip
+            if self.track_sides:
+                seen, order, first = self._seen, self.order, self.first
+                for cursor, e in rows:
+                    key = (e.source, e.transfer_id)
+                    if key not in seen and key in self.folded.state.transfers:
+                        seen.add(key)
+                        order.append(key)
+                        first.append(cursor)
             crc = self._crc
             digest = self.digest
             for e in events:
@@ -130,12 +160,30 @@ class PartitionFold:
         """What the fold told since the last `take` (releases' sides, accepted maps), complete up to `upto`."""
         return self.folded.take(through_cursor(self.upto))
 
-    def answer(self, now: float, config: AuditConfig | None = None, *, upto: int | None = None) -> PartitionAnswer:
+    def answer(
+        self, now: float, config: AuditConfig | None = None, *, upto: int | None = None, keep: bool = False
+    ) -> PartitionAnswer:
         """The partition's answer at `now` (`kvledger.ledger.partitioned.answer`), its rest told up to stream
-        sequence `upto` (default: its own; a merge of several answers needs one `upto` for all)."""
-        found = answer(self.folded, now, config)
+        sequence `upto` (default: its own; a merge of several answers needs one `upto` for all). With `keep`,
+        what the answer tells stays in the fold too (the next answer tells it again: a merge from scratch)."""
+        f = self.folded
+        found = answer(f, now, config)
         found.rest.upto = through_cursor(self.upto if upto is None else upto)
+        if keep:
+            rest = found.rest
+            f.decided, f.frees, f.claims, f.expired = (
+                list(rest.decided), list(rest.frees), list(rest.claims), list(rest.expired)
+            )  # fmt: skip
         return found
+
+    def sides_after(self, cursor: int) -> Iterator[tuple[int, TransferState]]:
+        """With `track_sides`: (first cursor, side) of the sides first seen after `cursor`, in that order."""
+        transfers = self.folded.state.transfers
+        order, first = self.order, self.first
+        for i in range(bisect_right(first, cursor), len(order)):
+            t = transfers.get(order[i])
+            if t is not None:
+                yield first[i], t
 
     def encode(self) -> bytes:
         f = self.folded
@@ -145,19 +193,20 @@ class PartitionFold:
             digest=self.digest, events=f.events, first_index=f.first_index, first_ts=f.first_ts,
             last_ts=f.last_ts, stream_events=f.stream_events, stream_last_ts=f.stream_last_ts,
             next_compaction=f.next_compaction, latencies=f.latencies.to_plain(), pending=pending,
-            state=msgspec.Raw(snapshot.encode(f.state)),
+            state=msgspec.Raw(snapshot.encode(f.state)), order=self.order, first=self.first,
         )  # fmt: skip
         return zlib.compress(_encode(saved), 1)
 
     @classmethod
-    def decode(cls, body: bytes, *, keep_releases: bool = False) -> PartitionFold:
+    def decode(cls, body: bytes, **options: Any) -> PartitionFold:
+        """A saved fold (`encode`); `options` as `PartitionFold`'s."""
         try:
             saved = _saved_decoder.decode(zlib.decompress(body))
         except (zlib.error, msgspec.DecodeError) as error:
             raise SnapshotFormatError(f"a partition snapshot does not decode: {error}") from None
         if saved.format != FORMAT:
             raise SnapshotFormatError(f"partition snapshot format {saved.format}, this build reads {FORMAT}")
-        out = cls(saved.partition, saved.partitions, keep_releases=keep_releases)
+        out = cls(saved.partition, saved.partitions, **options)
         f = out.folded
         f.state = snapshot.decode(saved.state)
         f.latencies = LatencyRecorder.from_plain(saved.latencies)
@@ -168,30 +217,34 @@ class PartitionFold:
         f.next_compaction = saved.next_compaction
         out.applied = out.saved = saved.applied
         out.upto, out.digest = saved.upto, saved.digest
+        if out.track_sides:
+            out.order = saved.order
+            out.first = saved.first
+            out._seen = set(out.order)
         return out
 
 
-def restore(
-    store: NatsStore, service: str, partition: int, partitions: int, *, keep_releases: bool = False
-) -> PartitionFold:
-    """The partition's newest saved fold, or a new one where none is saved (or the newest does not decode)."""
+def restore(store: NatsStore, service: str, partition: int, partitions: int, **options: Any) -> PartitionFold:
+    """The partition's newest saved fold, or a new one where none is saved (or the newest does not decode);
+    `options` as `PartitionFold`'s."""
     stored = store.latest_snapshot(snapshot_source(service, partition, partitions))
     if stored is not None and stored.format == FORMAT:
         try:
-            return PartitionFold.decode(stored.body, keep_releases=keep_releases)
+            return PartitionFold.decode(stored.body, **options)
         except SnapshotFormatError:
             pass  # folded again from the start: the consumer is made again for it (`PartitionConsumers`)
-    return PartitionFold(partition, partitions, keep_releases=keep_releases)
+    return PartitionFold(partition, partitions, **options)
 
 
-def save(store: NatsStore, service: str, fold: PartitionFold) -> None:
-    """Save `fold` (the newest snapshot of its partition; older ones are deleted)."""
+def save(store: NatsStore, service: str, fold: PartitionFold, taken: tuple[int, bytes] | None = None) -> None:
+    """Save `fold` (the newest snapshot of its partition; older ones are deleted): `taken`, (applied, body) of
+    an `encode` made before (under the caller's lock), or encoded now."""
     f = fold.folded
+    applied, body = taken if taken is not None else (fold.applied, fold.encode())
     source = snapshot_source(service, f.partition, f.partitions)
-    store.save_snapshot(StoredSnapshot(source, fold.applied, FORMAT, time.time(), fold.encode()))
-    store.delete_snapshots(source, fold.applied)
-    fold.saved = fold.applied
-    fold.events_since_save = 0
+    store.save_snapshot(StoredSnapshot(source, applied, FORMAT, time.time(), body))
+    store.delete_snapshots(source, applied)
+    fold.saved = applied
 
 
 def run_worker(
@@ -200,29 +253,39 @@ def run_worker(
     *,
     service: str,
     between: Callable[[dict[int, PartitionFold], list[Delivered]], bool],
-    keep_releases: bool = False,
     snapshot_every_s: float = FLEET_SNAPSHOT_EVERY_S,
     snapshot_every_events: int = FLEET_SNAPSHOT_EVERY_EVENTS,
     fetch_messages: int | None = None,
     fetch_timeout_s: float = 0.2,
     after_save: Callable[[PartitionFold], None] | None = None,
+    lock: AbstractContextManager[object] | None = None,
+    started: Callable[[dict[int, PartitionFold]], None] | None = None,
+    **options: Any,
 ) -> dict[int, PartitionFold]:
     """Fold `partitions` of the stream from their durable consumers until `between` (called after every
     fetch with the folds and what the fetch brought) returns False; then save what is not saved and
-    acknowledge it. `after_save` is called after each save, before its acknowledgement (tests crash there)."""
+    acknowledge it. `after_save` is called after each save, before its acknowledgement (tests crash there).
+    Each delivery is folded, and each fold saved, holding `lock` (a service's worker answers requests from
+    another thread under it); `started` is given the folds once restored; `options` as `PartitionFold`'s."""
     from kvledger.ledger.store.nats_consumer import FETCH_MESSAGES, PartitionConsumers
 
-    folds = {p: restore(store, service, p, store.partitions, keep_releases=keep_releases) for p in partitions}
+    guard = lock if lock is not None else nullcontext()
+    folds = {p: restore(store, service, p, store.partitions, **options) for p in partitions}
     consumers = PartitionConsumers(store, list(folds), service=service, folded={p: f.applied for p, f in folds.items()})
     for p in consumers.reset:
-        folds[p] = PartitionFold(p, store.partitions, keep_releases=keep_releases)
+        folds[p] = PartitionFold(p, store.partitions, **options)
+    if started is not None:
+        started(folds)
     last_save = time.monotonic()
 
     def save_due(force: bool) -> None:
         nonlocal last_save
         for fold in folds.values():
             if fold.applied > fold.saved:
-                save(store, service, fold)
+                with guard:
+                    taken = (fold.applied, fold.encode())
+                    fold.events_since_save = 0
+                save(store, service, fold, taken)
                 if after_save is not None:
                     after_save(fold)
                 consumers.ack(fold.partition, fold.saved)
@@ -233,8 +296,9 @@ def run_worker(
     try:
         while True:
             delivered = consumers.fetch(fetch_messages or FETCH_MESSAGES, fetch_timeout_s)
-            for d in delivered:
-                folds[d.partition].apply(d)
+            with guard:
+                for d in delivered:
+                    folds[d.partition].apply(d)
             if not between(folds, delivered):
                 break
             folded = sum(f.events_since_save for f in folds.values())
@@ -244,3 +308,128 @@ def run_worker(
     finally:
         consumers.close()
     return folds
+
+
+# -- a service's worker process ----------------------------------------------------------------------------
+
+_request_decoder = msgspec.msgpack.Decoder(list[Any])
+
+
+class SidesAsked(msgspec.Struct, array_like=True):
+    """A page of the transfer listing asked of a worker: its sides first seen after `cursor`, filtered."""
+
+    cursor: int
+    limit: int
+    phase: str | None
+    source: str | None
+    mode: str | None
+    request_id: str | None
+    flagged: list[tuple[str, TransferId]] | None
+    """With `has_finding`: the sides (of this worker's partitions) that have a finding."""
+    has_finding: bool | None
+    scan_max: int
+
+
+def _sides(folds: dict[int, PartitionFold], asked: SidesAsked) -> tuple[list[tuple[int, TransferState]], bool]:
+    """Up to `asked.limit` matching sides of `folds` after `asked.cursor`, by first cursor; and whether more may
+    follow (a side not looked at, beyond the page or the scan's bound)."""
+    flagged = set(asked.flagged) if asked.flagged is not None else None
+    found: list[tuple[int, TransferState]] = []
+    more = False
+    for fold in folds.values():
+        scanned = 0
+        for first, t in fold.sides_after(asked.cursor):
+            if found and len(found) >= asked.limit and first > found[-1][0]:
+                more = True
+                break
+            scanned += 1
+            if scanned > asked.scan_max:
+                more = True
+                break
+            if (
+                (asked.phase is not None and t.phase != asked.phase)
+                or (asked.source is not None and t.source != asked.source)
+                or (asked.mode is not None and t.mode != asked.mode)
+                or (asked.request_id is not None and t.request_id != asked.request_id)
+            ):
+                continue
+            if flagged is not None and ((t.source, t.transfer_id) in flagged) != asked.has_finding:
+                continue
+            found.append((first, t))
+            found.sort(key=lambda pair: pair[0])
+            if len(found) > asked.limit:
+                found.pop()
+                more = True
+    return found, more
+
+
+def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch_timeout_s: float) -> None:
+    """A service's partition worker (a process of its own, `kvledger serve --partitions`): folds `partitions`
+    from their durable consumers, every side kept (as the one-process service keeps them) and every accepted
+    map's and release's merge item kept (`PartitionFold.answer(keep=True)`: a merge from scratch, each time,
+    gives one fold's answer), and answers the service on `conn` (a `multiprocessing` connection) between two
+    deliveries. Messages are msgpack arrays: requests `[kind, id, ...]`, replies `[kind, id, payload]` with
+    the payload encoded apart (`kvledger.api.fleet` decodes them):
+
+    - `["answer", id, now, transfer_timeout_s, clock_skew_s]`: each partition's `PartitionAnswer` at `now`;
+    - `["sides", id, SidesAsked]`: `(first cursor, TransferState)` pairs and whether more follow;
+    - `["transfer", id, transfer_id]`: the sides of one transfer id;
+    - `["status", id]`: per partition, events folded, `upto` and `applied`;
+    - `["stop"]` (or the service gone): save, acknowledge, exit.
+    `["ready", 0, partitions]` is sent once the folds are restored."""
+    import threading
+
+    from kvledger.ledger.store.connect import open_store
+    from kvledger.ledger.store.nats_store import NatsStore
+
+    store = open_store(url)
+    assert isinstance(store, NatsStore)
+    lock = threading.Lock()
+    sending = threading.Lock()
+    stop = threading.Event()
+
+    def send(kind: str, rid: int, payload: bytes) -> None:
+        with sending:
+            conn.send_bytes(_encode([kind, rid, payload]))
+
+    def serve_requests(folds: dict[int, PartitionFold]) -> None:
+        while not stop.is_set():
+            try:
+                request = _request_decoder.decode(conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            kind = request[0]
+            if kind == "stop":
+                break
+            rid = int(request[1])
+            with lock:
+                if kind == "answer":
+                    config = AuditConfig(float(request[3]), float(request[4]))
+                    payload = _encode([f.answer(float(request[2]), config, keep=True) for f in folds.values()])
+                elif kind == "sides":
+                    asked = msgspec.convert(request[2], SidesAsked)
+                    payload = _encode(_sides(folds, asked))
+                elif kind == "transfer":
+                    tid = TransferId(str(request[2]))
+                    part = [f for f in folds.values()]
+                    sides = [
+                        t for f in part for s in f.folded.state.sources
+                        if (t := f.folded.state.transfers.get((s, tid))) is not None
+                    ]  # fmt: skip
+                    payload = _encode(sides)
+                else:
+                    payload = _encode({p: (f.folded.events, f.upto, f.applied) for p, f in folds.items()})
+            send(kind, rid, payload)
+        stop.set()
+
+    def started(folds: dict[int, PartitionFold]) -> None:
+        threading.Thread(target=serve_requests, args=(folds,), name="kvledger-worker-requests", daemon=True).start()
+        send("ready", 0, _encode(sorted(folds)))
+
+    try:
+        run_worker(
+            store, partitions, service=service, between=lambda folds, delivered: not stop.is_set(), lock=lock,
+            started=started, fetch_timeout_s=fetch_timeout_s, compact_every=None, track_sides=True,
+        )  # fmt: skip
+    finally:
+        store.close()

@@ -1,0 +1,352 @@
+"""The service over a NATS stream's partitions, folded by worker processes (`kvledger serve --partitions`).
+
+`Fleet` starts one worker process per owned partition, or per group of them when there are more than
+cores (`kvledger.ledger.fleet.serve_worker`: each folds its partitions from their durable consumers, saves
+and acknowledges, and answers this process between deliveries). A worker that dies is started again; it
+restores its partitions' snapshots and its consumers deliver again what it had not saved.
+
+What the API answers, merged from the workers (`kvledger.ledger.partitioned.merge`, as `kvledger replay
+--jobs` merges): every partition's `PartitionAnswer` at one `now` (its findings without `double_owner`, its
+counts, every accepted map and release it folded, at its own stream position), partitions this service
+does not own counted as empty, merged from scratch: the findings in the audit's order, `double_owner` judged
+on the per-source ownership fed in stream order. That is what one process folding those events would say;
+once every worker has folded the stream to its end, what one process folding the whole stream (of the
+owned partitions) says. The published audit (`GET /audit` without `?now=`) is computed so, off the request
+path, at the clock rounded down to `audit_cache_resolution_s`, at most once per AUDIT_COST_FACTOR times its
+cost. `GET /transfers` lists the workers' sides by the cursor of each side's first event (the one-process
+order), `?cursor=` being that cursor; `GET /transfers/{id}` asks the worker owning the id's partition.
+
+Services splitting the partitions (`--partitions 0-7` on one machine, `8-15` on another) each answer for
+their own partitions; `GET /fleet/answers?now=T` gives a service's partitions' answers (msgpack), and
+`merge_services` merges every service's into the whole stream's answer (each partition exactly once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import msgspec
+
+from kvledger.api.limits import AUDIT_COST_FACTOR
+from kvledger.api.settings import Settings
+from kvledger.ledger.audit import Finding, counts_by_code
+from kvledger.ledger.decisions import Key
+from kvledger.ledger.events import Event, TransferId
+from kvledger.ledger.fleet import SidesAsked, serve_worker, through_cursor
+from kvledger.ledger.partition import partition_of
+from kvledger.ledger.partitioned import Folded, Merged, PartitionAnswer, answer, merge
+from kvledger.ledger.transfer_state import TransferState
+
+log = logging.getLogger(__name__)
+
+_answers = msgspec.msgpack.Decoder(list[PartitionAnswer])
+_sides = msgspec.msgpack.Decoder(tuple[list[tuple[int, TransferState]], bool])
+_transfer = msgspec.msgpack.Decoder(list[TransferState])
+_reply = msgspec.msgpack.Decoder(tuple[str, int, bytes])
+_encode = msgspec.msgpack.Encoder().encode
+
+FETCH_TIMEOUT_S = 0.05
+"""How long a worker's fetch waits where nothing is new: the longest a request waits on an idle worker."""
+WATCH_EVERY_S = 0.5
+"""How often dead workers are looked for (and started again)."""
+
+
+def parse_partitions(text: str, partitions: int) -> list[int]:
+    """`"0-7"`, `"0,2,5-6"` or `"all"` as partition numbers within `range(partitions)`."""
+    if text.strip() == "all":
+        return list(range(partitions))
+    out: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        try:
+            lo, hi = int(first), int(last or first)
+        except ValueError:
+            raise ValueError(f"--partitions {text!r}: numbers and ranges, e.g. 0-7 or 0,2,5-6, or all") from None
+        if not 0 <= lo <= hi < partitions:
+            raise ValueError(f"--partitions {text!r}: the stream has partitions 0-{partitions - 1}")
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def groups(owned: Sequence[int], workers: int) -> list[list[int]]:
+    """`owned` shared out among `workers` processes (at most one per partition), round robin."""
+    n = max(1, min(workers, len(owned)))
+    return [list(owned[w::n]) for w in range(n)]
+
+
+class FleetAudited(NamedTuple):
+    """A published merged audit (as `kvledger.api.live.Audited`): replaced whole, read without a lock."""
+
+    now: float
+    findings: list[Finding]
+    counts: dict[str, int]
+    keys: set[Key]
+    events: int
+    cost_s: float
+
+
+class _Worker:
+    """One worker process and its connection; replies are matched to requests by id."""
+
+    def __init__(self, fleet: Fleet, partitions: list[int]) -> None:
+        self.fleet = fleet
+        self.partitions = partitions
+        self.process: Any = None
+        self.conn: Any = None
+        self.ready = asyncio.Event()
+        self.waiting: dict[int, asyncio.Future[bytes]] = {}
+        self.sending = threading.Lock()
+
+    def start(self) -> None:
+        context = multiprocessing.get_context("spawn")  # the service's loop and threads are not forked
+        parent, child = context.Pipe(duplex=True)
+        f = self.fleet
+        self.process = context.Process(
+            target=serve_worker, args=(child, f.settings.db, self.partitions, f.service, FETCH_TIMEOUT_S),
+            name=f"kvledger-worker-{self.partitions[0]}", daemon=True,
+        )  # fmt: skip
+        self.process.start()
+        child.close()
+        self.conn = parent
+        self.ready = asyncio.Event()
+        threading.Thread(target=self._read, args=(parent, asyncio.get_running_loop()), daemon=True).start()
+
+    def _read(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            try:
+                kind, rid, payload = _reply.decode(conn.recv_bytes())
+            except (EOFError, OSError):
+                loop.call_soon_threadsafe(self._lost, conn)
+                return
+            loop.call_soon_threadsafe(self._reply, kind, rid, payload)
+
+    def _reply(self, kind: str, rid: int, payload: bytes) -> None:
+        if kind == "ready":
+            self.ready.set()
+            return
+        future = self.waiting.pop(rid, None)
+        if future is not None and not future.done():
+            future.set_result(payload)
+
+    def _lost(self, conn: Any) -> None:
+        if conn is not self.conn:
+            return
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_exception(RuntimeError(f"worker of partitions {self.partitions} exited"))
+        self.waiting.clear()
+
+    async def ask(self, kind: str, *args: Any) -> bytes:
+        await self.ready.wait()
+        rid = self.fleet.next_id()
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.waiting[rid] = future
+        message = _encode([kind, rid, *args])
+        with self.sending:
+            self.conn.send_bytes(message)
+        return await future
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, ValueError), self.sending:
+            self.conn.send_bytes(_encode(["stop"]))
+        self.process.join(timeout=30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+class Fleet:
+    """The worker processes of one service and the merge of their answers (see the module docstring)."""
+
+    def __init__(self, settings: Settings, partitions: str, *, service: str, workers: int | None = None) -> None:
+        self.settings = settings
+        self.partitions_text = partitions
+        self.service = service
+        self.workers_wanted = workers
+        self.partitions = 0
+        """The stream's partition count."""
+        self.owned: list[int] = []
+        self.workers: list[_Worker] = []
+        self.audited: FleetAudited | None = None
+        self.restarts = 0
+        self._ids = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self.store: Any = None
+
+    def next_id(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    async def open(self) -> None:
+        """Start the workers and wait until each has restored its partitions; publish a first audit."""
+        import os
+
+        from kvledger.ledger.store.connect import open_store
+
+        self.store = await asyncio.to_thread(open_store, self.settings.db)
+        self.partitions = int(getattr(self.store, "partitions", 0))
+        if not self.partitions:
+            raise ValueError(f"{self.settings.db}: --partitions needs a nats:// store (a stream of partitions)")
+        self.owned = parse_partitions(self.partitions_text, self.partitions)
+        try:
+            cores = max(1, len(os.sched_getaffinity(0)))
+        except AttributeError:
+            cores = max(1, os.cpu_count() or 1)
+        self.workers = [_Worker(self, g) for g in groups(self.owned, self.workers_wanted or cores)]
+        for worker in self.workers:
+            worker.start()
+        for worker in self.workers:
+            await worker.ready.wait()
+        await self.publish()
+        self._tasks = [
+            asyncio.create_task(self._watch(), name="kvledger-fleet-watch"),
+            asyncio.create_task(self._audit_forever(), name="kvledger-fleet-audit"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.gather(*(asyncio.to_thread(w.stop) for w in self.workers))
+        if self.store is not None:
+            self.store.close()
+
+    async def _watch(self) -> None:
+        """Start again a worker that died (it restores its partitions' snapshots and goes on)."""
+        while True:
+            await asyncio.sleep(WATCH_EVERY_S)
+            for worker in self.workers:
+                if not worker.process.is_alive():
+                    log.warning("kvledger fleet: worker of partitions %s exited (%s); starting it again",
+                                worker.partitions, worker.process.exitcode)  # fmt: skip
+                    worker._lost(worker.conn)
+                    worker.conn.close()
+                    worker.start()
+                    self.restarts += 1
+
+    # -- answers -----------------------------------------------------------------------------------------------
+
+    async def answers(self, now: float) -> list[PartitionAnswer]:
+        """Every owned partition's answer at `now` (what it folded so far)."""
+        s = self.settings
+        replies = await asyncio.gather(
+            *(w.ask("answer", now, s.transfer_timeout_s, s.clock_skew_s) for w in self.workers)
+        )
+        return [a for reply in replies for a in _answers.decode(reply)]
+
+    def merged(self, answers: list[PartitionAnswer], now: float) -> Merged:
+        """The owned partitions' answers merged, the others counted as empty (one `upto` for all)."""
+        return merge_answers(answers, self.partitions, now, complete=False)
+
+    async def publish(self) -> FleetAudited:
+        now = self.clock_now()
+        started = time.perf_counter()
+        found = await self.answers(now)
+        merged = await asyncio.to_thread(self.merged, found, now)
+        findings = merged.findings
+        audited = FleetAudited(
+            now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}, merged.events,
+            time.perf_counter() - started,
+        )  # fmt: skip
+        self.audited = audited
+        return audited
+
+    async def _audit_forever(self) -> None:
+        while True:
+            audited = self.audited
+            wait = AUDIT_COST_FACTOR * audited.cost_s - audited.cost_s if audited is not None else 0.0
+            await asyncio.sleep(max(wait, 0.05))
+            try:
+                await self.publish()
+            except Exception:
+                log.exception("kvledger fleet: audit not published; trying again in a second")
+                await asyncio.sleep(1.0)
+
+    def clock_now(self) -> float:
+        resolution = self.settings.audit_cache_resolution_s
+        now = time.time()
+        return now - (now % resolution) if resolution > 0 else now
+
+    async def findings_at(self, now: float | None) -> tuple[float, list[Finding], dict[str, int], set[Key]]:
+        if now is None:
+            audited = self.audited
+            assert audited is not None  # published before the app serves
+            return audited.now, audited.findings, audited.counts, audited.keys
+        merged = self.merged(await self.answers(now), now)
+        findings = merged.findings
+        return now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}
+
+    async def sides(self, asked: SidesAsked, keys: set[Key] | None) -> tuple[list[tuple[int, TransferState]], bool]:
+        """A page of every worker's sides after `asked.cursor`, in first-cursor order; whether more follow."""
+
+        async def one(worker: _Worker) -> tuple[list[tuple[int, TransferState]], bool]:
+            mine = set(worker.partitions)
+            flagged = None
+            if keys is not None:
+                flagged = [k for k in keys if partition_of(k[1], self.partitions) in mine]
+            ask = msgspec.structs.replace(asked, flagged=flagged)
+            return _sides.decode(await worker.ask("sides", ask))
+
+        pages = await asyncio.gather(*(one(w) for w in self.workers))
+        found = sorted((pair for page, _ in pages for pair in page), key=lambda pair: pair[0])
+        more = any(m for _, m in pages) or len(found) > asked.limit
+        return found[: asked.limit], more
+
+    async def transfer(self, transfer_id: str) -> list[TransferState]:
+        partition = partition_of(TransferId(transfer_id), self.partitions)
+        worker = next((w for w in self.workers if partition in w.partitions), None)
+        if worker is None:
+            return []
+        return _transfer.decode(await worker.ask("transfer", transfer_id))
+
+    async def status(self) -> dict[int, tuple[int, int, int]]:
+        replies = await asyncio.gather(*(w.ask("status") for w in self.workers))
+        out: dict[int, tuple[int, int, int]] = {}
+        for reply in replies:
+            for p, v in msgspec.msgpack.decode(reply, type=dict[int, tuple[int, int, int]]).items():
+                out[p] = v
+        return out
+
+    def timeline(self, transfer_id: str, events_max: int) -> list[Event]:
+        from kvledger.api.transfer_events import transfer_events
+
+        return transfer_events(self.store, transfer_id, events_max)
+
+
+def merge_answers(answers: list[PartitionAnswer], partitions: int, now: float, *, complete: bool) -> Merged:
+    """`answers` (each partition at most once) merged as one fold's answer; with `complete`, every one of
+    `range(partitions)` must be there, else the missing ones are counted as empty. Each answer's merge items
+    are taken as told up to one stream position (the furthest any answer reached)."""
+    have = {a.partition for a in answers}
+    if len(have) != len(answers) or any(a.partitions != partitions for a in answers):
+        raise ValueError(f"answers for partitions {sorted(a.partition for a in answers)} of {partitions}: one each")
+    missing = [p for p in range(partitions) if p not in have]
+    if complete and missing:
+        raise ValueError(f"no answer for partitions {missing}")
+    parts = list(answers) + [answer(Folded(p, partitions), now) for p in missing]
+    upto = max((a.rest.upto for a in parts), default=through_cursor(0))
+    for a in parts:
+        a.rest.upto = upto
+    return merge(parts)
+
+
+def merge_services(urls: Sequence[str], now: float, timeout_s: float = 60.0) -> Merged:
+    """The whole stream's answer at `now` from services that split its partitions between them (each
+    partition owned by exactly one): every service's `GET /fleet/answers?now=`, merged."""
+    answers: list[PartitionAnswer] = []
+    partitions = 0
+    for url in urls:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/fleet/answers?now={now!r}", timeout=timeout_s) as response:
+            partitions = int(response.headers["Kvledger-Partitions"])
+            answers += _answers.decode(response.read())
+    return merge_answers(answers, partitions, now, complete=True)

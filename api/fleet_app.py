@@ -1,0 +1,146 @@
+"""The app `kvledger serve --db nats://... --partitions P` runs: the API over partition workers (`kvledger.api.fleet`).
+
+It answers `/healthz`, `/audit`, `/transfers`, `/transfers/{id}` with the one-process service's shapes,
+merged from the workers, and `/fleet/answers` and `/fleet/status` for services that split the partitions.
+The rest of the one-process service (the page, `/audit/summary`, timelines by request, metrics, ingest,
+snapshots of the whole fold, replay) is not served here yet: docs/fleet.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Literal
+
+import msgspec
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
+
+from kvledger.api import errors
+from kvledger.api.fleet import Fleet
+from kvledger.api.params import Now, TransferIdPath
+from kvledger.api.routes.audit import FindingCode
+from kvledger.api.routes.transfers import SCAN_SIDES_MAX
+from kvledger.api.schemas import AuditOut, Health, TransferDetail, TransferPage
+from kvledger.api.settings import Settings
+from kvledger.api.views import event_json, finding_out, findings_of, transfer_out
+from kvledger.ledger.fleet import SidesAsked
+from kvledger.ledger.lifecycle import PhaseName
+from kvledger.ledger.partitioned import PartitionAnswer
+
+router = APIRouter()
+
+
+def _fleet(request: Request) -> Fleet:
+    fleet: Fleet = request.app.state.fleet
+    return fleet
+
+
+def _check_limit(fleet: Fleet, limit: int) -> None:
+    if limit > fleet.settings.page_limit_max:
+        raise errors.InvalidBody(("query", "limit"), f"at most {fleet.settings.page_limit_max}, got {limit}")
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/audit", response_model=AuditOut, summary="Findings at `now`, merged from the partition workers")
+async def get_audit(
+    request: Request,
+    now: Now = None,
+    code: Annotated[FindingCode | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
+) -> AuditOut:
+    fleet = _fleet(request)
+    _check_limit(fleet, limit)
+    at, findings, counts, _ = await fleet.findings_at(now)
+    chosen = findings if code is None else [f for f in findings if f.code == code]
+    return AuditOut(
+        now=at, total=len(chosen), counts=counts, findings=[finding_out(f) for f in chosen[:limit]],
+        truncated=len(chosen) > limit,
+    )  # fmt: skip
+
+
+@router.get("/transfers", response_model=TransferPage, summary="Transfer sides, by their first event's cursor")
+async def list_transfers(
+    request: Request,
+    phase: PhaseName | None = None,
+    source: Annotated[str | None, Query(max_length=200)] = None,
+    request_id: Annotated[str | None, Query(max_length=200)] = None,
+    mode: Literal["read", "write"] | None = None,
+    has_finding: Annotated[bool | None, Query()] = None,
+    now: Now = None,
+    cursor: Annotated[int, Query(ge=0, le=1 << 62, description="From the previous page's next_cursor")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
+) -> TransferPage:
+    fleet = _fleet(request)
+    _check_limit(fleet, limit)
+    keys = (await fleet.findings_at(now))[3] if has_finding is not None else None
+    asked = SidesAsked(cursor, limit, phase, source, mode, request_id, None, has_finding, SCAN_SIDES_MAX)
+    page, more = await fleet.sides(asked, keys)
+    return TransferPage(
+        transfers=[transfer_out(t) for _, t in page], next_cursor=page[-1][0] if more and page else None
+    )
+
+
+@router.get("/transfers/{transfer_id}", response_model=TransferDetail, responses={404: {"description": "unseen"}})
+async def get_transfer(request: Request, transfer_id: TransferIdPath, now: Now = None) -> TransferDetail:
+    fleet = _fleet(request)
+    sides = await fleet.transfer(transfer_id)
+    events_max = fleet.settings.timeline_events_max
+    timeline = await asyncio.to_thread(fleet.timeline, transfer_id, events_max)
+    if not sides and not timeline:
+        raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
+    findings = (await fleet.findings_at(now))[1]
+    return TransferDetail(
+        transfer_id=transfer_id,
+        sides=[transfer_out(t) for t in sides],
+        findings=findings_of(findings, transfer_id),
+        timeline=[event_json(e) for e in timeline[:events_max]],
+        timeline_truncated=len(timeline) > events_max,
+    )
+
+
+@router.get("/fleet/answers", summary="This service's partitions' answers at `now` (msgpack), for a merge")
+async def fleet_answers(request: Request, now: Annotated[float, Query(ge=0)]) -> Response:
+    fleet = _fleet(request)
+    found: list[PartitionAnswer] = await fleet.answers(now)
+    return Response(
+        msgspec.msgpack.encode(found), media_type="application/msgpack",
+        headers={"Kvledger-Partitions": str(fleet.partitions)},
+    )  # fmt: skip
+
+
+@router.get("/fleet/status", summary="Per owned partition: events folded, complete through, last applied")
+async def fleet_status(request: Request) -> dict[str, object]:
+    fleet = _fleet(request)
+    return {
+        "partitions": fleet.partitions,
+        "owned": fleet.owned,
+        "workers": [w.partitions for w in fleet.workers],
+        "restarts": fleet.restarts,
+        "folded": {str(p): {"events": v[0], "upto": v[1], "applied": v[2]} for p, v in (await fleet.status()).items()},
+        "published_events": fleet.audited.events if fleet.audited is not None else 0,
+    }
+
+
+def create_fleet_app(settings: Settings, partitions: str, *, service: str, workers: int | None = None) -> FastAPI:
+    """The API over `partitions` of the stream at `settings.db`, folded by worker processes."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        fleet = Fleet(settings, partitions, service=service, workers=workers)
+        app.state.fleet = fleet
+        await fleet.open()
+        try:
+            yield
+        finally:
+            await fleet.close()
+
+    app = FastAPI(title="kvledger audit service (partition workers)", version="1", lifespan=lifespan)
+    app.state.settings = settings
+    errors.install(app)
+    app.include_router(router)
+    return app

@@ -1,0 +1,138 @@
+"""`kvledger serve --db nats://... --partitions` as a real process over a stream on the loopback NATS: four
+partition workers folding a history's stream answer /audit, /transfers and /transfers/{id} as one fold of
+the whole stream does; two services splitting the partitions (0-1 and 2-3) merge, through their
+/fleet/answers, into the same answer."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kvledger.api.fleet import merge_services
+from kvledger.api.views import finding_out
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Drop, Event
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.merge import batched
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.nats_store import NatsStore
+from tests.ledger.histories import Shape, history
+from tests.store.nats_server import free_port
+
+pytestmark = pytest.mark.nats
+
+SHAPE = Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
+              consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
+READY_POLLS_MAX = 3_000
+"""Polls (10 ms apart) for a service to answer, and for its workers to fold the stream."""
+
+
+def _get(base: str, path: str) -> Any:
+    with urllib.request.urlopen(f"{base}{path}", timeout=30) as response:
+        return json.loads(response.read())
+
+
+class _Service:
+    def __init__(self, url: str, partitions: str, workers: int) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(self.port),
+             "--partitions", partitions, "--workers", str(workers)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def folded_through(self, last_seq: int) -> None:
+        """Wait until the service answers and each of its partitions is complete through `last_seq`."""
+        for _ in range(READY_POLLS_MAX):
+            assert self.process.poll() is None, self.process.communicate()[1][-3000:]
+            try:
+                status = _get(self.base, "/fleet/status")
+            except OSError:
+                time.sleep(0.01)
+                continue
+            if all(p["upto"] >= last_seq for p in status["folded"].values()):
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"the service on {self.port} did not fold through stream sequence {last_seq}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture
+def stream(nats_url: str) -> Iterator[tuple[str, list[Event], int]]:
+    """The history appended to a fresh 4-partition stream: (url, events as stored, last stream sequence)."""
+    store = open_store(nats_url, create=True)
+    assert isinstance(store, NatsStore)
+    for batch in batched(history(5, SHAPE), 40):
+        store.append(batch)
+    stored = list(store.read())
+    last_seq = store.last_sequence()
+    store.close()
+    yield nats_url, stored, last_seq
+
+
+def _expected(stored: list[Event], now: float) -> list[dict[str, Any]]:
+    findings = audit(replay_chunks(batched(stored, 64)).state, now)
+    assert any(f.code == "double_owner" for f in findings) and len({f.code for f in findings}) > 3
+    return [json.loads(finding_out(f).model_dump_json()) for f in findings]
+
+
+def test_four_partition_workers_answer_as_one_fold_of_the_stream(stream: tuple[str, list[Event], int]) -> None:
+    url, stored, last_seq = stream
+    now = max(e.ts for e in stored) + 1.0
+    service = _Service(url, "all", workers=4)
+    try:
+        service.folded_through(last_seq)
+        got = _get(service.base, f"/audit?now={now!r}&limit=1000")
+        assert got["findings"] == _expected(stored, now)
+        # /transfers: every side, in the order one fold first saw them (paged 7 at a time)
+        state = LedgerState()
+        order: list[tuple[str, str]] = []
+        for e in stored:
+            state.apply(e)
+            key = (e.source, e.transfer_id)
+            if type(e) is not Drop and key in state.transfers and key not in order:
+                order.append(key)
+        listed: list[tuple[str, str]] = []
+        cursor = 0
+        while True:
+            page = _get(service.base, f"/transfers?limit=7&cursor={cursor}")
+            listed += [(t["source"], t["transfer_id"]) for t in page["transfers"]]
+            if page["next_cursor"] is None:
+                break
+            cursor = page["next_cursor"]
+        assert listed == order
+        reused = next(tid for tid in {t for _, t in order} if sum(1 for _, t in order if t == tid) >= 2)
+        detail = _get(service.base, f"/transfers/{reused}?now={now!r}")
+        assert sorted(s["source"] for s in detail["sides"]) == sorted(s for s, t in order if t == reused)
+        assert len(detail["timeline"]) == sum(1 for e in stored if e.transfer_id == reused)
+    finally:
+        service.stop()
+
+
+def test_two_services_splitting_the_partitions_merge_into_one_answer(stream: tuple[str, list[Event], int]) -> None:
+    url, stored, last_seq = stream
+    now = max(e.ts for e in stored) + 1.0
+    services = [_Service(url, "0-1", workers=1), _Service(url, "2-3", workers=1)]
+    try:
+        for service in services:
+            service.folded_through(last_seq)
+        merged = merge_services([s.base for s in services], now)
+        assert [json.loads(finding_out(f).model_dump_json()) for f in merged.findings] == _expected(stored, now)
+        assert merged.events == len(stored)
+        alone = _get(services[0].base, f"/audit?now={now!r}&limit=1000")  # one service: its partitions only
+        assert 0 < alone["total"] < len(merged.findings)
+    finally:
+        for service in services:
+            service.stop()
