@@ -5,20 +5,22 @@ cores (`kvledger.ledger.fleet.serve_worker`: each folds its partitions from thei
 and acknowledges, and answers this process between deliveries). A worker that dies is started again; it
 restores its partitions' snapshots and its consumers deliver again what it had not saved.
 
-What the API answers, merged from the workers (`kvledger.ledger.partitioned.merge`, as `kvledger replay
---jobs` merges): every partition's `PartitionAnswer` at one `now` (its findings without `double_owner`, its
-counts, every accepted map and release it folded, at its own stream position), partitions this service
-does not own counted as empty, merged from scratch: the findings in the audit's order, `double_owner` judged
-on the per-source ownership fed in stream order. That is what one process folding those events would say;
-once every worker has folded the stream to its end, what one process folding the whole stream (of the
-owned partitions) says. The published audit (`GET /audit` without `?now=`) is computed so, off the request
-path, at the clock rounded down to `audit_cache_resolution_s`, at most once per AUDIT_COST_FACTOR times its
-cost. `GET /transfers` lists the workers' sides by the cursor of each side's first event (the one-process
-order), `?cursor=` being that cursor; `GET /transfers/{id}` asks the worker owning the id's partition.
+What the API answers, merged from the workers: every owned partition's `PartitionAnswer` at one `now` (its
+findings without `double_owner`, its counts, the merge items of the maps it accepted and the releases it
+decided since its last answer) fed to one `kvledger.ledger.fleet.LiveMerge`, partitions this service does
+not own counted as empty: the findings in the audit's order, `double_owner` judged on the per-source
+ownership fed in stream order (`kvledger.ledger.partitioned.Merger`, as `kvledger replay --jobs` merges).
+That is one fold of what the workers have folded; once every worker has folded the stream to its end, one
+fold of the whole stream (of the owned partitions). The published audit (`GET /audit` without `?now=`) is
+computed so, off the request path, at the clock rounded down to `audit_cache_resolution_s`, at most once
+per AUDIT_COST_FACTOR times its cost. `GET /transfers` lists the workers' sides by the cursor of each
+side's first event (the one-process order), `?cursor=` being that cursor; `GET /transfers/{id}` asks the
+worker owning the id's partition.
 
 Services splitting the partitions (`--partitions 0-7` on one machine, `8-15` on another) each answer for
-their own partitions; `GET /fleet/answers?now=T` gives a service's partitions' answers (msgpack), and
-`merge_services` merges every service's into the whole stream's answer (each partition exactly once).
+their own partitions; their workers tell every merge item in every answer, so that `GET /fleet/answers?now=T`
+gives a service's partitions' whole answers (msgpack), and `merge_services` merges every service's into the
+whole stream's answer (each partition exactly once).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from kvledger.api.settings import Settings
 from kvledger.ledger.audit import Finding, counts_by_code
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
-from kvledger.ledger.fleet import SidesAsked, serve_worker, through_cursor
+from kvledger.ledger.fleet import LiveMerge, SidesAsked, serve_worker, through_cursor
 from kvledger.ledger.partition import partition_of
 from kvledger.ledger.partitioned import Folded, Merged, PartitionAnswer, answer, merge
 from kvledger.ledger.transfer_state import TransferState
@@ -55,6 +57,9 @@ _encode = msgspec.msgpack.Encoder().encode
 
 FETCH_TIMEOUT_S = 0.05
 """How long a worker's fetch waits where nothing is new: the longest a request waits on an idle worker."""
+PUBLISH_EVERY_S_MIN = 0.2
+"""The published audit is replaced at most this often (and at most once per AUDIT_COST_FACTOR times its cost):
+each asks every worker to audit its partitions, which holds its fold meanwhile."""
 WATCH_EVERY_S = 0.5
 """How often dead workers are looked for (and started again)."""
 
@@ -93,6 +98,10 @@ class FleetAudited(NamedTuple):
     cost_s: float
 
 
+class WorkerLost(RuntimeError):
+    """A worker exited before it answered (it is started again; ask again)."""
+
+
 class _Worker:
     """One worker process and its connection; replies are matched to requests by id."""
 
@@ -116,7 +125,8 @@ class _Worker:
         self.process.start()
         child.close()
         self.conn = parent
-        self.ready = asyncio.Event()
+        if self.ready.is_set():
+            self.ready = asyncio.Event()
         threading.Thread(target=self._read, args=(parent, asyncio.get_running_loop()), daemon=True).start()
 
     def _read(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
@@ -137,11 +147,15 @@ class _Worker:
             future.set_result(payload)
 
     def _lost(self, conn: Any) -> None:
+        """The worker's connection ended: what was asked of it fails (`WorkerLost`), what is asked next waits
+        for the worker started again (`Fleet._watch`)."""
         if conn is not self.conn:
             return
+        if self.ready.is_set():
+            self.ready = asyncio.Event()
         for future in self.waiting.values():
             if not future.done():
-                future.set_exception(RuntimeError(f"worker of partitions {self.partitions} exited"))
+                future.set_exception(WorkerLost(f"the worker of partitions {self.partitions} exited"))
         self.waiting.clear()
 
     async def ask(self, kind: str, *args: Any) -> bytes:
@@ -181,6 +195,11 @@ class Fleet:
         self._ids = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.store: Any = None
+        self.keep = False
+        """Whether the workers tell every merge item in every answer (a service owning some of the stream's
+        partitions: `/fleet/answers` must give whole answers); else each is told once."""
+        self.live_merge = LiveMerge(1, [0])
+        self.merging = threading.Lock()
 
     def next_id(self) -> int:
         self._ids += 1
@@ -201,6 +220,8 @@ class Fleet:
             cores = max(1, len(os.sched_getaffinity(0)))
         except AttributeError:
             cores = max(1, os.cpu_count() or 1)
+        self.keep = len(self.owned) < self.partitions
+        self.live_merge = LiveMerge(self.partitions, self.owned)
         self.workers = [_Worker(self, g) for g in groups(self.owned, self.workers_wanted or cores)]
         for worker in self.workers:
             worker.start()
@@ -236,26 +257,39 @@ class Fleet:
 
     # -- answers -----------------------------------------------------------------------------------------------
 
-    async def answers(self, now: float) -> list[PartitionAnswer]:
-        """Every owned partition's answer at `now` (what it folded so far)."""
+    async def replies(self, now: float, *, keep: bool) -> list[bytes]:
+        """Every worker's answers at `now`, encoded (decoded off the event loop: `merge_replies`)."""
         s = self.settings
-        replies = await asyncio.gather(
-            *(w.ask("answer", now, s.transfer_timeout_s, s.clock_skew_s) for w in self.workers)
+        return list(
+            await asyncio.gather(
+                *(w.ask("answer", now, s.transfer_timeout_s, s.clock_skew_s, keep) for w in self.workers)
+            )
         )
-        return [a for reply in replies for a in _answers.decode(reply)]
 
-    def merged(self, answers: list[PartitionAnswer], now: float) -> Merged:
-        """The owned partitions' answers merged, the others counted as empty (one `upto` for all)."""
-        return merge_answers(answers, self.partitions, now, complete=False)
+    def merge_replies(self, replies: list[bytes]) -> tuple[list[Finding], int]:
+        """The workers' answers fed to the service's `LiveMerge` (one at a time): merged findings, events."""
+        answers = [a for reply in replies for a in _answers.decode(reply)]
+        with self.merging:
+            return self.live_merge.add(answers)
+
+    async def findings_now(self, now: float) -> tuple[list[Finding], int]:
+        """Every owned partition asked at `now`, merged (`LiveMerge`)."""
+        replies = await self.replies(now, keep=self.keep)
+        return await asyncio.to_thread(self.merge_replies, replies)
+
+    async def answers(self, now: float) -> list[PartitionAnswer]:
+        """Every owned partition's whole answer at `now` (every merge item it folded), for a merge elsewhere:
+        only where the workers keep their items (a service owning some of the stream's partitions)."""
+        if not self.keep:
+            raise ValueError("this service owns every partition of the stream: its /audit is the whole answer")
+        return [a for reply in await self.replies(now, keep=True) for a in _answers.decode(reply)]
 
     async def publish(self) -> FleetAudited:
         now = self.clock_now()
         started = time.perf_counter()
-        found = await self.answers(now)
-        merged = await asyncio.to_thread(self.merged, found, now)
-        findings = merged.findings
+        findings, events = await self.findings_now(now)
         audited = FleetAudited(
-            now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}, merged.events,
+            now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}, events,
             time.perf_counter() - started,
         )  # fmt: skip
         self.audited = audited
@@ -265,7 +299,7 @@ class Fleet:
         while True:
             audited = self.audited
             wait = AUDIT_COST_FACTOR * audited.cost_s - audited.cost_s if audited is not None else 0.0
-            await asyncio.sleep(max(wait, 0.05))
+            await asyncio.sleep(max(wait, PUBLISH_EVERY_S_MIN))
             try:
                 await self.publish()
             except Exception:
@@ -282,8 +316,7 @@ class Fleet:
             audited = self.audited
             assert audited is not None  # published before the app serves
             return audited.now, audited.findings, audited.counts, audited.keys
-        merged = self.merged(await self.answers(now), now)
-        findings = merged.findings
+        findings, _ = await self.findings_now(now)
         return now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}
 
     async def sides(self, asked: SidesAsked, keys: set[Key] | None) -> tuple[list[tuple[int, TransferState]], bool]:

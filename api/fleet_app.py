@@ -15,9 +15,10 @@ from typing import Annotated, Literal
 
 import msgspec
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
+from fastapi.responses import JSONResponse
 
 from kvledger.api import errors
-from kvledger.api.fleet import Fleet
+from kvledger.api.fleet import Fleet, WorkerLost
 from kvledger.api.params import Now, TransferIdPath
 from kvledger.api.routes.audit import FindingCode
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX
@@ -119,7 +120,7 @@ async def fleet_status(request: Request) -> dict[str, object]:
     return {
         "partitions": fleet.partitions,
         "owned": fleet.owned,
-        "workers": [w.partitions for w in fleet.workers],
+        "workers": [{"partitions": w.partitions, "pid": w.process.pid} for w in fleet.workers],
         "restarts": fleet.restarts,
         "folded": {str(p): {"events": v[0], "upto": v[1], "applied": v[2]} for p, v in (await fleet.status()).items()},
         "published_events": fleet.audited.events if fleet.audited is not None else 0,
@@ -142,5 +143,10 @@ def create_fleet_app(settings: Settings, partitions: str, *, service: str, worke
     app = FastAPI(title="kvledger audit service (partition workers)", version="1", lifespan=lifespan)
     app.state.settings = settings
     errors.install(app)
+
+    @app.exception_handler(WorkerLost)
+    async def worker_lost(request: Request, error: WorkerLost) -> Response:
+        return JSONResponse({"detail": f"{error}; ask again"}, status_code=503, headers={"Retry-After": "1"})
+
     app.include_router(router)
     return app

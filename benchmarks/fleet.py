@@ -16,11 +16,13 @@
     exported (`replay_chunks`): `same_findings`; `lost` and `duplicated` count events appended but not
     stored, stored twice, and stored but not folded or folded twice (each worker's count and digest of
     (source, seq) against the stream's).
-(c) service: `kvledger serve --db nats://...` over a fresh stream while the E engines append at half of
-    capacity (the lesser of (a)'s and (b)'s one-process rates) for `--seconds`; a probe appends a leaked
-    transfer every 100 ms and this process polls `GET /audit?code=leak` every 20 ms: `lag_p99_s` from a
-    probe's append to the first audit listing it, `audit_p99_ms` and `audit_max_ms` of those GETs. A probe
-    never seen within `GRACE_S` of the load's end counts as that long and in `probes_unseen`.
+(c) service: `kvledger serve --db nats://... --partitions all --workers P` over a fresh stream while the E
+    engines append at half of capacity (the lesser of (a)'s and (b)'s one-process rates) for `--seconds`;
+    a probe appends a leaked transfer every 100 ms and this process polls `GET /audit?code=leak` every
+    20 ms: `lag_p99_s` from a probe's append to the first audit listing it, `audit_p99_ms` and
+    `audit_max_ms` of those GETs. A probe never seen within `GRACE_S` of the load's end counts as that long
+    and in `probes_unseen`. Then the same over `kvledger serve` folding the stream in one process
+    (`*_one_process`).
 Uses the NATS at --nats (default `KVLEDGER_TEST_NATS_URL` or nats://127.0.0.1:4222; streams of its own,
 deleted at the end). Prints one JSON line last.
 Usage: python benchmarks/fleet.py [--engines 8] [--workers P] [--events-per-engine N] [--seconds S]
@@ -85,6 +87,10 @@ FIELDS: tuple[str, ...] = (
     "audit_p99_ms",
     "audit_max_ms",
     "probes_unseen",
+    "lag_p99_s_one_process",
+    "audit_p99_ms_one_process",
+    "audit_max_ms_one_process",
+    "probes_unseen_one_process",
     "load_avg_1m",
 )
 """Every field of the JSON line this benchmark ends with (tests/test_benchmarks_quick.py checks them)."""
@@ -333,12 +339,15 @@ def _probe(url: str, spill: str, stop: threading.Event, appended: dict[str, floa
     store.close()
 
 
-def _service(servers: str, engines: int, rate: float, seconds: float, tmp: Path) -> dict[str, Any]:
+def _service(servers: str, engines: int, rate: float, seconds: float, tmp: Path, workers: int | None) -> dict[str, Any]:
+    """`kvledger serve` over a fresh stream (with `workers` partition workers; None: one process) while the
+    engines append at `rate` for `seconds`: the lag and /audit figures."""
     url = _make_stream(servers, f"kvl-bench-svc-{uuid.uuid4().hex[:8]}")
     port = _free_port()
     env = dict(os.environ, KVLEDGER_DB=url)
+    fleet = ["--partitions", "all", "--workers", str(workers)] if workers else []
     service = subprocess.Popen(
-        [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(port)],
+        [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(port), *fleet],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
@@ -352,9 +361,10 @@ def _service(servers: str, engines: int, rate: float, seconds: float, tmp: Path)
         appended: dict[str, float] = {}
         seen: dict[str, float] = {}
         stop = threading.Event()
-        prober = threading.Thread(target=_probe, args=(url, str(tmp / "probe-spill"), stop, appended), daemon=True)
+        spill = tmp / f"probe-spill-{workers}"
+        prober = threading.Thread(target=_probe, args=(url, str(spill), stop, appended), daemon=True)
         result: list[Any] = []
-        paced = [(url, e, rate / engines, seconds, str(tmp / f"svc-spill-{e}")) for e in range(engines)]
+        paced = [(url, e, rate / engines, seconds, str(tmp / f"svc-spill-{workers}-{e}")) for e in range(engines)]
         loader = threading.Thread(target=lambda: result.append(_processes(_paced_engine, paced)), daemon=True)
         loader.start()
         prober.start()
@@ -447,7 +457,10 @@ def main() -> None:
         same = merged.findings == expected and merged.events == len(stored) and digest_p == digest == digest_1
         _drop_stream(url)
         capacity = min(store_best, rate_1)
-        served = _service(servers, args.engines, capacity / 2, args.seconds, tmp)
+        served = _service(servers, args.engines, capacity / 2, args.seconds, tmp, args.workers)
+        print(f"service, {args.workers} partition workers: {served}", flush=True)
+        alone = _service(servers, args.engines, capacity / 2, args.seconds, tmp, None)
+        print(f"service, one process: {alone}", flush=True)
     result = {
         "engines": args.engines,
         "events": appended,
@@ -463,6 +476,7 @@ def main() -> None:
         "duplicated": duplicated,
         "same_findings": same,
         **served,
+        **{f"{k}_one_process": v for k, v in alone.items()},
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(result))

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kvledger.ledger.advice import LatencyRecorder, RecorderPlain
-from kvledger.ledger.audit import AuditConfig
+from kvledger.ledger.audit import AuditConfig, Finding, finding_order
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
 from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S, REPLAY_COMPACT_EVERY
-from kvledger.ledger.partitioned import Batch, Folded, PartitionAnswer, answer, fold_partition
+from kvledger.ledger.partitioned import Batch, Folded, Merger, PartitionAnswer, answer, fold_partition
 from kvledger.ledger.store import snapshot
 from kvledger.ledger.store.base import StoredSnapshot
 from kvledger.ledger.store.snapshot import SnapshotFormatError
@@ -310,6 +310,49 @@ def run_worker(
     return folds
 
 
+TOLD_ALL = 1 << 62
+"""A stream position past any cursor: what a partition no worker of this service folds has told."""
+
+
+class LiveMerge:
+    """A service's merge of its partitions' answers, asked again and again (`kvledger.api.fleet`): each
+    answer's merge items (`PartitionAnswer.rest`) are fed to one `Merger` once, by stream position, so the
+    per-source block ownership goes on from where the last answer left it. An item at or below what its
+    partition told before is passed over: an answer that tells everything again (`PartitionFold.answer`
+    with `keep`), or a worker started again that folds again what it had told (its fold is the same, event
+    for event: the same items at the same positions). Partitions not in `owned` count as empty.
+
+    `add` gives the findings of one fold of what the partitions have folded: theirs (at the answers' `now`)
+    and `double_owner` judged as of the least position every partition has told (`Merger.merged_upto`); the
+    two agree once every partition has folded the stream to its end."""
+
+    def __init__(self, partitions: int, owned: Sequence[int]) -> None:
+        self.merger = Merger(partitions)
+        self.told = [0] * partitions
+        for p in set(range(partitions)) - set(owned):
+            self.merger.add(p, Batch(TOLD_ALL, [], [], [], []))
+            self.told[p] = TOLD_ALL
+
+    def add(self, answers: Sequence[PartitionAnswer]) -> tuple[list[Finding], int]:
+        """Feed `answers` (one per owned partition, at one `now`); (merged findings, events folded)."""
+        for a in answers:
+            told = self.told[a.partition]
+            rest = a.rest
+            batch = Batch(
+                max(rest.upto, told),
+                [d for d in rest.decided if d.index > told],
+                [f for f in rest.frees if f.index > told],
+                [c for c in rest.claims if c.index > told],
+                [pair for pair in rest.expired if pair[0] > told],
+            )
+            self.merger.add(a.partition, batch)
+            self.told[a.partition] = batch.upto
+        findings = [f for a in answers for f in a.findings]
+        findings.extend(self.merger.ownership.findings())
+        findings.sort(key=finding_order)
+        return findings, sum(a.events for a in answers)
+
+
 # -- a service's worker process ----------------------------------------------------------------------------
 
 _request_decoder = msgspec.msgpack.Decoder(list[Any])
@@ -365,13 +408,13 @@ def _sides(folds: dict[int, PartitionFold], asked: SidesAsked) -> tuple[list[tup
 
 def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch_timeout_s: float) -> None:
     """A service's partition worker (a process of its own, `kvledger serve --partitions`): folds `partitions`
-    from their durable consumers, every side kept (as the one-process service keeps them) and every accepted
-    map's and release's merge item kept (`PartitionFold.answer(keep=True)`: a merge from scratch, each time,
-    gives one fold's answer), and answers the service on `conn` (a `multiprocessing` connection) between two
+    from their durable consumers, every side kept (as the one-process service keeps them), and answers the
+    service on `conn` (a `multiprocessing` connection) between two
     deliveries. Messages are msgpack arrays: requests `[kind, id, ...]`, replies `[kind, id, payload]` with
     the payload encoded apart (`kvledger.api.fleet` decodes them):
 
-    - `["answer", id, now, transfer_timeout_s, clock_skew_s]`: each partition's `PartitionAnswer` at `now`;
+    - `["answer", id, now, transfer_timeout_s, clock_skew_s, keep]`: each partition's `PartitionAnswer` at
+      `now`, its merge items told once (`keep` false: `LiveMerge`) or every time (true: a merge from scratch);
     - `["sides", id, SidesAsked]`: `(first cursor, TransferState)` pairs and whether more follow;
     - `["transfer", id, transfer_id]`: the sides of one transfer id;
     - `["status", id]`: per partition, events folded, `upto` and `applied`;
@@ -405,7 +448,8 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
             with lock:
                 if kind == "answer":
                     config = AuditConfig(float(request[3]), float(request[4]))
-                    payload = _encode([f.answer(float(request[2]), config, keep=True) for f in folds.values()])
+                    keep = bool(request[5])
+                    payload = _encode([f.answer(float(request[2]), config, keep=keep) for f in folds.values()])
                 elif kind == "sides":
                     asked = msgspec.convert(request[2], SidesAsked)
                     payload = _encode(_sides(folds, asked))

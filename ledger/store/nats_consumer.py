@@ -186,7 +186,7 @@ class PartitionConsumers:
     async def _fetch(self, part: _Partition, messages: int, timeout: float, last: int) -> _Fetched:
         try:
             msgs = await part.sub.fetch(messages, timeout=timeout)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats-py raises its own, or asyncio's when the deadline passed between requests
             msgs = []
         bodies: list[tuple[int, bytes]] = []
         again = 0
