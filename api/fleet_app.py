@@ -9,6 +9,7 @@ snapshots of the whole fold, replay) is not served here yet: docs/fleet.md.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse
 
 from kvledger.api import errors
 from kvledger.api.fleet import Fleet, WorkerLost
+from kvledger.api.limits import GIL_SWITCH_INTERVAL_S
 from kvledger.api.params import Now, TransferIdPath
 from kvledger.api.routes.audit import FindingCode
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX
@@ -135,9 +137,14 @@ def create_fleet_app(settings: Settings, partitions: str, *, service: str, worke
         fleet = Fleet(settings, partitions, service=service, workers=workers)
         app.state.fleet = fleet
         await fleet.open()
+        # As the one-process service: a request waits at most this long on each hand-over of the GIL from the
+        # merge's thread, not CPython's 5 ms.
+        switch_interval_s = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         try:
             yield
         finally:
+            sys.setswitchinterval(switch_interval_s)
             await fleet.close()
 
     app = FastAPI(title="kvledger audit service (partition workers)", version="1", lifespan=lifespan)
