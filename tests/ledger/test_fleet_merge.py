@@ -1,0 +1,78 @@
+"""The service's merge of partition workers' answers (`kvledger.ledger.fleet.LiveMerge`), sans-IO: partitions
+fed a stream's events a few messages at a time and asked again and again, each answer telling its merge items
+once, or all of them every time (`keep`), or again after a restart from a saved fold, merge into what one fold
+of the stream says."""
+
+from __future__ import annotations
+
+import random
+
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.fleet import LiveMerge, PartitionFold
+from kvledger.ledger.merge import batched
+from kvledger.ledger.partition import partition_of
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.store.nats_consumer import Delivered
+from tests.ledger.histories import Shape, history
+
+PARTITIONS = 4
+
+
+def _messages(events: list[Event]) -> list[tuple[int, int, list[tuple[int, Event]]]]:
+    """(stream seq, partition, rows) of each message: 5 events of one partition, cursors as the NATS store's."""
+    out: list[tuple[int, int, list[tuple[int, Event]]]] = []
+    for chunk in batched(events, 5):
+        groups: dict[int, list[Event]] = {}
+        for e in chunk:
+            groups.setdefault(partition_of(e.transfer_id, PARTITIONS), []).append(e)
+        for p, members in groups.items():
+            seq = len(out) + 1
+            out.append((seq, p, [(seq << 16 | i, e) for i, e in enumerate(members, 1)]))
+    return out
+
+
+def test_answers_asked_again_and_again_merge_into_one_fold() -> None:
+    events = history(5, Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
+                              consumers=("decode-0/tp0", "decode-1/tp0")))  # fmt: skip
+    messages = _messages(events)
+    stored = [e for _, _, rows in messages for _, e in rows]
+    now = max(e.ts for e in stored) + 1.0
+    expected = audit(replay_chunks(batched(stored, 64)).state, now)
+    assert any(f.code == "double_owner" for f in expected)
+    rng = random.Random(3)
+    for keep in (False, True):
+        folds = {p: PartitionFold(p, PARTITIONS, compact_every=None) for p in range(PARTITIONS)}
+        merge = LiveMerge(PARTITIONS, range(PARTITIONS))
+        saved = {p: f.encode() for p, f in folds.items()}
+        last = 0
+        for seq, p, rows in messages:
+            folds[p].apply(Delivered(p, rows, seq, seq, 0))
+            for other in folds.values():  # every partition complete through this message
+                other.apply(Delivered(other.partition, [], 0, seq, 0))
+            last = seq
+            if rng.random() < 0.1:
+                merge.add([f.answer(now, keep=keep) for f in folds.values()])
+            if rng.random() < 0.05:  # a worker started again from its last save folds again what followed
+                restarted = PartitionFold.decode(saved[p], compact_every=None)
+                for s, q, again in messages[:seq]:
+                    if q == p and s > restarted.applied:
+                        restarted.apply(Delivered(p, again, s, s, 0))
+                restarted.apply(Delivered(p, [], 0, last, 0))
+                folds[p] = restarted
+            if rng.random() < 0.05:
+                saved[p] = folds[p].encode()
+        findings, folded = merge.add([f.answer(now, keep=keep) for f in folds.values()])
+        assert findings == expected, keep
+        assert folded == len(stored)
+
+
+def test_a_partition_not_owned_counts_as_empty() -> None:
+    events = history(4, Shape(transfers=20))
+    mine = [e for e in events if partition_of(e.transfer_id, PARTITIONS) == 1]
+    fold = PartitionFold(1, PARTITIONS, compact_every=None)
+    fold.apply(Delivered(1, [((i + 1) << 16 | 1, e) for i, e in enumerate(mine)], len(mine), len(mine), 0))
+    now = max(e.ts for e in mine) + 1.0
+    findings, folded = LiveMerge(PARTITIONS, [1]).add([fold.answer(now)])
+    assert findings == audit(replay_chunks([mine]).state, now)
+    assert folded == len(mine)
