@@ -49,7 +49,9 @@ from kvledger.ledger.transfer_state import TransferState
 
 log = logging.getLogger(__name__)
 
-_answers = msgspec.msgpack.Decoder(list[PartitionAnswer])
+_answers = msgspec.msgpack.Decoder(tuple[float, list[PartitionAnswer]])
+"""A worker's answers, with the seconds it took to make them."""
+_service_answers = msgspec.msgpack.Decoder(list[PartitionAnswer])
 _sides = msgspec.msgpack.Decoder(tuple[list[tuple[int, TransferState]], bool])
 _transfer = msgspec.msgpack.Decoder(list[TransferState])
 _reply = msgspec.msgpack.Decoder(tuple[str, int, bytes])
@@ -266,14 +268,18 @@ class Fleet:
             )
         )
 
-    def merge_replies(self, replies: list[bytes]) -> tuple[list[Finding], int]:
-        """The workers' answers fed to the service's `LiveMerge` (one at a time): merged findings, events."""
-        answers = [a for reply in replies for a in _answers.decode(reply)]
+    def merge_replies(self, replies: list[bytes]) -> tuple[list[Finding], int, float]:
+        """The workers' answers fed to the service's `LiveMerge` (one at a time): merged findings, events, and the
+        CPU seconds the audit took (the slowest worker's answers, they run side by side, plus this merge)."""
+        began = time.perf_counter()
+        decoded = [_answers.decode(reply) for reply in replies]
+        answers = [a for _, part in decoded for a in part]
         with self.merging:
-            return self.live_merge.add(answers)
+            findings, events = self.live_merge.add(answers)
+        return findings, events, max((s for s, _ in decoded), default=0.0) + time.perf_counter() - began
 
-    async def findings_now(self, now: float) -> tuple[list[Finding], int]:
-        """Every owned partition asked at `now`, merged (`LiveMerge`)."""
+    async def findings_now(self, now: float) -> tuple[list[Finding], int, float]:
+        """Every owned partition asked at `now`, merged (`LiveMerge`): findings, events, cost."""
         replies = await self.replies(now, keep=self.keep)
         return await asyncio.to_thread(self.merge_replies, replies)
 
@@ -282,16 +288,17 @@ class Fleet:
         only where the workers keep their items (a service owning some of the stream's partitions)."""
         if not self.keep:
             raise ValueError("this service owns every partition of the stream: its /audit is the whole answer")
-        return [a for reply in await self.replies(now, keep=True) for a in _answers.decode(reply)]
+        return [a for reply in await self.replies(now, keep=True) for a in _answers.decode(reply)[1]]
 
     async def publish(self) -> FleetAudited:
+        """Publish the merged audit at the clock. Its cost is CPU time (the workers' audits and the merge), not
+        the time the answers took to come: a worker answers between two deliveries, and the wait for one
+        holds no CPU."""
         now = self.clock_now()
-        started = time.perf_counter()
-        findings, events = await self.findings_now(now)
+        findings, events, cost_s = await self.findings_now(now)
         audited = FleetAudited(
-            now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}, events,
-            time.perf_counter() - started,
-        )  # fmt: skip
+            now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}, events, cost_s
+        )
         self.audited = audited
         return audited
 
@@ -316,7 +323,7 @@ class Fleet:
             audited = self.audited
             assert audited is not None  # published before the app serves
             return audited.now, audited.findings, audited.counts, audited.keys
-        findings, _ = await self.findings_now(now)
+        findings, _, _ = await self.findings_now(now)
         return now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}
 
     async def sides(self, asked: SidesAsked, keys: set[Key] | None) -> tuple[list[tuple[int, TransferState]], bool]:
@@ -381,5 +388,5 @@ def merge_services(urls: Sequence[str], now: float, timeout_s: float = 60.0) -> 
     for url in urls:
         with urllib.request.urlopen(f"{url.rstrip('/')}/fleet/answers?now={now!r}", timeout=timeout_s) as response:
             partitions = int(response.headers["Kvledger-Partitions"])
-            answers += _answers.decode(response.read())
+            answers += _service_answers.decode(response.read())
     return merge_answers(answers, partitions, now, complete=True)

@@ -109,6 +109,8 @@ async def get_transfer(request: Request, transfer_id: TransferIdPath, now: Now =
 @router.get("/fleet/answers", summary="This service's partitions' answers at `now` (msgpack), for a merge")
 async def fleet_answers(request: Request, now: Annotated[float, Query(ge=0)]) -> Response:
     fleet = _fleet(request)
+    if not fleet.keep:
+        raise HTTPException(409, "this service owns every partition of the stream: its /audit is the whole answer")
     found: list[PartitionAnswer] = await fleet.answers(now)
     return Response(
         msgspec.msgpack.encode(found), media_type="application/msgpack",

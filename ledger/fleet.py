@@ -414,7 +414,8 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
     the payload encoded apart (`kvledger.api.fleet` decodes them):
 
     - `["answer", id, now, transfer_timeout_s, clock_skew_s, keep]`: each partition's `PartitionAnswer` at
-      `now`, its merge items told once (`keep` false: `LiveMerge`) or every time (true: a merge from scratch);
+      `now`, its merge items told once (`keep` false: `LiveMerge`) or every time (true: a merge from scratch),
+      with the seconds they took: `(seconds, [PartitionAnswer, ...])`;
     - `["sides", id, SidesAsked]`: `(first cursor, TransferState)` pairs and whether more follow;
     - `["transfer", id, transfer_id]`: the sides of one transfer id;
     - `["status", id]`: per partition, events folded, `upto` and `applied`;
@@ -449,7 +450,9 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
                 if kind == "answer":
                     config = AuditConfig(float(request[3]), float(request[4]))
                     keep = bool(request[5])
-                    payload = _encode([f.answer(float(request[2]), config, keep=keep) for f in folds.values()])
+                    began = time.perf_counter()
+                    answers = [f.answer(float(request[2]), config, keep=keep) for f in folds.values()]
+                    payload = _encode((time.perf_counter() - began, answers))
                 elif kind == "sides":
                     asked = msgspec.convert(request[2], SidesAsked)
                     payload = _encode(_sides(folds, asked))
