@@ -42,7 +42,7 @@ from kvledger.api.settings import Settings
 from kvledger.ledger.audit import Finding, counts_by_code
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
-from kvledger.ledger.fleet import LiveMerge, SidesAsked, serve_worker, through_cursor
+from kvledger.ledger.fleet import LiveMerge, SidesAsked, merge_pages, serve_worker, through_cursor
 from kvledger.ledger.partition import partition_of
 from kvledger.ledger.partitioned import Folded, Merged, PartitionAnswer, answer, merge
 from kvledger.ledger.transfer_state import TransferState
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 _answers = msgspec.msgpack.Decoder(tuple[float, list[PartitionAnswer]])
 """A worker's answers, with the seconds it took to make them."""
 _service_answers = msgspec.msgpack.Decoder(list[PartitionAnswer])
-_sides = msgspec.msgpack.Decoder(tuple[list[tuple[int, TransferState]], bool])
+_sides = msgspec.msgpack.Decoder(tuple[list[tuple[int, TransferState]], int | None])
 _transfer = msgspec.msgpack.Decoder(list[TransferState])
 _reply = msgspec.msgpack.Decoder(tuple[str, int, bytes])
 _encode = msgspec.msgpack.Encoder().encode
@@ -326,10 +326,11 @@ class Fleet:
         findings, _, _ = await self.findings_now(now)
         return now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}
 
-    async def sides(self, asked: SidesAsked, keys: set[Key] | None) -> tuple[list[tuple[int, TransferState]], bool]:
-        """A page of every worker's sides after `asked.cursor`, in first-cursor order; whether more follow."""
+    async def sides(self, asked: SidesAsked, keys: set[Key] | None) -> tuple[list[TransferState], int | None]:
+        """A page of every worker's matching sides after `asked.cursor`, in first-cursor order, and the cursor
+        the next page starts after (None: this page reached the end)."""
 
-        async def one(worker: _Worker) -> tuple[list[tuple[int, TransferState]], bool]:
+        async def one(worker: _Worker) -> tuple[list[tuple[int, TransferState]], int | None]:
             mine = set(worker.partitions)
             flagged = None
             if keys is not None:
@@ -337,10 +338,7 @@ class Fleet:
             ask = msgspec.structs.replace(asked, flagged=flagged)
             return _sides.decode(await worker.ask("sides", ask))
 
-        pages = await asyncio.gather(*(one(w) for w in self.workers))
-        found = sorted((pair for page, _ in pages for pair in page), key=lambda pair: pair[0])
-        more = any(m for _, m in pages) or len(found) > asked.limit
-        return found[: asked.limit], more
+        return merge_pages(await asyncio.gather(*(one(w) for w in self.workers)), asked.limit)
 
     async def transfer(self, transfer_id: str) -> list[TransferState]:
         partition = partition_of(TransferId(transfer_id), self.partitions)

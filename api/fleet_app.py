@@ -82,10 +82,8 @@ async def list_transfers(
     _check_limit(fleet, limit)
     keys = (await fleet.findings_at(now))[3] if has_finding is not None else None
     asked = SidesAsked(cursor, limit, phase, source, mode, request_id, None, has_finding, SCAN_SIDES_MAX)
-    page, more = await fleet.sides(asked, keys)
-    return TransferPage(
-        transfers=[transfer_out(t) for _, t in page], next_cursor=page[-1][0] if more and page else None
-    )
+    page, next_cursor = await fleet.sides(asked, keys)
+    return TransferPage(transfers=[transfer_out(t) for t in page], next_cursor=next_cursor)
 
 
 @router.get("/transfers/{transfer_id}", response_model=TransferDetail, responses={404: {"description": "unseen"}})

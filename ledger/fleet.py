@@ -17,7 +17,9 @@ between a save and its acknowledgement) is recognised by its stream sequence, on
 source's seqs, and passed over. `digest` adds up every folded event's (source, seq) (its crc32 and seq)
 so a test can see that each was folded once.
 
-The fold itself is sans-IO; `run_worker` is the loop around the consumer and the store.
+The fold itself is sans-IO; `run_worker` is the loop around the consumer and the store, `serve_worker` a
+service's worker process around it (`kvledger serve --partitions`), and `LiveMerge` the service's merge of
+its workers' answers as they come again and again.
 """
 
 from __future__ import annotations
@@ -373,37 +375,61 @@ class SidesAsked(msgspec.Struct, array_like=True):
     scan_max: int
 
 
-def _sides(folds: dict[int, PartitionFold], asked: SidesAsked) -> tuple[list[tuple[int, TransferState]], bool]:
-    """Up to `asked.limit` matching sides of `folds` after `asked.cursor`, by first cursor; and whether more may
-    follow (a side not looked at, beyond the page or the scan's bound)."""
+def _sides(folds: dict[int, PartitionFold], asked: SidesAsked) -> tuple[list[tuple[int, TransferState]], int | None]:
+    """The matching sides of `folds` first seen after `asked.cursor`, by first cursor, and the cursor they are
+    complete through: every match at or below it is in the list, none above (None: every match is, to the
+    end). At most `asked.limit` matches, and `asked.scan_max` sides looked at per fold."""
     flagged = set(asked.flagged) if asked.flagged is not None else None
     found: list[tuple[int, TransferState]] = []
-    more = False
-    for fold in folds.values():
-        scanned = 0
+    through: int | None = None
+    for fold in folds.values():  # each fold's sides come in first-cursor order
+        matched = scanned = 0
         for first, t in fold.sides_after(asked.cursor):
-            if found and len(found) >= asked.limit and first > found[-1][0]:
-                more = True
-                break
+            if through is not None and first > through:
+                break  # past what another fold's page reached
             scanned += 1
             if scanned > asked.scan_max:
-                more = True
+                through = first - 1 if through is None else min(through, first - 1)
                 break
             if (
                 (asked.phase is not None and t.phase != asked.phase)
                 or (asked.source is not None and t.source != asked.source)
                 or (asked.mode is not None and t.mode != asked.mode)
                 or (asked.request_id is not None and t.request_id != asked.request_id)
+                or (flagged is not None and ((t.source, t.transfer_id) in flagged) != asked.has_finding)
             ):
                 continue
-            if flagged is not None and ((t.source, t.transfer_id) in flagged) != asked.has_finding:
-                continue
             found.append((first, t))
-            found.sort(key=lambda pair: pair[0])
-            if len(found) > asked.limit:
-                found.pop()
-                more = True
-    return found, more
+            matched += 1
+            if matched >= asked.limit:
+                through = first if through is None else min(through, first)
+                break
+    found.sort(key=lambda pair: pair[0])
+    if through is not None:
+        found = [pair for pair in found if pair[0] <= through]
+    if len(found) > asked.limit:
+        del found[asked.limit :]
+        through = found[-1][0]
+    return found, through
+
+
+def merge_pages(
+    pages: Sequence[tuple[list[tuple[int, TransferState]], int | None]], limit: int
+) -> tuple[list[TransferState], int | None]:
+    """Several workers' pages of sides (`_sides`) as one: up to `limit` sides in first-cursor order, and the
+    cursor the next page starts after (None: the end). Every worker's matches up to the least cursor any page
+    is complete through are there; none beyond it is kept."""
+    reached = [through for _, through in pages if through is not None]
+    bound = min(reached) if reached else None
+    found = sorted((pair for page, _ in pages for pair in page if bound is None or pair[0] <= bound), key=_first)
+    if len(found) > limit:
+        del found[limit:]
+        bound = found[-1][0]
+    return [t for _, t in found], bound
+
+
+def _first(pair: tuple[int, TransferState]) -> int:
+    return pair[0]
 
 
 def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch_timeout_s: float) -> None:
@@ -416,7 +442,8 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
     - `["answer", id, now, transfer_timeout_s, clock_skew_s, keep]`: each partition's `PartitionAnswer` at
       `now`, its merge items told once (`keep` false: `LiveMerge`) or every time (true: a merge from scratch),
       with the seconds they took: `(seconds, [PartitionAnswer, ...])`;
-    - `["sides", id, SidesAsked]`: `(first cursor, TransferState)` pairs and whether more follow;
+    - `["sides", id, SidesAsked]`: `(first cursor, TransferState)` pairs and the cursor they are complete
+      through (None: to the end);
     - `["transfer", id, transfer_id]`: the sides of one transfer id;
     - `["status", id]`: per partition, events folded, `upto` and `applied`;
     - `["stop"]` (or the service gone): save, acknowledge, exit.
@@ -458,9 +485,8 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
                     payload = _encode(_sides(folds, asked))
                 elif kind == "transfer":
                     tid = TransferId(str(request[2]))
-                    part = [f for f in folds.values()]
                     sides = [
-                        t for f in part for s in f.folded.state.sources
+                        t for f in folds.values() for s in f.folded.state.sources
                         if (t := f.folded.state.transfers.get((s, tid))) is not None
                     ]  # fmt: skip
                     payload = _encode(sides)

@@ -9,7 +9,7 @@ import random
 
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Event
-from kvledger.ledger.fleet import LiveMerge, PartitionFold
+from kvledger.ledger.fleet import LiveMerge, PartitionFold, SidesAsked, _sides, merge_pages
 from kvledger.ledger.merge import batched
 from kvledger.ledger.partition import partition_of
 from kvledger.ledger.replay import replay_chunks
@@ -76,3 +76,29 @@ def test_a_partition_not_owned_counts_as_empty() -> None:
     findings, folded = LiveMerge(PARTITIONS, [1]).add([fold.answer(now)])
     assert findings == audit(replay_chunks([mine]).state, now)
     assert folded == len(mine)
+
+
+def test_transfer_pages_list_every_matching_side_once_in_first_seen_order() -> None:
+    events = history(5, Shape(transfers=60, consumers=("decode-0/tp0", "decode-1/tp0")))
+    messages = _messages(events)
+    folds = {p: PartitionFold(p, PARTITIONS, compact_every=None, track_sides=True) for p in range(PARTITIONS)}
+    for seq, p, rows in messages:
+        folds[p].apply(Delivered(p, rows, seq, seq, 0))
+    firsts: dict[tuple[str, str], int] = {}
+    for _, _, rows in messages:
+        for cursor, e in rows:
+            firsts.setdefault((e.source, e.transfer_id), cursor)
+    workers = [{0: folds[0], 2: folds[2]}, {1: folds[1]}, {3: folds[3]}]
+    for source, limit, scan_max in [(None, 7, 5), ("decode-1/tp0", 3, 4), (None, 1000, 100_000)]:
+        expected = sorted(
+            (c, k) for k, c in firsts.items() if source is None or k[0] == source
+            if any(k in f.folded.state.transfers for f in folds.values())
+        )  # fmt: skip
+        listed: list[tuple[str, str]] = []
+        after: int | None = 0
+        while after is not None:
+            asked = SidesAsked(after, limit, None, source, None, None, None, None, scan_max)
+            page, after = merge_pages([_sides(w, asked) for w in workers], limit)
+            assert len(page) <= limit
+            listed += [(t.source, t.transfer_id) for t in page]
+        assert listed == [k for _, k in expected], (source, limit, scan_max)
