@@ -17,7 +17,8 @@
     stored, stored twice, and stored but not folded or folded twice (each worker's count and digest of
     (source, seq) against the stream's).
 (c) service: `kvledger serve --db nats://... --partitions all --workers P` over a fresh stream while the E
-    engines append at half of capacity (the lesser of (a)'s and (b)'s one-process rates) for `--seconds`;
+    engines append at `--load` (0.5) of capacity (the lesser of (a)'s and (b)'s one-process rates, each
+    measured alone: on a machine the engines share with the service, less is left) for `--seconds`;
     a probe appends a leaked transfer every 100 ms and this process polls `GET /audit?code=leak` every
     20 ms: `lag_p99_s` from a probe's append to the first audit listing it, `audit_p99_ms` and
     `audit_max_ms` of those GETs. A probe never seen within `GRACE_S` of the load's end counts as that long
@@ -25,7 +26,7 @@
     (`*_one_process`).
 Uses the NATS at --nats (default `KVLEDGER_TEST_NATS_URL` or nats://127.0.0.1:4222; streams of its own,
 deleted at the end). Prints one JSON line last.
-Usage: python benchmarks/fleet.py [--engines 8] [--workers P] [--events-per-engine N] [--seconds S]
+Usage: python benchmarks/fleet.py [--engines 8] [--workers P] [--events-per-engine N] [--seconds S] [--load 0.5]
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ FIELDS: tuple[str, ...] = (
     "lost",
     "duplicated",
     "same_findings",
+    "service_load",
     "service_events_per_s",
     "lag_p50_s",
     "lag_p99_s",
@@ -410,6 +412,9 @@ def main() -> None:
     parser.add_argument("--events-per-engine", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=20.0, help="The service's load phase")
+    parser.add_argument(
+        "--load", type=float, default=0.5, help="The service phase's append rate, as a share of capacity"
+    )
     parser.add_argument("--nats", default=os.environ.get("KVLEDGER_TEST_NATS_URL", "nats://127.0.0.1:4222"))
     args = parse_args(parser, engines=2, events_per_engine=2_000, rounds=1, seconds=2.0)
     servers = args.nats.rstrip("/")
@@ -457,9 +462,9 @@ def main() -> None:
         same = merged.findings == expected and merged.events == len(stored) and digest_p == digest == digest_1
         _drop_stream(url)
         capacity = min(store_best, rate_1)
-        served = _service(servers, args.engines, capacity / 2, args.seconds, tmp, args.workers)
+        served = _service(servers, args.engines, capacity * args.load, args.seconds, tmp, args.workers)
         print(f"service, {args.workers} partition workers: {served}", flush=True)
-        alone = _service(servers, args.engines, capacity / 2, args.seconds, tmp, None)
+        alone = _service(servers, args.engines, capacity * args.load, args.seconds, tmp, None)
         print(f"service, one process: {alone}", flush=True)
     result = {
         "engines": args.engines,
@@ -475,6 +480,7 @@ def main() -> None:
         "lost": lost,
         "duplicated": duplicated,
         "same_findings": same,
+        "service_load": args.load,
         **served,
         **{f"{k}_one_process": v for k, v in alone.items()},
         "load_avg_1m": round(os.getloadavg()[0], 2),
