@@ -24,6 +24,7 @@ its workers' answers as they come again and again.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from bisect import bisect_right
@@ -40,7 +41,7 @@ from kvledger.ledger.events import Event, TransferId
 from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S, REPLAY_COMPACT_EVERY
 from kvledger.ledger.partitioned import Batch, Folded, Merger, PartitionAnswer, answer, fold_partition
 from kvledger.ledger.store import snapshot
-from kvledger.ledger.store.base import StoredSnapshot
+from kvledger.ledger.store.base import StoredSnapshot, StoreUnavailable
 from kvledger.ledger.store.snapshot import SnapshotFormatError
 from kvledger.ledger.transfer_state import TransferState
 
@@ -249,6 +250,10 @@ def save(store: NatsStore, service: str, fold: PartitionFold, taken: tuple[int, 
     fold.saved = applied
 
 
+OUTAGE_WAIT_S_MAX = 2.0
+"""While the server does not answer, a worker asks again at most this far apart (doubling from its fetch's wait)."""
+
+
 def run_worker(
     store: NatsStore,
     partitions: Sequence[int],
@@ -268,7 +273,9 @@ def run_worker(
     fetch with the folds and what the fetch brought) returns False; then save what is not saved and
     acknowledge it. `after_save` is called after each save, before its acknowledgement (tests crash there).
     Each delivery is folded, and each fold saved, holding `lock` (a service's worker answers requests from
-    another thread under it); `started` is given the folds once restored; `options` as `PartitionFold`'s."""
+    another thread under it); `started` is given the folds once restored; `options` as `PartitionFold`'s.
+    While the server does not answer, fetches come back empty (and saves wait): the worker goes on once it
+    answers again; what it had folded and not saved is acknowledged later, never lost."""
     from kvledger.ledger.store.nats_consumer import FETCH_MESSAGES, PartitionConsumers
 
     guard = lock if lock is not None else nullcontext()
@@ -282,6 +289,7 @@ def run_worker(
 
     def save_due(force: bool) -> None:
         nonlocal last_save
+        last_save = time.monotonic()
         for fold in folds.values():
             if fold.applied > fold.saved:
                 with guard:
@@ -293,11 +301,17 @@ def run_worker(
                 consumers.ack(fold.partition, fold.saved)
             elif force and fold.saved:
                 consumers.ack(fold.partition, fold.saved)  # what was delivered again and passed over
-        last_save = time.monotonic()
 
+    waited = 0.0
     try:
         while True:
-            delivered = consumers.fetch(fetch_messages or FETCH_MESSAGES, fetch_timeout_s)
+            try:
+                delivered = consumers.fetch(fetch_messages or FETCH_MESSAGES, fetch_timeout_s)
+                waited = 0.0
+            except StoreUnavailable:  # the server is away: the connection comes back by itself; so do we
+                delivered = []
+                waited = min(OUTAGE_WAIT_S_MAX, max(fetch_timeout_s, 2 * waited))
+                time.sleep(waited)
             with guard:
                 for d in delivered:
                     folds[d.partition].apply(d)
@@ -305,7 +319,8 @@ def run_worker(
                 break
             folded = sum(f.events_since_save for f in folds.values())
             if folded and (folded >= snapshot_every_events or time.monotonic() - last_save >= snapshot_every_s):
-                save_due(False)
+                with contextlib.suppress(StoreUnavailable):  # not saved, not acknowledged: tried again later
+                    save_due(False)
         save_due(True)
     finally:
         consumers.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +19,13 @@ import pytest
 from kvledger.cli.export import store_to_jsonl
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Event
+from kvledger.ledger.fleet import PartitionFold, run_worker
 from kvledger.ledger.jsonl import read_events
 from kvledger.ledger.merge import batched
 from kvledger.ledger.partitioned import PartitionAnswer, merge
 from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.connect import open_store
-from kvledger.ledger.store.nats_consumer import PartitionConsumers, consumer_name
+from kvledger.ledger.store.nats_consumer import Delivered, PartitionConsumers, consumer_name
 from kvledger.ledger.store.nats_store import NatsStore
 from tests.ledger.histories import Shape, history
 from tests.store.nats_server import NatsServer
@@ -124,3 +126,50 @@ def test_two_services_keep_positions_of_their_own(server: NatsServer) -> None:
     a.close()
     b.close()
     store.close()
+
+
+def test_a_worker_rides_out_its_server_killed_and_restarted(server: NatsServer, tmp_path: Path) -> None:
+    url = f"{server.url}/outage?partitions={PARTITIONS}"
+    store = open_store(url, create=True)
+    assert isinstance(store, NatsStore)
+    events = history(8, Shape(transfers=60, consumers=("decode-0/tp0", "decode-1/tp0")))
+    for batch in batched(events, 20):
+        store.append(batch)
+    last_seq = store.last_sequence()
+    folding, away = threading.Event(), threading.Event()
+    rounds_away: list[int] = []
+
+    def between(folds: dict[int, PartitionFold], delivered: list[Delivered]) -> bool:
+        if any(d.rows for d in delivered):
+            folding.set()
+        if server.process is None and not any(d.rows for d in delivered):
+            rounds_away.append(1)
+            away.set()
+        return not all(f.upto >= last_seq for f in folds.values())
+
+    result: list[dict[int, PartitionFold]] = []
+    worker = threading.Thread(
+        target=lambda: result.append(run_worker(store, range(PARTITIONS), service="w", between=between,
+                                                fetch_messages=2, fetch_timeout_s=0.05, compact_every=None)),
+    )  # fmt: skip
+    worker.start()
+    assert folding.wait(60)
+    server.kill()  # mid-fold: its fetches fail while the server is away
+    assert away.wait(60)
+    server.start()
+    worker.join(120)
+    assert not worker.is_alive() and result, "the worker did not finish after the server came back"
+    folds = result[0]
+    stored = list(store.read())
+    assert sum(f.folded.events for f in folds.values()) == len(stored) == len(events)
+    assert sum(f.digest for f in folds.values()) & ((1 << 64) - 1) == _digest(stored)
+    now = max(e.ts for e in stored) + 1.0
+    merged = merge(f.answer(now, upto=last_seq) for f in folds.values())
+    assert merged.findings == audit(replay_chunks(batched(stored, 64)).state, now)
+    assert all(consumer.position(p) == folds[p].saved for p in range(PARTITIONS) for consumer in [_bound(store)])
+    store.close()
+
+
+def _bound(store: NatsStore) -> PartitionConsumers:
+    """The worker's consumers, bound again: where they are."""
+    return PartitionConsumers(store, range(PARTITIONS), service="w", folded=dict.fromkeys(range(PARTITIONS), 1 << 40))
