@@ -197,9 +197,6 @@ class Fleet:
         self._ids = 0
         self._tasks: list[asyncio.Task[None]] = []
         self.store: Any = None
-        self.keep = False
-        """Whether the workers tell every merge item in every answer (a service owning some of the stream's
-        partitions: `/fleet/answers` must give whole answers); else each is told once."""
         self.live_merge = LiveMerge(1, [0])
         self.merging = threading.Lock()
 
@@ -222,7 +219,6 @@ class Fleet:
             cores = max(1, len(os.sched_getaffinity(0)))
         except AttributeError:
             cores = max(1, os.cpu_count() or 1)
-        self.keep = len(self.owned) < self.partitions
         self.live_merge = LiveMerge(self.partitions, self.owned)
         self.workers = [_Worker(self, g) for g in groups(self.owned, self.workers_wanted or cores)]
         for worker in self.workers:
@@ -259,12 +255,13 @@ class Fleet:
 
     # -- answers -----------------------------------------------------------------------------------------------
 
-    async def replies(self, now: float, *, keep: bool) -> list[bytes]:
-        """Every worker's answers at `now`, encoded (decoded off the event loop: `merge_replies`)."""
+    async def replies(self, now: float, since: dict[int, int]) -> list[bytes]:
+        """Every worker's answers at `now`, telling each partition's merge items after `since[partition]`,
+        encoded (decoded off the event loop: `merge_replies`)."""
         s = self.settings
         return list(
             await asyncio.gather(
-                *(w.ask("answer", now, s.transfer_timeout_s, s.clock_skew_s, keep) for w in self.workers)
+                *(w.ask("answer", now, s.transfer_timeout_s, s.clock_skew_s, since) for w in self.workers)
             )
         )
 
@@ -280,15 +277,14 @@ class Fleet:
 
     async def findings_now(self, now: float) -> tuple[list[Finding], int, float]:
         """Every owned partition asked at `now`, merged (`LiveMerge`): findings, events, cost."""
-        replies = await self.replies(now, keep=self.keep)
+        since = {p: self.live_merge.told[p] for p in self.owned}  # told twice at worst: `LiveMerge` passes it over
+        replies = await self.replies(now, since)
         return await asyncio.to_thread(self.merge_replies, replies)
 
     async def answers(self, now: float) -> list[PartitionAnswer]:
-        """Every owned partition's whole answer at `now` (every merge item it folded), for a merge elsewhere:
-        only where the workers keep their items (a service owning some of the stream's partitions)."""
-        if not self.keep:
-            raise ValueError("this service owns every partition of the stream: its /audit is the whole answer")
-        return [a for reply in await self.replies(now, keep=True) for a in _answers.decode(reply)[1]]
+        """Every owned partition's whole answer at `now` (every merge item it folded), for a merge elsewhere."""
+        replies = await self.replies(now, dict.fromkeys(self.owned, 0))
+        return [a for reply in replies for a in _answers.decode(reply)[1]]
 
     async def publish(self) -> FleetAudited:
         """Publish the merged audit at the clock. Its cost is CPU time (the workers' audits and the merge), not
@@ -347,11 +343,12 @@ class Fleet:
             return []
         return _transfer.decode(await worker.ask("transfer", transfer_id))
 
-    async def status(self) -> dict[int, tuple[int, int, int]]:
+    async def status(self) -> dict[int, tuple[int, int, int, int]]:
+        """Per owned partition: events folded, complete through, last applied, restored from (stream seqs)."""
         replies = await asyncio.gather(*(w.ask("status") for w in self.workers))
-        out: dict[int, tuple[int, int, int]] = {}
+        out: dict[int, tuple[int, int, int, int]] = {}
         for reply in replies:
-            for p, v in msgspec.msgpack.decode(reply, type=dict[int, tuple[int, int, int]]).items():
+            for p, v in msgspec.msgpack.decode(reply, type=dict[int, tuple[int, int, int, int]]).items():
                 out[p] = v
         return out
 

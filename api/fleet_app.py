@@ -107,8 +107,6 @@ async def get_transfer(request: Request, transfer_id: TransferIdPath, now: Now =
 @router.get("/fleet/answers", summary="This service's partitions' answers at `now` (msgpack), for a merge")
 async def fleet_answers(request: Request, now: Annotated[float, Query(ge=0)]) -> Response:
     fleet = _fleet(request)
-    if not fleet.keep:
-        raise HTTPException(409, "this service owns every partition of the stream: its /audit is the whole answer")
     found: list[PartitionAnswer] = await fleet.answers(now)
     return Response(
         msgspec.msgpack.encode(found), media_type="application/msgpack",
@@ -116,7 +114,7 @@ async def fleet_answers(request: Request, now: Annotated[float, Query(ge=0)]) ->
     )  # fmt: skip
 
 
-@router.get("/fleet/status", summary="Per owned partition: events folded, complete through, last applied")
+@router.get("/fleet/status", summary="Per owned partition: events folded, complete through, applied, restored from")
 async def fleet_status(request: Request) -> dict[str, object]:
     fleet = _fleet(request)
     return {
@@ -124,7 +122,10 @@ async def fleet_status(request: Request) -> dict[str, object]:
         "owned": fleet.owned,
         "workers": [{"partitions": w.partitions, "pid": w.process.pid} for w in fleet.workers],
         "restarts": fleet.restarts,
-        "folded": {str(p): {"events": v[0], "upto": v[1], "applied": v[2]} for p, v in (await fleet.status()).items()},
+        "folded": {
+            str(p): {"events": v[0], "upto": v[1], "applied": v[2], "restored": v[3]}
+            for p, v in (await fleet.status()).items()
+        },
         "published_events": fleet.audited.events if fleet.audited is not None else 0,
     }
 

@@ -30,6 +30,7 @@ import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -54,6 +55,10 @@ CURSOR_SHIFT = 16
 """As the NATS store's cursors: `stream seq << 16 | place`."""
 PLACES = (1 << CURSOR_SHIFT) - 1
 DIGEST_MASK = (1 << 64) - 1
+
+
+_index = attrgetter("index")
+_first_of = itemgetter(0)
 
 
 def through_cursor(stream_seq: int) -> int:
@@ -121,6 +126,8 @@ class PartitionFold:
         """The sum, mod 2**64, of `crc32(source) << 32 | seq` over the events folded."""
         self.saved = 0
         """`applied` of the newest snapshot saved or restored."""
+        self.restored = 0
+        """`applied` of the snapshot this fold was restored from (0: folded from the stream's start)."""
         self.events_since_save = 0
         self._crc: dict[str, int] = {}
 
@@ -164,19 +171,27 @@ class PartitionFold:
         return self.folded.take(through_cursor(self.upto))
 
     def answer(
-        self, now: float, config: AuditConfig | None = None, *, upto: int | None = None, keep: bool = False
+        self, now: float, config: AuditConfig | None = None, *, upto: int | None = None, since: int | None = None
     ) -> PartitionAnswer:
         """The partition's answer at `now` (`kvledger.ledger.partitioned.answer`), its rest told up to stream
-        sequence `upto` (default: its own; a merge of several answers needs one `upto` for all). With `keep`,
-        what the answer tells stays in the fold too (the next answer tells it again: a merge from scratch)."""
+        sequence `upto` (default: its own; a merge of several answers needs one `upto` for all). Without
+        `since`, its merge items are told once (taken from the fold). With `since` (a stream position), the
+        fold keeps every item and the answer tells those after `since`: a merge that starts again (a service
+        started again, a merge of split services from scratch: `since` 0) is told everything."""
         f = self.folded
-        found = answer(f, now, config)
+        if since is None:
+            found = answer(f, now, config)
+        else:
+            kept = f.decided, f.frees, f.claims, f.expired
+            f.decided = f.decided[bisect_right(f.decided, since, key=_index) :]
+            f.frees = f.frees[bisect_right(f.frees, since, key=_index) :]
+            f.claims = f.claims[bisect_right(f.claims, since, key=_index) :]
+            f.expired = f.expired[bisect_right(f.expired, since, key=_first_of) :]
+            try:
+                found = answer(f, now, config)
+            finally:
+                f.decided, f.frees, f.claims, f.expired = kept
         found.rest.upto = through_cursor(self.upto if upto is None else upto)
-        if keep:
-            rest = found.rest
-            f.decided, f.frees, f.claims, f.expired = (
-                list(rest.decided), list(rest.frees), list(rest.claims), list(rest.expired)
-            )  # fmt: skip
         return found
 
     def sides_after(self, cursor: int) -> Iterator[tuple[int, TransferState]]:
@@ -218,7 +233,7 @@ class PartitionFold:
         f.events, f.first_index, f.first_ts, f.last_ts = saved.events, saved.first_index, saved.first_ts, saved.last_ts
         f.stream_events, f.stream_last_ts = saved.stream_events, saved.stream_last_ts
         f.next_compaction = saved.next_compaction
-        out.applied = out.saved = saved.applied
+        out.applied = out.saved = out.restored = saved.applied
         out.upto, out.digest = saved.upto, saved.digest
         if out.track_sides:
             out.order = saved.order
@@ -336,7 +351,7 @@ class LiveMerge:
     answer's merge items (`PartitionAnswer.rest`) are fed to one `Merger` once, by stream position, so the
     per-source block ownership goes on from where the last answer left it. An item at or below what its
     partition told before is passed over: an answer that tells everything again (`PartitionFold.answer`
-    with `keep`), or a worker started again that folds again what it had told (its fold is the same, event
+    with `since`), or a worker started again that folds again what it had told (its fold is the same, event
     for event: the same items at the same positions). Partitions not in `owned` count as empty.
 
     `add` gives the findings of one fold of what the partitions have folded: theirs (at the answers' `now`)
@@ -449,18 +464,19 @@ def _first(pair: tuple[int, TransferState]) -> int:
 
 def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch_timeout_s: float) -> None:
     """A service's partition worker (a process of its own, `kvledger serve --partitions`): folds `partitions`
-    from their durable consumers, every side kept (as the one-process service keeps them), and answers the
-    service on `conn` (a `multiprocessing` connection) between two
+    from their durable consumers, every side and every merge item kept (as the one-process service keeps
+    every side), and answers the service on `conn` (a `multiprocessing` connection) between two
     deliveries. Messages are msgpack arrays: requests `[kind, id, ...]`, replies `[kind, id, payload]` with
     the payload encoded apart (`kvledger.api.fleet` decodes them):
 
-    - `["answer", id, now, transfer_timeout_s, clock_skew_s, keep]`: each partition's `PartitionAnswer` at
-      `now`, its merge items told once (`keep` false: `LiveMerge`) or every time (true: a merge from scratch),
+    - `["answer", id, now, transfer_timeout_s, clock_skew_s, since]`: each partition's `PartitionAnswer` at
+      `now`, telling its merge items after `since[partition]` (the worker keeps every one: a merge that starts
+      again is told everything),
       with the seconds they took: `(seconds, [PartitionAnswer, ...])`;
     - `["sides", id, SidesAsked]`: `(first cursor, TransferState)` pairs and the cursor they are complete
       through (None: to the end);
     - `["transfer", id, transfer_id]`: the sides of one transfer id;
-    - `["status", id]`: per partition, events folded, `upto` and `applied`;
+    - `["status", id]`: per partition, events folded, `upto`, `applied` and `restored`;
     - `["stop"]` (or the service gone): save, acknowledge, exit.
     `["ready", 0, partitions]` is sent once the folds are restored."""
     import threading
@@ -491,9 +507,9 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
             with lock:
                 if kind == "answer":
                     config = AuditConfig(float(request[3]), float(request[4]))
-                    keep = bool(request[5])
+                    since = {int(p): int(c) for p, c in request[5].items()}
                     began = time.perf_counter()
-                    answers = [f.answer(float(request[2]), config, keep=keep) for f in folds.values()]
+                    answers = [f.answer(float(request[2]), config, since=since.get(p, 0)) for p, f in folds.items()]
                     payload = _encode((time.perf_counter() - began, answers))
                 elif kind == "sides":
                     asked = msgspec.convert(request[2], SidesAsked)
@@ -506,7 +522,7 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
                     ]  # fmt: skip
                     payload = _encode(sides)
                 else:
-                    payload = _encode({p: (f.folded.events, f.upto, f.applied) for p, f in folds.items()})
+                    payload = _encode({p: (f.folded.events, f.upto, f.applied, f.restored) for p, f in folds.items()})
             send(kind, rid, payload)
         stop.set()
 

@@ -1,7 +1,7 @@
 """The service's merge of partition workers' answers (`kvledger.ledger.fleet.LiveMerge`), sans-IO: partitions
 fed a stream's events a few messages at a time and asked again and again, each answer telling its merge items
-once, or all of them every time (`keep`), or again after a restart from a saved fold, merge into what one fold
-of the stream says."""
+once (taken), or those after what the merge was told (`since`: a merge started again is told everything), or
+again after a restart from a saved fold, merge into what one fold of the stream says."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from kvledger.ledger.events import Event
 from kvledger.ledger.fleet import LiveMerge, PartitionFold, SidesAsked, _sides, merge_pages
 from kvledger.ledger.merge import batched
 from kvledger.ledger.partition import partition_of
+from kvledger.ledger.partitioned import PartitionAnswer
 from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.nats_consumer import Delivered
 from tests.ledger.histories import Shape, history
@@ -32,6 +33,12 @@ def _messages(events: list[Event]) -> list[tuple[int, int, list[tuple[int, Event
     return out
 
 
+def _answers(folds: dict[int, PartitionFold], merge: LiveMerge, now: float, kept: bool) -> list[PartitionAnswer]:
+    if not kept:
+        return [f.answer(now) for f in folds.values()]
+    return [f.answer(now, since=merge.told[p]) for p, f in folds.items()]
+
+
 def test_answers_asked_again_and_again_merge_into_one_fold() -> None:
     events = history(5, Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
                               consumers=("decode-0/tp0", "decode-1/tp0")))  # fmt: skip
@@ -41,7 +48,7 @@ def test_answers_asked_again_and_again_merge_into_one_fold() -> None:
     expected = audit(replay_chunks(batched(stored, 64)).state, now)
     assert any(f.code == "double_owner" for f in expected)
     rng = random.Random(3)
-    for keep in (False, True):
+    for kept in (False, True):
         folds = {p: PartitionFold(p, PARTITIONS, compact_every=None) for p in range(PARTITIONS)}
         merge = LiveMerge(PARTITIONS, range(PARTITIONS))
         saved = {p: f.encode() for p, f in folds.items()}
@@ -52,7 +59,9 @@ def test_answers_asked_again_and_again_merge_into_one_fold() -> None:
                 other.apply(Delivered(other.partition, [], 0, seq, 0))
             last = seq
             if rng.random() < 0.1:
-                merge.add([f.answer(now, keep=keep) for f in folds.values()])
+                merge.add(_answers(folds, merge, now, kept))
+            if kept and rng.random() < 0.02:  # the service started again: a new merge, told everything
+                merge = LiveMerge(PARTITIONS, range(PARTITIONS))
             if rng.random() < 0.05:  # a worker started again from its last save folds again what followed
                 restarted = PartitionFold.decode(saved[p], compact_every=None)
                 for s, q, again in messages[:seq]:
@@ -62,8 +71,8 @@ def test_answers_asked_again_and_again_merge_into_one_fold() -> None:
                 folds[p] = restarted
             if rng.random() < 0.05:
                 saved[p] = folds[p].encode()
-        findings, folded = merge.add([f.answer(now, keep=keep) for f in folds.values()])
-        assert findings == expected, keep
+        findings, folded = merge.add(_answers(folds, merge, now, kept))
+        assert findings == expected, kept
         assert folded == len(stored)
 
 

@@ -151,7 +151,17 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
         service.folded_through(last_seq)
         assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == got["findings"]
     finally:
-        service.stop()
+        service.stop()  # its workers save their folds (and acknowledge) as they stop
+    # Started again: the workers restore their saved folds and fold nothing again; the new merge is told
+    # every merge item they kept, and says the same.
+    again = _Service(url, "all", 2, tmp_path / "again.log")
+    try:
+        again.folded_through(last_seq)
+        status = again.get("/fleet/status")
+        assert all(p["restored"] == p["applied"] > 0 for p in status["folded"].values())  # nothing folded again
+        assert again.get(f"/audit?now={now!r}&limit=1000")["findings"] == got["findings"]
+    finally:
+        again.stop()
 
 
 def test_two_services_splitting_the_partitions_merge_into_one_answer(
