@@ -7,7 +7,8 @@ restores its partitions' snapshots and its consumers deliver again what it had n
 
 What the API answers, merged from the workers: every owned partition's `PartitionAnswer` at one `now` (its
 findings without `double_owner`, its counts, the merge items of the maps it accepted and the releases it
-decided since its last answer) fed to one `kvledger.ledger.fleet.LiveMerge`, partitions this service does
+decided after what the merge was told: the workers keep them all, so a service started again is told
+everything) fed to one `kvledger.ledger.fleet.LiveMerge`, partitions this service does
 not own counted as empty: the findings in the audit's order, `double_owner` judged on the per-source
 ownership fed in stream order (`kvledger.ledger.partitioned.Merger`, as `kvledger replay --jobs` merges).
 That is one fold of what the workers have folded; once every worker has folded the stream to its end, one
@@ -18,9 +19,9 @@ side's first event (the one-process order), `?cursor=` being that cursor; `GET /
 worker owning the id's partition.
 
 Services splitting the partitions (`--partitions 0-7` on one machine, `8-15` on another) each answer for
-their own partitions; their workers tell every merge item in every answer, so that `GET /fleet/answers?now=T`
-gives a service's partitions' whole answers (msgpack), and `merge_services` merges every service's into the
-whole stream's answer (each partition exactly once).
+their own partitions; `GET /fleet/answers?now=T` gives a service's partitions' whole answers (msgpack, every
+merge item), and `merge_services` merges every service's into the whole stream's answer (each partition
+exactly once).
 """
 
 from __future__ import annotations
