@@ -167,8 +167,12 @@ class _Worker:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.waiting[rid] = future
         message = _encode([kind, rid, *args])
-        with self.sending:
-            self.conn.send_bytes(message)
+        try:
+            with self.sending:
+                self.conn.send_bytes(message)
+        except (OSError, ValueError):  # its end is gone: the worker died (`_watch` starts it again)
+            self.waiting.pop(rid, None)
+            raise WorkerLost(f"the worker of partitions {self.partitions} exited") from None
         return await future
 
     def stop(self) -> None:
