@@ -38,9 +38,10 @@ import msgspec
 from kvledger.ledger.advice import LatencyRecorder, RecorderPlain
 from kvledger.ledger.audit import AuditConfig, Finding, finding_order
 from kvledger.ledger.decisions import Key
-from kvledger.ledger.events import Event, TransferId
+from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Event, Map, TransferId
 from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S, REPLAY_COMPACT_EVERY
 from kvledger.ledger.partitioned import Batch, Folded, Merger, PartitionAnswer, answer, fold_partition
+from kvledger.ledger.picture import picture_of
 from kvledger.ledger.store import snapshot
 from kvledger.ledger.store.base import StoredSnapshot, StoreUnavailable
 from kvledger.ledger.store.snapshot import SnapshotFormatError
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from kvledger.ledger.store.nats_consumer import Delivered
     from kvledger.ledger.store.nats_store import NatsStore
 
-FORMAT = 1
+FORMAT = 2
 CURSOR_SHIFT = 16
 """As the NATS store's cursors: `stream seq << 16 | place`."""
 PLACES = (1 << CURSOR_SHIFT) - 1
@@ -90,6 +91,9 @@ class _Saved(msgspec.Struct, kw_only=True, array_like=True):
     state: msgspec.Raw
     order: list[tuple[str, TransferId]] = []
     first: list[int] = []
+    source_last_ts: dict[str, float] = {}
+    events_by_kind: dict[str, int] = {}
+    first_map: tuple[int, float] | None = None
 
 
 _saved_decoder = msgspec.msgpack.Decoder(_Saved)
@@ -130,6 +134,11 @@ class PartitionFold:
         """`applied` of the snapshot this fold was restored from (0: folded from the stream's start)."""
         self.events_since_save = 0
         self._crc: dict[str, int] = {}
+        self.last_ts: dict[str, float] = {}
+        """Each source's newest event ts, as the one-process service keeps it (`kvledger.ledger.picture`)."""
+        self.events_by_kind: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.first_map: tuple[int, float] | None = None
+        """(cursor, ts) of the partition's first `map` event."""
 
     @property
     def partition(self) -> int:
@@ -156,11 +165,17 @@ class PartitionFold:
                         first.append(cursor)
             crc = self._crc
             digest = self.digest
+            last_ts, by_kind = self.last_ts, self.events_by_kind
             for e in events:
                 c = crc.get(e.source)
                 if c is None:
                     c = crc[e.source] = zlib.crc32(e.source.encode())
                 digest += (c << 32) | e.seq
+                by_kind[KIND_OF_TYPE[type(e)]] += 1
+                if e.ts > last_ts.get(e.source, 0.0):
+                    last_ts[e.source] = e.ts
+            if self.first_map is None:
+                self.first_map = next(((c, e.ts) for c, e in rows if type(e) is Map), None)
             self.digest = digest & DIGEST_MASK
             self.events_since_save += len(events)
             self.applied = delivered.last_seq
@@ -171,13 +186,20 @@ class PartitionFold:
         return self.folded.take(through_cursor(self.upto))
 
     def answer(
-        self, now: float, config: AuditConfig | None = None, *, upto: int | None = None, since: int | None = None
+        self,
+        now: float,
+        config: AuditConfig | None = None,
+        *,
+        upto: int | None = None,
+        since: int | None = None,
+        picture: bool = False,
     ) -> PartitionAnswer:
         """The partition's answer at `now` (`kvledger.ledger.partitioned.answer`), its rest told up to stream
         sequence `upto` (default: its own; a merge of several answers needs one `upto` for all). Without
         `since`, its merge items are told once (taken from the fold). With `since` (a stream position), the
         fold keeps every item and the answer tells those after `since`: a merge that starts again (a service
-        started again, a merge of split services from scratch: `since` 0) is told everything."""
+        started again, a merge of split services from scratch: `since` 0) is told everything. With `picture`,
+        the answer carries the partition's `Picture` (a service's page and metrics)."""
         f = self.folded
         if since is None:
             found = answer(f, now, config)
@@ -192,6 +214,11 @@ class PartitionFold:
             finally:
                 f.decided, f.frees, f.claims, f.expired = kept
         found.rest.upto = through_cursor(self.upto if upto is None else upto)
+        if picture:
+            found.picture = picture_of(
+                f.state, found.findings, last_ts=self.last_ts, events_by_kind=self.events_by_kind,
+                first_map=self.first_map,
+            )  # fmt: skip
         return found
 
     def sides_after(self, cursor: int) -> Iterator[tuple[int, TransferState]]:
@@ -212,6 +239,7 @@ class PartitionFold:
             last_ts=f.last_ts, stream_events=f.stream_events, stream_last_ts=f.stream_last_ts,
             next_compaction=f.next_compaction, latencies=f.latencies.to_plain(), pending=pending,
             state=msgspec.Raw(snapshot.encode(f.state)), order=self.order, first=self.first,
+            source_last_ts=self.last_ts, events_by_kind=self.events_by_kind, first_map=self.first_map,
         )  # fmt: skip
         return zlib.compress(_encode(saved), 1)
 
@@ -235,6 +263,8 @@ class PartitionFold:
         f.next_compaction = saved.next_compaction
         out.applied = out.saved = out.restored = saved.applied
         out.upto, out.digest = saved.upto, saved.digest
+        out.last_ts, out.first_map = saved.source_last_ts, saved.first_map
+        out.events_by_kind.update(saved.events_by_kind)
         if out.track_sides:
             out.order = saved.order
             out.first = saved.first
@@ -509,7 +539,10 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
                     config = AuditConfig(float(request[3]), float(request[4]))
                     since = {int(p): int(c) for p, c in request[5].items()}
                     began = time.perf_counter()
-                    answers = [f.answer(float(request[2]), config, since=since.get(p, 0)) for p, f in folds.items()]
+                    answers = [
+                        f.answer(float(request[2]), config, since=since.get(p, 0), picture=True)
+                        for p, f in folds.items()
+                    ]
                     payload = _encode((time.perf_counter() - began, answers))
                 elif kind == "sides":
                     asked = msgspec.convert(request[2], SidesAsked)

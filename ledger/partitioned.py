@@ -47,6 +47,7 @@ from kvledger.ledger.events import Event, Map, ReqId, TransferId
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
 from kvledger.ledger.partition import partition_of_event
+from kvledger.ledger.picture import Picture
 from kvledger.ledger.replay import cut, fold_indexed
 from kvledger.ledger.summary import state_counts
 
@@ -153,6 +154,8 @@ class PartitionAnswer(msgspec.Struct, kw_only=True, array_like=True):
     """The partition's audit at the merged clock, `double_owner` left out."""
     counts: dict[str, Any]
     """`kvledger.ledger.summary.state_counts` of the partition's state."""
+    picture: Picture | None = None
+    """What a service's page and metrics read besides (a partition worker's answer: `kvledger.ledger.fleet`)."""
 
 
 class Folded:

@@ -41,6 +41,16 @@ def silence_limit_s(transfer_timeout_s: float) -> float:
     return LOST_SILENCE_TRANSFER_TIMEOUTS * transfer_timeout_s
 
 
+def held_by_source(state: LedgerState) -> dict[str, tuple[int, int]]:
+    """Every source of `state` (in first-seen order) with the transfer sides and blocks its live sides hold:
+    what `judge` reads of a fold (a partition's add up to the whole fold's: `kvledger.ledger.picture`)."""
+    held: dict[str, tuple[int, int]] = dict.fromkeys(state.sources, (0, 0))
+    for t in state.live.values():
+        sides, blocks = held.get(t.source, (0, 0))
+        held[t.source] = (sides + 1, blocks + len(t.block_ids))
+    return held
+
+
 def judge_sources(
     state: LedgerState,
     last_ts: Mapping[str, float],
@@ -50,28 +60,35 @@ def judge_sources(
     dead: Mapping[str, str] | None = None,
 ) -> dict[str, SourceHealth]:
     """Every source's health at `now`. `dead` names engines (or single sources) known dead, with why."""
+    return judge(held_by_source(state), last_ts, now, transfer_timeout_s=transfer_timeout_s, dead=dead)
+
+
+def judge(
+    held: Mapping[str, tuple[int, int]],
+    last_ts: Mapping[str, float],
+    now: float,
+    *,
+    transfer_timeout_s: float,
+    dead: Mapping[str, str] | None = None,
+) -> dict[str, SourceHealth]:
+    """Every source's health at `now`, from what each holds (`held_by_source`: sides, blocks) and its newest
+    event's ts. `dead` names engines (or single sources) known dead, with why."""
     dead = dead or {}
-    sides: dict[str, int] = {}
-    blocks: dict[str, int] = {}
-    for t in state.live.values():
-        sides[t.source] = sides.get(t.source, 0) + 1
-        blocks[t.source] = blocks.get(t.source, 0) + len(t.block_ids)
     limit_s = silence_limit_s(transfer_timeout_s)
     out: dict[str, SourceHealth] = {}
-    for source in state.sources:
+    for source, (sides, blocks) in held.items():
         engine = engine_of(source)
         last = last_ts.get(source, now)
         silent_s = max(0.0, now - last)
-        held = sides.get(source, 0)
         known = dead.get(source, dead.get(engine))
         if known is not None:
             why = f"known dead: {known}" if known else "known dead"
-        elif held and silent_s > limit_s:
+        elif sides and silent_s > limit_s:
             why = (
                 f"silent for {duration(silent_s)} while holding blocks, longer than {LOST_SILENCE_TRANSFER_TIMEOUTS}"
                 f" transfer timeouts ({duration(limit_s)})"
             )
         else:
             why = ""
-        out[source] = SourceHealth(source, engine, last, silent_s, held, blocks.get(source, 0), bool(why), why)
+        out[source] = SourceHealth(source, engine, last, silent_s, sides, blocks, bool(why), why)
     return out
