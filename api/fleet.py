@@ -1,9 +1,10 @@
-"""The service over a NATS stream's partitions, folded by worker processes (`kvledger serve --partitions`).
+"""The service over a store's partitions, folded by worker processes (`kvledger serve --partitions`): a NATS
+stream's, or a SQL store's (`kvledger.ledger.fleet.partition_count` of them, each worker reading the tail).
 
 `Fleet` starts one worker process per owned partition, or per group of them when there are more than
-cores (`kvledger.ledger.fleet.serve_worker`: each folds its partitions from their durable consumers, saves
-and acknowledges, and answers this process between deliveries). A worker that dies is started again; it
-restores its partitions' snapshots and its consumers deliver again what it had not saved.
+cores (`kvledger.ledger.fleet.serve_worker`: each folds its partitions from their source, saves (and
+acknowledges), and answers this process between deliveries). A worker that dies is started again; it
+restores its partitions' snapshots and its source delivers again what it had not saved.
 
 What the API answers, merged from the workers: every owned partition's `PartitionAnswer` at one `now` (its
 findings without `double_owner`, its counts, the merge items of the maps it accepted and the releases it
@@ -43,7 +44,7 @@ from kvledger.api.settings import Settings
 from kvledger.ledger.audit import Finding, counts_by_code
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
-from kvledger.ledger.fleet import LiveMerge, SidesAsked, merge_pages, serve_worker, through_cursor
+from kvledger.ledger.fleet import LiveMerge, SidesAsked, merge_pages, partition_count, serve_worker, through_cursor
 from kvledger.ledger.partition import partition_of
 from kvledger.ledger.partitioned import Folded, Merged, PartitionAnswer, answer, merge
 from kvledger.ledger.transfer_state import TransferState
@@ -79,7 +80,7 @@ def parse_partitions(text: str, partitions: int) -> list[int]:
         except ValueError:
             raise ValueError(f"--partitions {text!r}: numbers and ranges, e.g. 0-7 or 0,2,5-6, or all") from None
         if not 0 <= lo <= hi < partitions:
-            raise ValueError(f"--partitions {text!r}: the stream has partitions 0-{partitions - 1}")
+            raise ValueError(f"--partitions {text!r}: the store has partitions 0-{partitions - 1}")
         out.update(range(lo, hi + 1))
     return sorted(out)
 
@@ -194,7 +195,7 @@ class Fleet:
         self.service = service
         self.workers_wanted = workers
         self.partitions = 0
-        """The stream's partition count."""
+        """The store's partition count."""
         self.owned: list[int] = []
         self.workers: list[_Worker] = []
         self.audited: FleetAudited | None = None
@@ -216,9 +217,7 @@ class Fleet:
         from kvledger.ledger.store.connect import open_store
 
         self.store = await asyncio.to_thread(open_store, self.settings.db)
-        self.partitions = int(getattr(self.store, "partitions", 0))
-        if not self.partitions:
-            raise ValueError(f"{self.settings.db}: --partitions needs a nats:// store (a stream of partitions)")
+        self.partitions = partition_count(self.store)
         self.owned = parse_partitions(self.partitions_text, self.partitions)
         try:
             cores = max(1, len(os.sched_getaffinity(0)))

@@ -60,8 +60,9 @@ def serve(
     partitions: Annotated[
         str | None,
         typer.Option(
-            help="nats:// stores: fold these partitions of the stream (0-7, 0,2,5-6, all) in worker processes, "
-            "each from its durable consumer, and answer /audit and /transfers merged (docs/fleet.md)"
+            help="Fold these partitions of the store (0-7, 0,2,5-6, all; a SQL store has 16) in worker processes, "
+            "each from its durable consumer (nats://) or the store's tail (sqlite, postgresql), and answer /audit "
+            "and /transfers merged (docs/fleet.md)"
         ),
     ] = None,
     service_name: Annotated[
@@ -87,9 +88,18 @@ def run_fleet(settings: Settings, partitions: str, *, service: str, workers: int
 
     from kvledger.api.fleet_app import create_fleet_app
     from kvledger.api.server import server_config
+    from kvledger.ledger.store.base import StoreError
+    from kvledger.ledger.store.url import parse_url
 
-    if not settings.db.startswith("nats://"):
-        raise typer.BadParameter("--partitions needs a nats:// store", param_hint="--partitions")
+    try:
+        in_memory = parse_url(settings.db).is_memory
+    except StoreError:
+        in_memory = False  # the service's start says what is wrong with it
+    if in_memory:
+        raise typer.BadParameter(
+            "--partitions needs a store the worker processes share: nats://, sqlite:/// or postgresql://",
+            param_hint="--partitions",
+        )
     app = create_fleet_app(settings, partitions, service=service, workers=workers)
     uvicorn.Server(server_config(app, settings, host=host, port=port)).run()
 

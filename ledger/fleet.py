@@ -1,20 +1,25 @@
-"""A partition worker: some partitions of a NATS stream, each folded from its durable consumer, saved and
-acknowledged so that a worker started after a crash goes on where the last saved fold was.
+"""A partition worker: some partitions of a store, each folded from its source, saved (and, from a NATS
+stream, acknowledged) so that a worker started after a crash goes on where the last saved fold was.
 
-Each owned partition is a `PartitionFold`: `kvledger.ledger.partitioned.Folded` fed the consumer's
-deliveries (`kvledger.ledger.store.nats_consumer.Delivered`) as they come, each event's position in the
-whole stream being its store cursor (cursors grow with the stream's sequence, so the merge's index order
-is the stream's order: `Merger` and `answer` take them as they take a log's line positions). A partition's
-fold never waits on another's.
+The source (`kvledger.ledger.store.partition_source.PartitionSource`) is a NATS stream's durable consumers
+(`kvledger.ledger.store.nats_consumer.PartitionConsumers`, a position being a stream sequence) or a SQL
+store's tail in cursor order (`kvledger.ledger.store.partition_source.StoreTail`, a position being a
+cursor; every worker reads every row and keeps its partitions' events). Each owned partition is a
+`PartitionFold`: `kvledger.ledger.partitioned.Folded` fed the source's deliveries (`Delivered`) as they
+come, each event's position in the whole stream being its store cursor (cursors grow with the stream, so
+the merge's index order is the stream's order: `Merger` and `answer` take them as they take a log's line
+positions). A partition's fold never waits on another's.
 
 Exactly once. A message is acknowledged only once a saved snapshot of the partition's fold holds it: the
-worker saves (`save`: the fold and the stream sequence it holds, in the stream's object store under
-`snapshot_source`) every `FLEET_SNAPSHOT_EVERY_S` seconds or `FLEET_SNAPSHOT_EVERY_EVENTS` events while
-it folds, and when it stops, and then acknowledges through the saved sequence. A worker started again
-restores the newest snapshot (`restore`) and binds to the same durable consumers: what was acknowledged
-is in the snapshot; what came after is delivered again, and a message the snapshot holds already (a crash
-between a save and its acknowledgement) is recognised by its stream sequence, one stored batch of one
-source's seqs, and passed over. `digest` adds up every folded event's (source, seq) (its crc32 and seq)
+worker saves (`save`: the fold and the position it holds, in the store's snapshots under `snapshot_source`:
+a NATS stream's object store, a SQL store's snapshots table) every `FLEET_SNAPSHOT_EVERY_S` seconds or
+`FLEET_SNAPSHOT_EVERY_EVENTS` events while it folds, and when it stops, and then acknowledges through the
+saved sequence. A worker started again restores the newest snapshot (`restore`) and binds to the same
+durable consumers: what was acknowledged is in the snapshot; what came after is delivered again, and a
+message the snapshot holds already (a crash between a save and its acknowledgement) is recognised by its
+stream sequence, one stored batch of one source's seqs, and passed over. From a SQL store a worker started
+again reads the tail from the least position its restored folds hold, each partition passing over what its
+fold holds. `digest` adds up every folded event's (source, seq) (its crc32 and seq)
 so a test can see that each was folded once.
 
 The fold itself is sans-IO; `run_worker` is the loop around the consumer and the store, `serve_worker` a
@@ -44,12 +49,13 @@ from kvledger.ledger.partitioned import Batch, Folded, Merger, PartitionAnswer, 
 from kvledger.ledger.picture import picture_of
 from kvledger.ledger.store import snapshot
 from kvledger.ledger.store.base import StoredSnapshot, StoreUnavailable
+from kvledger.ledger.store.partition_source import SQL_PARTITIONS, Held, Mark
 from kvledger.ledger.store.snapshot import SnapshotFormatError
 from kvledger.ledger.transfer_state import TransferState
 
 if TYPE_CHECKING:
-    from kvledger.ledger.store.nats_consumer import Delivered
-    from kvledger.ledger.store.nats_store import NatsStore
+    from kvledger.ledger.store.base import EventStore
+    from kvledger.ledger.store.partition_source import Delivered, PartitionSource
 
 FORMAT = 2
 CURSOR_SHIFT = 16
@@ -62,14 +68,31 @@ _index = attrgetter("index")
 _first_of = itemgetter(0)
 
 
-def through_cursor(stream_seq: int) -> int:
-    """The highest cursor of the message at `stream_seq`: every event of it and of earlier messages is below."""
-    return (stream_seq << CURSOR_SHIFT) | PLACES
+def through_cursor(stream_seq: int, shift: int = CURSOR_SHIFT) -> int:
+    """The highest cursor of the message at `stream_seq`: every event of it and of earlier messages is below
+    (`shift` 0: a SQL store, whose positions are cursors)."""
+    return (stream_seq << shift) | ((1 << shift) - 1)
 
 
-def snapshot_source(service: str, partition: int, partitions: int) -> str:
-    """The name a partition's snapshots are kept under in the store (starts with NUL: no event's source can)."""
-    return f"\x00fleet:{service}:{partition}/{partitions}"
+def is_stream(store: EventStore) -> bool:
+    """Whether `store` is a NATS stream (partitions of its own, durable consumers), not a SQL store."""
+    return hasattr(store, "partitions")
+
+
+def partition_count(store: EventStore) -> int:
+    """The partitions a worker folds `store` in: a NATS stream's own count, `SQL_PARTITIONS` for a SQL store."""
+    return int(getattr(store, "partitions", SQL_PARTITIONS))
+
+
+def snapshot_source(service: str, partition: int, partitions: int, *, stream: bool = True) -> str:
+    """The name a partition's snapshots are kept under in the store. In a NATS stream's object store it
+    starts with NUL (no event's source can). In a SQL store's snapshots table (whose text cannot hold a NUL
+    on PostgreSQL) it starts with U+001F, the unit separator, and names `partition:`: that table's other
+    snapshots are the one-process service's (source "", `kvledger.api.snapshots`) and a recovering
+    engine's (under its own source, `kvledger.ledger.store.recovery`); neither reads these."""
+    if stream:
+        return f"\x00fleet:{service}:{partition}/{partitions}"
+    return f"\x1fpartition:{service}:{partition}/{partitions}"
 
 
 class _Saved(msgspec.Struct, kw_only=True, array_like=True):
@@ -94,6 +117,7 @@ class _Saved(msgspec.Struct, kw_only=True, array_like=True):
     source_last_ts: dict[str, float] = {}
     events_by_kind: dict[str, int] = {}
     first_map: tuple[int, float] | None = None
+    mark: Mark | None = None
 
 
 _saved_decoder = msgspec.msgpack.Decoder(_Saved)
@@ -111,8 +135,11 @@ class PartitionFold:
         keep_releases: bool = False,
         compact_every: int | None = REPLAY_COMPACT_EVERY,
         track_sides: bool = False,
+        cursor_shift: int = CURSOR_SHIFT,
     ) -> None:
         self.folded = Folded(partition, partitions)
+        self.cursor_shift = cursor_shift
+        """A position's cursors: `position << cursor_shift | place` (16: a NATS stream's; 0: a SQL store's)."""
         self.keep_releases = keep_releases
         self.compact_every = compact_every
         """As `fold_partition`'s; None (the service's) keeps every side, as the one-process service does."""
@@ -123,9 +150,11 @@ class PartitionFold:
         """Each side's first event's cursor, in `order`'s order (ascending)."""
         self._seen: set[Key] = set()
         self.applied = 0
-        """The stream sequence of the last message folded (0: none)."""
+        """The position (stream sequence, SQL cursor) of the last message folded (0: none)."""
         self.upto = 0
-        """Every message of the partition at or below this stream sequence is folded."""
+        """Every message of the partition at or below this position is folded."""
+        self.mark: Mark | None = None
+        """A SQL store's mark at `upto` (`kvledger.ledger.store.partition_source.Mark`), checked at a restore."""
         self.digest = 0
         """The sum, mod 2**64, of `crc32(source) << 32 | seq` over the events folded."""
         self.saved = 0
@@ -179,11 +208,13 @@ class PartitionFold:
             self.digest = digest & DIGEST_MASK
             self.events_since_save += len(events)
             self.applied = delivered.last_seq
+        if delivered.mark is not None and delivered.upto >= self.upto:
+            self.mark = delivered.mark
         self.upto = max(self.upto, delivered.upto, self.applied)
 
     def take(self) -> Batch:
         """What the fold told since the last `take` (releases' sides, accepted maps), complete up to `upto`."""
-        return self.folded.take(through_cursor(self.upto))
+        return self.folded.take(through_cursor(self.upto, self.cursor_shift))
 
     def answer(
         self,
@@ -213,7 +244,7 @@ class PartitionFold:
                 found = answer(f, now, config)
             finally:
                 f.decided, f.frees, f.claims, f.expired = kept
-        found.rest.upto = through_cursor(self.upto if upto is None else upto)
+        found.rest.upto = through_cursor(self.upto if upto is None else upto, self.cursor_shift)
         if picture:
             found.picture = picture_of(
                 f.state, found.findings, last_ts=self.last_ts, events_by_kind=self.events_by_kind,
@@ -238,7 +269,7 @@ class PartitionFold:
             digest=self.digest, events=f.events, first_index=f.first_index, first_ts=f.first_ts,
             last_ts=f.last_ts, stream_events=f.stream_events, stream_last_ts=f.stream_last_ts,
             next_compaction=f.next_compaction, latencies=f.latencies.to_plain(), pending=pending,
-            state=msgspec.Raw(snapshot.encode(f.state)), order=self.order, first=self.first,
+            state=msgspec.Raw(snapshot.encode(f.state)), order=self.order, first=self.first, mark=self.mark,
             source_last_ts=self.last_ts, events_by_kind=self.events_by_kind, first_map=self.first_map,
         )  # fmt: skip
         return zlib.compress(_encode(saved), 1)
@@ -262,7 +293,7 @@ class PartitionFold:
         f.stream_events, f.stream_last_ts = saved.stream_events, saved.stream_last_ts
         f.next_compaction = saved.next_compaction
         out.applied = out.saved = out.restored = saved.applied
-        out.upto, out.digest = saved.upto, saved.digest
+        out.upto, out.digest, out.mark = saved.upto, saved.digest, saved.mark
         out.last_ts, out.first_map = saved.source_last_ts, saved.first_map
         out.events_by_kind.update(saved.events_by_kind)
         if out.track_sides:
@@ -272,24 +303,24 @@ class PartitionFold:
         return out
 
 
-def restore(store: NatsStore, service: str, partition: int, partitions: int, **options: Any) -> PartitionFold:
+def restore(store: EventStore, service: str, partition: int, partitions: int, **options: Any) -> PartitionFold:
     """The partition's newest saved fold, or a new one where none is saved (or the newest does not decode);
     `options` as `PartitionFold`'s."""
-    stored = store.latest_snapshot(snapshot_source(service, partition, partitions))
+    stored = store.latest_snapshot(snapshot_source(service, partition, partitions, stream=is_stream(store)))
     if stored is not None and stored.format == FORMAT:
         try:
             return PartitionFold.decode(stored.body, **options)
         except SnapshotFormatError:
-            pass  # folded again from the start: the consumer is made again for it (`PartitionConsumers`)
+            pass  # folded again from the start: the source starts it again (`PartitionSource.reset`)
     return PartitionFold(partition, partitions, **options)
 
 
-def save(store: NatsStore, service: str, fold: PartitionFold, taken: tuple[int, bytes] | None = None) -> None:
+def save(store: EventStore, service: str, fold: PartitionFold, taken: tuple[int, bytes] | None = None) -> None:
     """Save `fold` (the newest snapshot of its partition; older ones are deleted): `taken`, (applied, body) of
     an `encode` made before (under the caller's lock), or encoded now."""
     f = fold.folded
     applied, body = taken if taken is not None else (fold.applied, fold.encode())
-    source = snapshot_source(service, f.partition, f.partitions)
+    source = snapshot_source(service, f.partition, f.partitions, stream=is_stream(store))
     store.save_snapshot(StoredSnapshot(source, applied, FORMAT, time.time(), body))
     store.delete_snapshots(source, applied)
     fold.saved = applied
@@ -299,8 +330,22 @@ OUTAGE_WAIT_S_MAX = 2.0
 """While the server does not answer, a worker asks again at most this far apart (doubling from its fetch's wait)."""
 
 
+def open_source(store: EventStore, folds: dict[int, PartitionFold], service: str) -> PartitionSource:
+    """The source `folds` go on from: a NATS stream's durable consumers (named by `service`), or a SQL
+    store's tail from where they are."""
+    if is_stream(store):
+        from kvledger.ledger.store.nats_consumer import PartitionConsumers
+
+        folded = {p: f.applied for p, f in folds.items()}
+        return PartitionConsumers(store, list(folds), service=service, folded=folded)  # type: ignore[arg-type]
+    from kvledger.ledger.store.partition_source import StoreTail
+
+    held = {p: Held(f.upto, f.mark) for p, f in folds.items()}
+    return StoreTail(store, partition_count(store), list(folds), held)
+
+
 def run_worker(
-    store: NatsStore,
+    store: EventStore,
     partitions: Sequence[int],
     *,
     service: str,
@@ -314,20 +359,23 @@ def run_worker(
     started: Callable[[dict[int, PartitionFold]], None] | None = None,
     **options: Any,
 ) -> dict[int, PartitionFold]:
-    """Fold `partitions` of the stream from their durable consumers until `between` (called after every
+    """Fold `partitions` of the store from its source (`open_source`) until `between` (called after every
     fetch with the folds and what the fetch brought) returns False; then save what is not saved and
     acknowledge it. `after_save` is called after each save, before its acknowledgement (tests crash there).
     Each delivery is folded, and each fold saved, holding `lock` (a service's worker answers requests from
     another thread under it); `started` is given the folds once restored; `options` as `PartitionFold`'s.
     While the server does not answer, fetches come back empty (and saves wait): the worker goes on once it
     answers again; what it had folded and not saved is acknowledged later, never lost."""
-    from kvledger.ledger.store.nats_consumer import FETCH_MESSAGES, PartitionConsumers
-
     guard = lock if lock is not None else nullcontext()
-    folds = {p: restore(store, service, p, store.partitions, **options) for p in partitions}
-    consumers = PartitionConsumers(store, list(folds), service=service, folded={p: f.applied for p, f in folds.items()})
-    for p in consumers.reset:
-        folds[p] = PartitionFold(p, store.partitions, **options)
+    count = partition_count(store)
+    options.setdefault("cursor_shift", CURSOR_SHIFT if is_stream(store) else 0)
+    folds = {p: restore(store, service, p, count, **options) for p in partitions}
+    source = open_source(store, folds, service)
+    for p in source.reset:
+        stale = folds[p].applied
+        folds[p] = PartitionFold(p, count, **options)
+        if stale:  # the saved fold cannot be gone on from: it is not to be restored again
+            store.delete_snapshots(snapshot_source(service, p, count, stream=is_stream(store)), stale + 1)
     if started is not None:
         started(folds)
     last_save = time.monotonic()
@@ -343,15 +391,15 @@ def run_worker(
                 save(store, service, fold, taken)
                 if after_save is not None:
                     after_save(fold)
-                consumers.ack(fold.partition, fold.saved)
+                source.ack(fold.partition, fold.saved)
             elif force and fold.saved:
-                consumers.ack(fold.partition, fold.saved)  # what was delivered again and passed over
+                source.ack(fold.partition, fold.saved)  # what was delivered again and passed over
 
     waited = 0.0
     try:
         while True:
             try:
-                delivered = consumers.fetch(fetch_messages or FETCH_MESSAGES, fetch_timeout_s)
+                delivered = source.fetch(fetch_messages, fetch_timeout_s)
                 waited = 0.0
             except StoreUnavailable:  # the server is away: the connection comes back by itself; so do we
                 delivered = []
@@ -368,7 +416,7 @@ def run_worker(
                     save_due(False)
         save_due(True)
     finally:
-        consumers.close()
+        source.close()
     return folds
 
 
@@ -494,7 +542,7 @@ def _first(pair: tuple[int, TransferState]) -> int:
 
 def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch_timeout_s: float) -> None:
     """A service's partition worker (a process of its own, `kvledger serve --partitions`): folds `partitions`
-    from their durable consumers, every side and every merge item kept (as the one-process service keeps
+    from their source (`open_source`), every side and every merge item kept (as the one-process service keeps
     every side), and answers the service on `conn` (a `multiprocessing` connection) between two
     deliveries. Messages are msgpack arrays: requests `[kind, id, ...]`, replies `[kind, id, payload]` with
     the payload encoded apart (`kvledger.api.fleet` decodes them):
@@ -512,10 +560,8 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
     import threading
 
     from kvledger.ledger.store.connect import open_store
-    from kvledger.ledger.store.nats_store import NatsStore
 
     store = open_store(url)
-    assert isinstance(store, NatsStore)
     lock = threading.Lock()
     sending = threading.Lock()
     stop = threading.Event()

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, TypeAlias
+from typing import TypeAlias
 
 import nats.errors
 import nats.js.errors
@@ -40,6 +40,7 @@ from nats.js import JetStreamContext, api
 from kvledger.ledger.events import Event
 from kvledger.ledger.store.base import StoreError
 from kvledger.ledger.store.nats_store import CALL_TIMEOUT_S, CURSOR_SHIFT, NatsStore, decode_batch
+from kvledger.ledger.store.partition_source import Delivered
 
 SERVICE_DEFAULT = "kvledger"
 ACK_WAIT_S = 600.0
@@ -54,21 +55,6 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _Fetched: TypeAlias = tuple[int, list[tuple[int, bytes]], int, int, int]
 """One partition's fetch, not yet decoded: (partition, (stream seq, body) of each new message, the last one's
 stream seq, upto, messages passed over)."""
-
-
-class Delivered(NamedTuple):
-    """What one fetch brought of one partition."""
-
-    partition: int
-    rows: list[tuple[int, Event]]
-    """The events of the messages not handed over before, with their cursors, in stream order."""
-    last_seq: int
-    """The stream sequence of the last message handed over in `rows` (0: none)."""
-    upto: int
-    """Every message of the partition at or below this stream sequence has been handed over (or folded before
-    this consumer started)."""
-    redelivered: int
-    """Messages passed over: delivered again, already handed over or folded."""
 
 
 def consumer_name(service: str, stream: str, partition: int) -> str:
@@ -94,7 +80,10 @@ class _Partition:
 
 
 class PartitionConsumers:
-    """The durable consumers of the partitions one worker owns (see the module docstring)."""
+    """The durable consumers of the partitions one worker owns (see the module docstring): a
+    `kvledger.ledger.store.partition_source.PartitionSource`."""
+
+    cursor_shift = CURSOR_SHIFT
 
     def __init__(
         self,
@@ -164,11 +153,11 @@ class PartitionConsumers:
         info = self.store._call(self.store.js.consumer_info(self.stream, self.parts[partition].name))
         return int(info.ack_floor.stream_seq or 0) if info.ack_floor is not None else 0
 
-    def fetch(self, messages: int = FETCH_MESSAGES, timeout: float = 0.2) -> list[Delivered]:
+    def fetch(self, messages: int | None = FETCH_MESSAGES, timeout: float = 0.2) -> list[Delivered]:
         """The owned partitions' next messages (up to `messages` in all, shared out among them), waiting up to
         `timeout` seconds where none is there; one `Delivered` per partition, in partition order. The
         messages are decoded here, on the caller's thread, not on the connection's."""
-        each = max(1, messages // len(self.parts))
+        each = max(1, (messages or FETCH_MESSAGES) // len(self.parts))
         fetched = self.store._call(self._fetch_all(each, timeout), timeout=timeout + CALL_TIMEOUT_S)
         out = []
         for partition, bodies, last_seq, upto, again in fetched:
