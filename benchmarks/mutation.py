@@ -9,6 +9,7 @@ Run:
     python benchmarks/mutation.py --offset 1     # another quarter (--offset 0 to 3 cover them all)
     python benchmarks/mutation.py --every 1      # all of them (about 1,400: over an hour on 2 cores)
     python benchmarks/mutation.py --jobs 8 --keep /tmp/mutation   # keep the work folder (`mutmut show NAME` there)
+    python benchmarks/mutation.py --resume /tmp/mutation          # the tests again over a kept folder's survivors
 
 Needs mutmut 3 (`pip install "mutmut==3.8.1"`; it is installed with pip when missing). mutmut rather
 than cosmic-ray: it forks one worker per mutant from a process that has imported pytest and the tests,
@@ -21,10 +22,18 @@ kill fold and audit mutants: rules, properties against the reference oracle, com
 working tree is never touched. Hypothesis runs without shrinking there (the `mutation` profile in
 tests/ledger/conftest.py): a property that fails kills the mutant at its first failing example.
 
+`--resume DIR` takes a folder an earlier `--keep DIR` run left, copies the code and the tests in again
+and runs only the sample's mutants without a verdict of caught: survivors, those not run when that run
+was stopped, and those of every function whose code changed since (mutmut keeps a hash of each function
+and forgets the verdicts of a changed one). A caught mutant of unchanged code keeps its verdict, which
+holds while tests are only added or strengthened (a test deleted or weakened since: run afresh). It
+refuses a folder made for other files or tests.
+
 The sample: mutants sorted by file, function and mutmut's number, then every `--every`-th (the 1st,
 the k+1-th, ...): every function keeps its share, and the same source gives the same sample. A
-mutant that hangs past its time limit counts as killed (the tests noticed); one reached by no test
-counts as survived.
+mutant that hangs past its time limit (4 x (its tests' time + 5 s) of CPU, mutmut's limit with
+`timeout_multiplier` 2: a hanging mutant costs minutes at 10) counts as killed (the tests noticed); one
+reached by no test counts as survived.
 """
 
 from __future__ import annotations
@@ -90,7 +99,7 @@ pytest_add_cli_args = -p
     no:cacheprovider
     -W
     ignore
-timeout_multiplier = 10.0
+timeout_multiplier = 2.0
 timeout_constant = 5.0
 use_git_change_detection = false
 """
@@ -110,20 +119,37 @@ def _ensure_mutmut() -> str:
     return found
 
 
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", "*.so")
+
+
 def _scratch(work: Path, mutated: tuple[str, ...], tests: str) -> None:
     """The code and the tests, copied: mutmut writes its `mutants/` folder next to them."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", "*.so")
     package = work / "kvledger"  # as the checkout lays it out: mutmut names mutants by their module's path
     package.mkdir()
     shutil.copy2(ROOT / "kvledger" / "__init__.py", package / "__init__.py")
-    shutil.copytree(ROOT / "ledger", package / "ledger", ignore=ignore)
-    (work / "tests").mkdir()
+    shutil.copytree(ROOT / "ledger", package / "ledger", ignore=IGNORED)
+    _copy_tests(work, tests)
+    (work / "setup.cfg").write_text(setup_cfg(mutated, tests))
+
+
+def _copy_tests(work: Path, tests: str) -> None:
+    """The tests and their helpers, copied over whatever an earlier run left (mutmut copies them on into
+    `mutants/` at every run)."""
+    (work / "tests").mkdir(exist_ok=True)
     shutil.copy2(ROOT / "tests" / "__init__.py", work / "tests" / "__init__.py")
     folder = tests if (ROOT / tests).is_dir() else str(Path(tests).parent)
-    shutil.copytree(ROOT / folder, work / folder, ignore=ignore)
+    shutil.copytree(ROOT / folder, work / folder, ignore=IGNORED, dirs_exist_ok=True)
     for support in SUPPORT:  # helpers only: their own test files import the service's fixtures
-        shutil.copytree(ROOT / support, work / support, ignore=shutil.ignore_patterns("test_*.py", "__pycache__"))
-    (work / "setup.cfg").write_text(setup_cfg(mutated, tests))
+        helpers = shutil.ignore_patterns("test_*.py", "__pycache__")
+        shutil.copytree(ROOT / support, work / support, ignore=helpers, dirs_exist_ok=True)
+
+
+def _resumable(work: Path, mutated: tuple[str, ...], tests: str) -> str | None:
+    """Why a kept folder cannot be resumed (not made by this script, or for other files or tests), or None."""
+    cfg = work / "setup.cfg"
+    if not cfg.is_file() or cfg.read_text() != setup_cfg(mutated, tests) or not (work / "mutants").is_dir():
+        return f"{work} is not a folder this script kept for {', '.join(mutated)} against {tests}"
+    return None
 
 
 def _mutmut(command: str, work: Path, args: list[str], log: Path) -> None:
@@ -169,26 +195,45 @@ def main() -> int:
     parser.add_argument("--offset", type=int, default=0, help="start the sample at this mutant (0 to k-1)")
     parser.add_argument("--jobs", type=int, default=2, help="mutants tested at once")
     parser.add_argument("--keep", type=Path, default=None, help="work in (and keep) this folder")
+    parser.add_argument(
+        "--resume", type=Path, default=None, help="rerun the uncaught mutants of a folder kept by --keep"
+    )  # fmt: skip
     args = parse_args(parser, every=1, offset=0)
     quick = (QUICK_MUTATED, QUICK_TESTS, QUICK_FIRST_BATCH)
     mutated, tests, first = quick if args.quick else (MUTATED, TESTS, FIRST_BATCH)
     if args.every < 1 or args.jobs < 1 or not 0 <= args.offset < args.every:
         parser.error("--every and --jobs must be >= 1, --offset in [0, --every)")
+    if args.resume is not None and args.keep is not None:
+        parser.error("--resume keeps its folder; give it alone")
     command = _ensure_mutmut()
-    work = args.keep or Path(tempfile.mkdtemp(prefix="kvledger-mutation-"))
-    if work.exists() and any(work.iterdir()):
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    _scratch(work, mutated, tests)
+    work = args.resume or args.keep or Path(tempfile.mkdtemp(prefix="kvledger-mutation-"))
+    if args.resume is not None:
+        refused = _resumable(work, mutated, tests)
+        if refused:
+            parser.error(refused)
+        shutil.copytree(ROOT / "ledger", work / "kvledger" / "ledger", ignore=IGNORED, dirs_exist_ok=True)
+        _copy_tests(work, tests)
+    else:
+        if work.exists() and any(work.iterdir()):
+            shutil.rmtree(work)
+        work.mkdir(parents=True, exist_ok=True)
+        _scratch(work, mutated, tests)
     log = work / "mutmut.log"
     started = time.perf_counter()
     jobs = ["--max-children", str(args.jobs)]
     print(f"mutmut {MUTMUT_VERSION} over {', '.join(mutated)} against {tests} in {work} ...", flush=True)
-    _mutmut(command, work, ["run", *jobs, first], log)
+    _mutmut(command, work, ["run", *jobs, first], log)  # on --resume: the mutants of the code as it is now
     every = sorted(_results(work, mutated), key=_order)
     sample = every[args.offset :: args.every]
-    print(f"{len(every)} mutants; testing every {args.every}: {len(sample)}", flush=True)
-    _mutmut(command, work, ["run", *jobs, *sample], log)
+    if args.resume is not None:
+        before = _results(work, mutated)
+        rerun = [name for name in sample if before[name] not in KILLED | TIMEOUT | CRASHED]
+        print(f"{len(every)} mutants; every {args.every}: {len(sample)}; rerunning {len(rerun)} uncaught", flush=True)
+    else:
+        rerun = sample
+        print(f"{len(every)} mutants; testing every {args.every}: {len(sample)}", flush=True)
+    if rerun:
+        _mutmut(command, work, ["run", *jobs, *rerun], log)
     results = _results(work, mutated)
     codes = [results[name] for name in sample]
     killed = sum(code in KILLED for code in codes)
@@ -196,9 +241,8 @@ def main() -> int:
     crashed = sum(code in CRASHED for code in codes)
     survivors = [name for name, code in zip(sample, codes, strict=True) if code not in KILLED | TIMEOUT | CRASHED]
     caught = killed + timeouts + crashed
-    by_file = {
-        path: sum(name.startswith("kvledger." + path[:-3].replace("/", ".")) for name in sample) for path in mutated
-    }
+    modules = {path: "kvledger." + path.removesuffix(".py").replace("/", ".") + "." for path in mutated}
+    by_file = {path: sum(name.startswith(module) for name in sample) for path, module in modules.items()}
     per_file = ", ".join(f"{path}: {n}" for path, n in by_file.items())
     print(f"tested {len(sample)} ({per_file}) in {time.perf_counter() - started:.0f} s")
     print(f"killed {killed}, timed out {timeouts}, crashed {crashed}, survived {len(survivors)}")
@@ -206,7 +250,7 @@ def main() -> int:
         status = "no tests" if results[name] in (5, 33) else "survived"
         short = name.removeprefix("kvledger.ledger.")
         print(f"  {status}: {short}: {_location(work, name)}")
-    if args.keep is None:
+    if args.keep is None and args.resume is None:
         shutil.rmtree(work, ignore_errors=True)
     figures = {
         "mutants": len(sample),
