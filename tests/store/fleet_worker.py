@@ -1,5 +1,6 @@
-"""A partition worker in a process of its own, for tests/store/test_nats_workers.py: folds the stream's
-partitions from their durable consumers until it has folded everything the stream holds, then writes each
+"""A partition worker in a process of its own, for tests/store/test_nats_workers.py and
+test_sql_fleet_service.py: folds the store's partitions from their source (a NATS stream's durable
+consumers, a SQL store's tail) until it has folded everything the store holds, then writes each
 partition's answer, digest and counts to `--out`. It prints `saved <partition> <stream seq>` after each save
 (flushed), so a test can kill it while it folds; `--crash-after-save N` kills itself (SIGKILL) right after
 its N-th save, before that save's acknowledgement."""
@@ -15,8 +16,7 @@ import msgspec
 
 from kvledger.ledger.fleet import PartitionFold, run_worker
 from kvledger.ledger.store.connect import open_store
-from kvledger.ledger.store.nats_consumer import Delivered
-from kvledger.ledger.store.nats_store import NatsStore
+from kvledger.ledger.store.partition_source import Delivered
 
 
 def main() -> None:
@@ -27,12 +27,13 @@ def main() -> None:
     parser.add_argument("--fetch", type=int, default=256)
     parser.add_argument("--snapshot-every-events", type=int, default=1_000_000)
     parser.add_argument("--crash-after-save", type=int, default=0)
-    parser.add_argument("--last-seq", type=int, required=True, help="the stream's last sequence: stop there")
+    parser.add_argument(
+        "--last-seq", type=int, required=True, help="the stream's last sequence (a SQL store's last cursor): stop there"
+    )
     parser.add_argument("--now", type=float, required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     store = open_store(args.url)
-    assert isinstance(store, NatsStore)
     saves = 0
     redelivered = 0
 
@@ -58,7 +59,8 @@ def main() -> None:
         for p, f in folds.items()
     }
     with open(args.out, "wb") as file:
-        file.write(msgspec.msgpack.encode({"answers": out, "redelivered": redelivered}))
+        restored = {p: f.restored for p, f in folds.items()}
+        file.write(msgspec.msgpack.encode({"answers": out, "redelivered": redelivered, "restored": restored}))
     store.close()
     sys.exit(0)
 

@@ -1,0 +1,263 @@
+"""`kvledger serve --partitions all --workers 2` over a SQL store (a real SQLite file, and PostgreSQL) as a real
+process: two partition workers, each reading the store's tail and folding its partitions, answer /audit and
+/transfers as one fold of the store does; the service killed (SIGKILL) and started again, its workers
+restore their saved folds from the store's snapshots table, fold only what was appended since, and answer
+for the whole store. And a worker process killed while it folds, then one that finishes: every event folded
+once (a digest of (source, seq)), the merged answers one fold's."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvledger.api.views import finding_out
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Drop, Event
+from kvledger.ledger.fleet import PartitionFold, partition_count, run_worker, snapshot_source
+from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.merge import batched
+from kvledger.ledger.partition import partition_of_event
+from kvledger.ledger.partitioned import PartitionAnswer, merge
+from kvledger.ledger.replay import replay_chunks
+from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.partition_source import Delivered
+from kvledger.ledger.store.schema import snapshots
+from tests.ledger.histories import Shape, history
+from tests.store.conftest import backend_url
+from tests.store.nats_server import free_port
+
+SHAPE = Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
+              consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
+POLLS_MAX = 3_000
+"""Polls (10 ms apart) for a service to answer and fold the store, and for its workers to exit."""
+
+
+def _get(base: str, path: str) -> Any:
+    with urllib.request.urlopen(f"{base}{path}", timeout=30) as response:
+        return json.loads(response.read())
+
+
+class _Service:
+    def __init__(self, url: str, log: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with log.open("w") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(self.port),
+                 "--partitions", "all", "--workers", "2", "--service", "test"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def get(self, path: str) -> Any:
+        try:
+            return _get(self.base, path)
+        except urllib.error.HTTPError as error:
+            raise AssertionError(f"{path}: {error}; the service's log ends:\n{self.log.read_text()[-3000:]}") from None
+
+    def folded_through(self, cursor: int) -> dict[str, Any]:
+        """Wait until every partition is complete through `cursor`; the service's /fleet/status then."""
+        for _ in range(POLLS_MAX):
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                status: dict[str, Any] = _get(self.base, "/fleet/status")
+            except OSError:  # not answering yet
+                time.sleep(0.01)
+                continue
+            if all(p["upto"] >= cursor for p in status["folded"].values()):
+                return status
+            time.sleep(0.01)
+        raise AssertionError(f"the service did not fold through cursor {cursor}:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self, workers: list[int]) -> None:
+        """SIGKILL the service; its workers, their pipe gone, save their folds and exit: wait for them."""
+        self.process.kill()
+        self.process.wait(timeout=60)
+        for _ in range(POLLS_MAX):
+            if not any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in workers):
+                return
+            time.sleep(0.01)
+        raise AssertionError(f"workers {workers} did not exit after the service was killed")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
+
+
+def _alive(pid: int) -> bool:
+    """Not exited, nor a zombie (an orphan's exit is reaped by init, maybe not at once)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _findings(events: list[Event], now: float) -> list[dict[str, Any]]:
+    findings = audit(replay_chunks(batched(events, 64)).state, now)
+    assert any(f.code == "double_owner" for f in findings) and len({f.code for f in findings}) > 3
+    return [json.loads(finding_out(f).model_dump_json()) for f in findings]
+
+
+def _first_seen(events: list[Event]) -> list[tuple[str, str]]:
+    state = LedgerState()
+    order: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for e in events:
+        state.apply(e)
+        key = (e.source, e.transfer_id)
+        if type(e) is not Drop and key in state.transfers and key not in seen:
+            seen.add(key)
+            order.append(key)
+    return order
+
+
+def _per_partition(events: list[Event], partitions: int) -> dict[str, int]:
+    out: dict[str, int] = {str(p): 0 for p in range(partitions)}
+    for e in events:
+        out[str(partition_of_event(e, partitions))] += 1
+    return out
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return backend_url(request, tmp_path)
+
+
+def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_snapshots(
+    sql_url: str, tmp_path: Path
+) -> None:
+    events = history(5, SHAPE)
+    cut = len(events) * 2 // 3
+    store = open_store(sql_url, create=True)
+    for batch in batched(events[:cut], 40):
+        store.append(batch)
+    first_part = [e for _, e in store.tail(0, 100_000)]
+    last_cursor = store.tail(0, 100_000)[-1][0]
+    partitions = partition_count(store)
+    service = _Service(sql_url, tmp_path / "service.log")
+    try:
+        status = service.folded_through(last_cursor)
+        now = max(e.ts for e in first_part) + 1.0
+        assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == _findings(first_part, now)
+        listed: list[tuple[str, str]] = []  # every side, in the order one fold first saw them, 7 a page
+        cursor = 0
+        while True:
+            page = service.get(f"/transfers?limit=7&cursor={cursor}")
+            listed += [(t["source"], t["transfer_id"]) for t in page["transfers"]]
+            if page["next_cursor"] is None:
+                break
+            cursor = page["next_cursor"]
+        assert listed == _first_seen(first_part)
+        assert {p: v["events"] for p, v in status["folded"].items()} == _per_partition(first_part, partitions)
+        service.kill([w["pid"] for w in status["workers"]])
+    finally:
+        service.stop()
+    # What the workers saved as they went: one snapshot per partition that folded events, named apart from
+    # the one-process service's (source "").
+    with store.engine.connect() as conn:  # type: ignore[attr-defined]
+        names = {row[0] for row in conn.execute(snapshots.select().with_only_columns(snapshots.c.source))}
+    assert names == {snapshot_source("test", p, partitions, stream=False) for p in range(partitions)
+                     if status["folded"][str(p)]["events"]}  # fmt: skip
+    for batch in batched(events[cut:], 40):
+        store.append(batch)
+    stored = [e for _, e in store.tail(0, 100_000)]
+    last_cursor = store.tail(0, 100_000)[-1][0]
+    store.close()
+    now = max(e.ts for e in stored) + 1.0
+    again = _Service(sql_url, tmp_path / "again.log")
+    try:
+        restarted = again.folded_through(last_cursor)
+        for p, before in status["folded"].items():  # each partition went on from its saved fold
+            assert restarted["folded"][p]["restored"] == before["applied"]
+        # ... and folded only what came after it: each event once
+        assert {p: v["events"] for p, v in restarted["folded"].items()} == _per_partition(stored, partitions)
+        assert again.get(f"/audit?now={now!r}&limit=1000")["findings"] == _findings(stored, now)
+    finally:
+        again.stop()
+
+
+def _digest(events: list[Event]) -> int:
+    return sum((zlib.crc32(e.source.encode()) << 32) | e.seq for e in events) & ((1 << 64) - 1)
+
+
+def _worker(url: str, out: Path, last: int, now: float, *extra: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "tests.store.fleet_worker", url, "--partitions", ",".join(map(str, range(16))),
+               "--last-seq", str(last), "--now", str(now), "--out", str(out), *extra]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+
+def test_a_worker_killed_while_it_folds_a_sqlite_store_folds_every_event_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    store = open_store(url, create=True)
+    for batch in batched(history(5, SHAPE), 40):
+        store.append(batch)
+    rows = store.tail(0, 100_000)
+    store.close()
+    stored, last = [e for _, e in rows], rows[-1][0]
+    now = max(e.ts for e in stored) + 1.0
+    out = tmp_path / "answers.msgpack"
+    # Killed while it folds (3 rows a fetch, a save every 100 events): after its fourth save.
+    first = _worker(url, out, last, now, "--fetch", "3", "--snapshot-every-events", "100")
+    assert first.stdout is not None
+    saves = [first.stdout.readline() for _ in range(4)]
+    assert all(line.startswith("saved ") for line in saves), saves
+    first.kill()
+    first.wait()
+    assert not out.exists()  # killed before it read the store to its end
+    # Started again: from the saved folds, to the end.
+    second = _worker(url, out, last, now)
+    second.communicate()
+    assert second.returncode == 0
+    report = msgspec.msgpack.decode(out.read_bytes())
+    answers = {int(p): v for p, v in report["answers"].items()}
+    assert sorted(answers) == list(range(16))
+    assert any(report["restored"].values())  # went on from the first one's saved folds
+    assert sum(n for _, _, n in answers.values()) == len(stored)  # 0 lost ...
+    assert sum(d for _, d, _ in answers.values()) & ((1 << 64) - 1) == _digest(stored)  # ... 0 folded twice
+    merged = merge(msgspec.msgpack.decode(a, type=PartitionAnswer) for a, _, _ in answers.values())
+    one = replay_chunks(batched(stored, 64))
+    assert merged.findings == audit(one.state, now)
+    assert merged.releases == one.releases
+
+
+def test_a_saved_fold_whose_rows_the_store_no_longer_holds_is_folded_again(tmp_path: Path) -> None:
+    """SQLite gives a new row the highest rowid plus one: once the newest rows are deleted, rows appended
+    after take their cursors again. A fold saved past them is not gone on from (it would skip the new rows
+    and keep the deleted ones' effects): its partition is folded again from the store's start."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    events = history(5, SHAPE)
+    store = open_store(url, create=True)
+    store.append(events)
+    last = store.tail(0, 100_000)[-1][0]
+
+    def to_the_end(folds: dict[int, PartitionFold], delivered: list[Delivered]) -> bool:
+        return not all(f.upto >= last for f in folds.values())
+
+    run_worker(store, range(16), service="t", between=to_the_end, keep_releases=True)
+    with sqlite3.connect(tmp_path / "ledger.db") as conn:
+        conn.execute("DELETE FROM events WHERE cursor > ?", (last - 5,))
+    conn.close()
+    others = [msgspec.structs.replace(e, source="prefill-9/tp0") for e in events if e.source == "prefill-0/tp0"][:5]
+    store.append(others)  # at the deleted rows' cursors
+    rows = store.tail(0, 100_000)
+    assert rows[-1][0] == last
+    folds = run_worker(store, range(16), service="t", between=to_the_end, keep_releases=True)
+    store.close()
+    stored = [e for _, e in rows]
+    assert sum(f.folded.events for f in folds.values()) == len(stored)
+    assert all(f.restored == 0 for f in folds.values())
+    now = max(e.ts for e in stored) + 1.0
+    merged = merge(f.answer(now) for f in folds.values())
+    assert merged.findings == audit(replay_chunks(batched(stored, 64)).state, now)
