@@ -24,6 +24,7 @@ from kvledger.api.live import Live
 from kvledger.api.metrics import build_registry
 from kvledger.api.routes import audit, events, health, replay, transfers, web
 from kvledger.api.settings import Settings
+from kvledger.api.transfer_events import LiveTransfers
 from kvledger.api.trust import TrustChecks
 from kvledger.ledger.store.limits import TAIL_EVENTS_MAX
 
@@ -44,6 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await live.refresh(TAIL_EVENTS_MAX)
         await live.publish_audit()  # GET /audit's first answer, before serving: requests only ever read one
         app.state.board, app.state.trust = BoardKeeper(live), TrustChecks(live)
+        app.state.transfers = LiveTransfers(live)
         await app.state.board.rebuild()  # the page's first answer never waits for an audit
         # What startup built lives as long as the service: keep it out of the garbage collector's full
         # passes, which otherwise walk the whole fold and stall every request for a large ledger.

@@ -19,10 +19,11 @@ from starlette.concurrency import run_in_threadpool
 from kvledger.api import plots
 from kvledger.api.limits import BOARD_COST_FACTOR, BOARD_SYNC_BUILD_MAX_S
 from kvledger.api.live import Live
-from kvledger.ledger.advice import late_after_expire, percentiles, verdict
+from kvledger.api.settings import Settings
+from kvledger.ledger.advice import LatencyRecorder, late_after_expire, percentiles, verdict
 from kvledger.ledger.audit import CODES, SEVERITY_RANK, Finding, found_at
 from kvledger.ledger.side import TransferState
-from kvledger.ledger.sources import SourceHealth
+from kvledger.ledger.sources import SourceHealth, oldest_on_live_source
 
 CODE_ORDER = {code: i for i, code in enumerate(CODES)}
 
@@ -80,6 +81,8 @@ class Board:
     defer_timeout_s: float = 0.0
     transfer_timeout_s: float = 0.0
     plots: dict[str, Markup] = field(default_factory=dict)
+    unplotted: str = "The plots over time are not drawn for this board."
+    """Why the plots over time (blocks held, findings) are not drawn; empty where they are."""
 
     def group(self, code: str, source: str) -> Group | None:
         return next((g for g in self.groups if g.code == code and g.source == source), None)
@@ -93,33 +96,76 @@ class Board:
         return [g for g in self.groups if g.lost]
 
 
+@dataclass(frozen=True)
+class Figures:
+    """What a board is drawn from, as plain data: the one-process service's fold (`build`), or the merge of
+    partition workers' answers (`kvledger.api.fleet`)."""
+
+    findings: list[Finding]
+    health: dict[str, SourceHealth]
+    oldest_live: TransferState | None
+    """The first side held on a live source, in map order (`kvledger.ledger.sources.oldest_on_live_source`)."""
+    newest_ts: float | None
+    first_ts: float | None
+    """Where the blocks-held series starts: the first map's ts."""
+    events: int
+    releases_by_cause: dict[str, int]
+    latency: LatencyRecorder
+    late_after_expire: int
+
+
 def build(live: Live, now: float, *, explicit: bool = False) -> Board:
     """Everything the page shows at `now`. Reads the fold: call it where the fold cannot move (fold_lock)."""
     started = time.perf_counter()
-    settings, state = live.settings, live.state
-    board = Board(now=now, explicit=explicit, version=live.version, cursor=live.cursor)
+    state = live.state
     health = live.health(now)
-    board.sources = sorted(health.values(), key=lambda h: (not h.lost, h.source))
     findings = live.findings(now)
+    figures = Figures(
+        findings=findings,
+        health=health,
+        oldest_live=oldest_on_live_source(state.live.values(), health),
+        newest_ts=max(live.last_ts.values(), default=None),
+        first_ts=live.holding.start_ts,
+        events=sum(live.events_by_kind.values()),
+        releases_by_cause={str(k): v for k, v in state.releases_by_cause.items()},
+        latency=live.latency,
+        late_after_expire=late_after_expire(state, findings),
+    )
+    board = compose(figures, live.settings, now, explicit=explicit, version=live.version, cursor=live.cursor)
+    _plots_over_time(board, live, findings, health)
+    board.build_s = time.perf_counter() - started
+    return board
+
+
+def compose(figures: Figures, settings: Settings, now: float, *, explicit: bool, version: int, cursor: int) -> Board:
+    """The board of `figures` at `now`, but for the plots over time (which read the fold: `build` draws them;
+    where nothing draws them, `Board.unplotted` says why)."""
+    started = time.perf_counter()
+    board = Board(now=now, explicit=explicit, version=version, cursor=cursor)
+    health, findings = figures.health, figures.findings
+    board.sources = sorted(health.values(), key=lambda h: (not h.lost, h.source))
     board.findings_total = len(findings)
     _group(board, findings, health)
     _lost_engines(board, health)
-    for t in state.live.values():
-        h = health.get(t.source)
-        if h is not None and h.lost:
-            continue
-        board.sides_live += 1
-        board.blocks_live += len(t.block_ids)
-        if board.oldest_live is None:
-            board.oldest_live = t  # `state.live` keeps map order: the first live-source side is the oldest
-    board.newest_ts = max(live.last_ts.values(), default=None)
-    board.first_ts = live.holding.start_ts
-    board.events = sum(live.events_by_kind.values())
-    board.releases_by_cause = {str(k): v for k, v in state.releases_by_cause.items()}
-    board.completed_s = percentiles(live.latency.completed)
+    for h in health.values():
+        if not h.lost:
+            board.sides_live += h.sides_held
+            board.blocks_live += h.blocks_held
+    board.oldest_live = figures.oldest_live
+    board.newest_ts = figures.newest_ts
+    board.first_ts = figures.first_ts
+    board.events = figures.events
+    board.releases_by_cause = figures.releases_by_cause
+    board.completed_s = percentiles(figures.latency.completed)
     board.defer_timeout_s, board.transfer_timeout_s = settings.defer_timeout_s, settings.transfer_timeout_s
-    board.advice = verdict(board.completed_s["p99"], settings.defer_timeout_s, late_after_expire(state, findings))
-    _plots(board, live, findings, health)
+    board.advice = verdict(board.completed_s["p99"], settings.defer_timeout_s, figures.late_after_expire)
+    board.plots["latency"] = plots.latency_plot(
+        figures.latency.completed.buckets(),
+        figures.latency.all_causes.buckets(),
+        defer_timeout_s=board.defer_timeout_s,
+        transfer_timeout_s=board.transfer_timeout_s,
+        p99_s=board.completed_s["p99"],
+    )
     board.built_at = time.time()
     board.build_s = time.perf_counter() - started
     return board
@@ -165,7 +211,7 @@ def _lost_engines(board: Board, health: dict[str, SourceHealth]) -> None:
         )
 
 
-def _plots(board: Board, live: Live, findings: list[Finding], health: dict[str, SourceHealth]) -> None:
+def _plots_over_time(board: Board, live: Live, findings: list[Finding], health: dict[str, SourceHealth]) -> None:
     state, config = live.state, live.audit_config
     leak_deadlines: dict[str, list[float]] = {}
     times: dict[str, list[float]] = {}
@@ -180,18 +226,12 @@ def _plots(board: Board, live: Live, findings: list[Finding], health: dict[str, 
             times.setdefault(f.code, []).append(at)
     series = live.holding
     board.plots["held"] = plots.held_plot(series, health, leak_deadlines, board.now)
-    board.plots["latency"] = plots.latency_plot(
-        live.latency.completed.buckets(),
-        live.latency.all_causes.buckets(),
-        defer_timeout_s=board.defer_timeout_s,
-        transfer_timeout_s=board.transfer_timeout_s,
-        p99_s=board.completed_s["p99"],
-    )
     # From the log's first event to the last finding (or the last event), never past the audit time.
     everything = [t for ts in times.values() for t in ts] + lost_times
     lo = series.start_ts if series.start_ts is not None else min(everything, default=board.now)
     hi = max(series.end_ts or lo, min(max(everything, default=lo), board.now))
     board.plots["findings"] = plots.findings_plot(times, lost_times, lo, hi)
+    board.unplotted = ""
 
 
 class BoardKeeper:

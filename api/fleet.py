@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
+from kvledger.api.fleet_figures import FleetFigures, merge_figures
 from kvledger.api.limits import AUDIT_COST_FACTOR
 from kvledger.api.settings import Settings
 from kvledger.ledger.audit import Finding, counts_by_code
@@ -100,6 +101,10 @@ class FleetAudited(NamedTuple):
     keys: set[Key]
     events: int
     cost_s: float
+    figures: FleetFigures
+    """What the page, the summary and the metrics read besides (`kvledger.api.fleet_figures`)."""
+    oldest: TransferState | None
+    """The oldest side held on a live engine (`figures.oldest_key`'s state)."""
 
 
 class WorkerLost(RuntimeError):
@@ -269,21 +274,42 @@ class Fleet:
             )
         )
 
-    def merge_replies(self, replies: list[bytes]) -> tuple[list[Finding], int, float]:
-        """The workers' answers fed to the service's `LiveMerge` (one at a time): merged findings, events, and the
-        CPU seconds the audit took (the slowest worker's answers, they run side by side, plus this merge)."""
+    def merge_replies(self, replies: list[bytes], now: float) -> tuple[list[Finding], int, float, FleetFigures]:
+        """The workers' answers at `now` fed to the service's `LiveMerge` (one at a time): merged findings, events,
+        the CPU seconds the audit took (the slowest worker's answers, they run side by side, plus this merge),
+        and the figures beside the findings (`merge_figures`, read of the merge as it stands after them)."""
         began = time.perf_counter()
         decoded = [_answers.decode(reply) for reply in replies]
         answers = [a for _, part in decoded for a in part]
         with self.merging:
             findings, events = self.live_merge.add(answers)
-        return findings, events, max((s for s, _ in decoded), default=0.0) + time.perf_counter() - began
+            figures = merge_figures(answers, self.live_merge.merger.ownership, now, self.settings)
+        cost_s = max((s for s, _ in decoded), default=0.0) + time.perf_counter() - began
+        return findings, events, cost_s, figures
 
-    async def findings_now(self, now: float) -> tuple[list[Finding], int, float]:
-        """Every owned partition asked at `now`, merged (`LiveMerge`): findings, events, cost."""
+    async def findings_now(self, now: float) -> tuple[list[Finding], int, float, FleetFigures]:
+        """Every owned partition asked at `now`, merged (`LiveMerge`): findings, events, cost, figures."""
         since = {p: self.live_merge.told[p] for p in self.owned}  # told twice at worst: `LiveMerge` passes it over
         replies = await self.replies(now, since)
-        return await asyncio.to_thread(self.merge_replies, replies)
+        return await asyncio.to_thread(self.merge_replies, replies, now)
+
+    async def audit(self, now: float) -> FleetAudited:
+        """The merged audit at `now`, with its figures and the oldest side held on a live engine."""
+        findings, events, cost_s, figures = await self.findings_now(now)
+        oldest = None
+        if figures.oldest_key is not None:
+            source, transfer_id = figures.oldest_key
+            oldest = next((t for t in await self.transfer(transfer_id) if t.source == source), None)
+        keys = {(f.source, f.transfer_id) for f in findings}
+        return FleetAudited(now, findings, counts_by_code(findings), keys, events, cost_s, figures, oldest)
+
+    async def audited_at(self, now: float | None) -> FleetAudited:
+        """The published audit (None), or one at `now`."""
+        if now is None:
+            audited = self.audited
+            assert audited is not None  # published before the app serves
+            return audited
+        return await self.audit(now)
 
     async def answers(self, now: float) -> list[PartitionAnswer]:
         """Every owned partition's whole answer at `now` (every merge item it folded), for a merge elsewhere."""
@@ -294,11 +320,7 @@ class Fleet:
         """Publish the merged audit at the clock. Its cost is CPU time (the workers' audits and the merge), not
         the time the answers took to come: a worker answers between two deliveries, and the wait for one
         holds no CPU."""
-        now = self.clock_now()
-        findings, events, cost_s = await self.findings_now(now)
-        audited = FleetAudited(
-            now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}, events, cost_s
-        )
+        audited = await self.audit(self.clock_now())
         self.audited = audited
         return audited
 
@@ -319,12 +341,8 @@ class Fleet:
         return now - (now % resolution) if resolution > 0 else now
 
     async def findings_at(self, now: float | None) -> tuple[float, list[Finding], dict[str, int], set[Key]]:
-        if now is None:
-            audited = self.audited
-            assert audited is not None  # published before the app serves
-            return audited.now, audited.findings, audited.counts, audited.keys
-        findings, _, _ = await self.findings_now(now)
-        return now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}
+        audited = await self.audited_at(now)
+        return audited.now, audited.findings, audited.counts, audited.keys
 
     async def sides(self, asked: SidesAsked, keys: set[Key] | None) -> tuple[list[TransferState], int | None]:
         """A page of every worker's matching sides after `asked.cursor`, in first-cursor order, and the cursor

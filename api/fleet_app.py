@@ -1,9 +1,10 @@
 """The app `kvledger serve --db nats://... --partitions P` runs: the API over partition workers (`kvledger.api.fleet`).
 
-It answers `/healthz`, `/audit`, `/transfers`, `/transfers/{id}` with the one-process service's shapes,
-merged from the workers, and `/fleet/answers` and `/fleet/status` for services that split the partitions.
-The rest of the one-process service (the page, `/audit/summary`, timelines by request, metrics, ingest,
-snapshots of the whole fold, replay) is not served here yet: docs/fleet.md.
+It answers `/healthz`, `/audit`, `/audit/summary`, `/transfers`, `/transfers/{id}`, `/metrics` and the page
+(`/`, `/ui/findings`, `/ui/transfers/{id}`) with the one-process service's shapes and rendering, merged from
+the workers (`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), and `/fleet/answers` and
+`/fleet/status` for services that split the partitions. The rest of the one-process service (timelines by
+request, the event tail, ingest, snapshots of the whole fold, replay) is not served here yet: docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -12,19 +13,23 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Literal
 
 import msgspec
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.templating import Jinja2Templates
 
 from kvledger.api import errors
 from kvledger.api.fleet import Fleet, WorkerLost
+from kvledger.api.fleet_pages import FleetBoards, FleetTransfers, FleetTrust, fleet_registry, summary
 from kvledger.api.limits import GIL_SWITCH_INTERVAL_S
 from kvledger.api.params import Now, TransferIdPath
+from kvledger.api.routes import health, web
 from kvledger.api.routes.audit import FindingCode
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX
-from kvledger.api.schemas import AuditOut, Health, TransferDetail, TransferPage
+from kvledger.api.schemas import AuditOut, AuditSummary, Health, TransferDetail, TransferPage
 from kvledger.api.settings import Settings
 from kvledger.api.views import event_json, finding_out, findings_of, transfer_out
 from kvledger.ledger.fleet import SidesAsked
@@ -64,6 +69,18 @@ async def get_audit(
         now=at, total=len(chosen), counts=counts, findings=[finding_out(f) for f in chosen[:limit]],
         truncated=len(chosen) > limit,
     )  # fmt: skip
+
+
+@router.get("/audit/summary", response_model=AuditSummary, summary="Counts, holdings, latencies, timeout advice")
+async def get_summary(request: Request, now: Now = None) -> AuditSummary:
+    fleet = _fleet(request)
+    return summary(fleet, await fleet.audited_at(now))
+
+
+router.add_api_route(
+    "/metrics", health.metrics, methods=["GET"], response_class=Response,
+    summary="Prometheus metrics (text exposition format): those that derive from the fold, merged",
+)  # fmt: skip
 
 
 @router.get("/transfers", response_model=TransferPage, summary="Transfer sides, by their first event's cursor")
@@ -138,6 +155,9 @@ def create_fleet_app(settings: Settings, partitions: str, *, service: str, worke
         fleet = Fleet(settings, partitions, service=service, workers=workers)
         app.state.fleet = fleet
         await fleet.open()
+        app.state.board, app.state.trust = FleetBoards(fleet), FleetTrust(fleet)
+        app.state.transfers = FleetTransfers(fleet)
+        app.state.registry = fleet_registry(fleet)
         # As the one-process service: a request waits at most this long on each hand-over of the GIL from the
         # merge's thread, not CPython's 5 ms.
         switch_interval_s = sys.getswitchinterval()
@@ -150,6 +170,7 @@ def create_fleet_app(settings: Settings, partitions: str, *, service: str, worke
 
     app = FastAPI(title="kvledger audit service (partition workers)", version="1", lifespan=lifespan)
     app.state.settings = settings
+    app.state.templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
     errors.install(app)
 
     @app.exception_handler(WorkerLost)
@@ -157,4 +178,5 @@ def create_fleet_app(settings: Settings, partitions: str, *, service: str, worke
         return JSONResponse({"detail": f"{error}; ask again"}, status_code=503, headers={"Retry-After": "1"})
 
     app.include_router(router)
+    app.include_router(web.router)
     return app

@@ -9,8 +9,9 @@ the engine itself) may also name engines known dead. One rule, here, for the ser
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.humanize import duration
@@ -92,3 +93,21 @@ def judge(
             why = ""
         out[source] = SourceHealth(source, engine, last, silent_s, sides, blocks, bool(why), why)
     return out
+
+
+class _Sided(Protocol):
+    @property
+    def source(self) -> str: ...
+
+
+S = TypeVar("S", bound=_Sided)
+
+
+def oldest_on_live_source(sides: Iterable[S], health: Mapping[str, SourceHealth]) -> S | None:
+    """The first of `sides` (live sides in map order: a fold's `state.live`, or a merge's ownership) whose
+    source is not lost: the oldest held on a live engine (what a lost engine held went with it)."""
+    for t in sides:
+        h = health.get(t.source)
+        if h is None or not h.lost:
+            return t
+    return None

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, Query
 
 from kvledger.api.deps import LiveDep
-from kvledger.api.live import Live
 from kvledger.api.params import Now, check_limit
 from kvledger.api.schemas import AuditOut, AuditSummary, OldestHeld
 from kvledger.api.views import finding_out
-from kvledger.ledger.advice import late_after_expire, percentiles, verdict
-from kvledger.ledger.audit import CODES, counts_by_code
+from kvledger.ledger.advice import LatencyRecorder, late_after_expire, percentiles, verdict
+from kvledger.ledger.audit import CODES, Finding, counts_by_code
+from kvledger.ledger.side import TransferState
+from kvledger.ledger.sources import SourceHealth, oldest_on_live_source
 
 router = APIRouter(tags=["audit"])
 
@@ -48,10 +48,9 @@ async def get_audit(
     )
 
 
-def oldest_held(live: Live, now: float, lost: Collection[str]) -> OldestHeld | None:
-    """The live side mapped first on a source not `lost` (what a lost engine held is gone with it, not
-    held): `state.live` keeps insertion (map) order, so it is the first such entry."""
-    t = next((t for t in live.state.live.values() if t.source not in lost), None)
+def oldest_held(t: TransferState | None, now: float) -> OldestHeld | None:
+    """The oldest side held on a live source (`kvledger.ledger.sources.oldest_on_live_source`), as the summary
+    says it."""
     if t is None:
         return None
     return OldestHeld(
@@ -64,25 +63,53 @@ def oldest_held(live: Live, now: float, lost: Collection[str]) -> OldestHeld | N
     )
 
 
-@router.get("/audit/summary", response_model=AuditSummary, summary="Counts, holdings, latencies, timeout advice")
-async def get_summary(live: LiveDep, now: Now = None) -> AuditSummary:
-    at, findings = live.findings_at(now)
-    state = live.state
-    lost = {h.source: h for h in live.health(at).values() if h.lost}
-    late = late_after_expire(state, findings)
-    completed = percentiles(live.latency.completed)
+def summary_of(
+    at: float,
+    findings: list[Finding],
+    health: dict[str, SourceHealth],
+    *,
+    live_transfers: int,
+    blocks_held: int,
+    oldest: TransferState | None,
+    releases_by_cause: dict[str, int],
+    latency: LatencyRecorder,
+    late_after_expire: int,
+    defer_timeout_s: float,
+) -> AuditSummary:
+    """The summary of one fold's figures (the one-process service's, or partition workers' merged)."""
+    lost = {h.source: h for h in health.values() if h.lost}
+    completed = percentiles(latency.completed)
     return AuditSummary(
         now=at,
         counts=counts_by_code(findings),
         findings_total=len(findings),
-        live_transfers=len(state.live),
-        blocks_held=state.blocks_held,
-        oldest_held=oldest_held(live, at, lost),
+        live_transfers=live_transfers,
+        blocks_held=blocks_held,
+        oldest_held=oldest_held(oldest, at),
         lost_sources={source: h.why for source, h in sorted(lost.items())},
         blocks_lost=sum(h.blocks_held for h in lost.values()),
-        releases_by_cause={str(k): v for k, v in state.releases_by_cause.items()},
+        releases_by_cause=releases_by_cause,
         ack_latency_s=completed,
-        release_latency_s=percentiles(live.latency.all_causes),
+        release_latency_s=percentiles(latency.all_causes),
+        defer_timeout_s=defer_timeout_s,
+        timeout_advice=verdict(completed["p99"], defer_timeout_s, late_after_expire),
+    )
+
+
+@router.get("/audit/summary", response_model=AuditSummary, summary="Counts, holdings, latencies, timeout advice")
+async def get_summary(live: LiveDep, now: Now = None) -> AuditSummary:
+    at, findings = live.findings_at(now)
+    state = live.state
+    health = live.health(at)
+    return summary_of(
+        at,
+        findings,
+        health,
+        live_transfers=len(state.live),
+        blocks_held=state.blocks_held,
+        oldest=oldest_on_live_source(state.live.values(), health),
+        releases_by_cause={str(k): v for k, v in state.releases_by_cause.items()},
+        latency=live.latency,
+        late_after_expire=late_after_expire(state, findings),
         defer_timeout_s=live.settings.defer_timeout_s,
-        timeout_advice=verdict(completed["p99"], live.settings.defer_timeout_s, late),
     )

@@ -11,18 +11,16 @@ from fastapi.responses import HTMLResponse
 from fastapi.templating import Jinja2Templates
 
 from kvledger.api.board import Board, BoardKeeper
-from kvledger.api.deps import LiveDep, StoreDep
 from kvledger.api.limits import FINDINGS_PAGE_ROWS, GROUP_ROWS_SHOWN, GROUPS_SHOWN_MAX
-from kvledger.api.live import Live
 from kvledger.api.params import Now, TransferIdPath
+from kvledger.api.settings import Settings
 from kvledger.api.timeline_view import lay_out
-from kvledger.api.transfer_events import transfer_events
+from kvledger.api.transfer_events import Transfers
 from kvledger.api.trust import TrustChecks
 from kvledger.api.verdict import activity, headline, verdict
 from kvledger.api.views import display_url
 from kvledger.ledger import humanize
 from kvledger.ledger.audit import CODES
-from kvledger.ledger.events import TransferId
 from kvledger.ledger.sources import silence_limit_s
 
 router = APIRouter(include_in_schema=False)
@@ -35,17 +33,22 @@ def _templates(request: Request) -> Jinja2Templates:
     return templates
 
 
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
 async def _board(request: Request, now: float | None) -> Board:
     keeper: BoardKeeper = request.app.state.board
     return await (keeper.at(now) if now is not None else keeper.current())
 
 
-def _common(live: Live, board: Board) -> dict[str, Any]:
+def _common(settings: Settings, board: Board) -> dict[str, Any]:
     """What every page's header and helpers need: the store, the audit time, the formatters."""
     wall = time.time()
     return {
         "board": board,
-        "store": display_url(live.settings.db),
+        "store": display_url(settings.db),
         "wall": wall,
         "codes": CODES,
         "duration": humanize.duration,
@@ -59,14 +62,15 @@ def _common(live: Live, board: Board) -> dict[str, Any]:
 
 
 @router.get("/", response_class=HTMLResponse)
-async def index(request: Request, live: LiveDep, now: Now = None) -> HTMLResponse:
+async def index(request: Request, now: Now = None) -> HTMLResponse:
     trust: TrustChecks = request.app.state.trust
     problems = await trust.problems()
     board = await _board(request, now)
-    context = _common(live, board)
+    settings = _settings(request)
+    context = _common(settings, board)
     newest = board.newest_ts
     quiet_s = context["wall"] - newest if newest is not None else None
-    if quiet_s is not None and quiet_s <= silence_limit_s(live.settings.transfer_timeout_s):
+    if quiet_s is not None and quiet_s <= silence_limit_s(settings.transfer_timeout_s):
         quiet_s = None  # written to lately: the cluster is running
     context |= {
         "problems": problems,
@@ -84,7 +88,6 @@ async def index(request: Request, live: LiveDep, now: Now = None) -> HTMLRespons
 @router.get("/ui/findings", response_class=HTMLResponse)
 async def findings_page(
     request: Request,
-    live: LiveDep,
     code: Annotated[str | None, Query(max_length=40)] = None,
     source: Annotated[str | None, Query(max_length=200)] = None,
     offset: Offset = 0,
@@ -92,7 +95,7 @@ async def findings_page(
 ) -> HTMLResponse:
     """One group's transfers a page at a time (`code` and `source`), or every group a page at a time."""
     board = await _board(request, now)
-    context = _common(live, board) | {"offset": offset, "rows": FINDINGS_PAGE_ROWS}
+    context = _common(_settings(request), board) | {"offset": offset, "rows": FINDINGS_PAGE_ROWS}
     if code is None and source is None:
         context |= {"groups": board.groups[offset : offset + FINDINGS_PAGE_ROWS], "total": len(board.groups)}
         return _templates(request).TemplateResponse(request, "groups.html", context)
@@ -106,14 +109,13 @@ async def findings_page(
 @router.get("/ui/transfers/{transfer_id}", response_class=HTMLResponse)
 async def transfer_page(
     request: Request,
-    live: LiveDep,
-    store: StoreDep,
     transfer_id: TransferIdPath,
     now: Now = None,
 ) -> HTMLResponse:
-    state = live.state
-    sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
-    events = await live.store_call(transfer_events, store, transfer_id, live.settings.timeline_events_max)
+    transfers: Transfers = request.app.state.transfers
+    events_max = _settings(request).timeline_events_max
+    sides = await transfers.sides(transfer_id)
+    events = await transfers.events(transfer_id, events_max)
     if not sides and not events:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
     # The same audit as the front page's, so a transfer reached from it tells the same story.
@@ -130,7 +132,7 @@ async def transfer_page(
             "findings": findings,
             "health": health,
             "view": lay_out(events, sides, at, frozenset(h.source for h in board.sources if h.lost)),
-            "truncated": len(events) > live.settings.timeline_events_max,
+            "truncated": len(events) > events_max,
             "utc": humanize.utc,
             "duration": humanize.duration,
             "now": at,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvledger.api.fleet import merge_services
 from kvledger.api.views import finding_out
@@ -37,6 +38,14 @@ SHAPE = Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_r
               consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
 READY_POLLS_MAX = 3_000
 """Polls (10 ms apart) for a service to answer, and for its workers to fold the stream."""
+AUDIT_RESOLUTION_S = 0.1
+"""The services' audit clock resolution: a published audit newer than a moment comes soon after it."""
+FOLD_METRICS = (
+    "kvledger_events", "kvledger_live_transfers", "kvledger_blocks_held", "kvledger_releases",
+    "kvledger_forged_messages", "kvledger_leases", "kvledger_findings", "kvledger_live_transfers_by_phase",
+    "kvledger_sources_lost", "kvledger_blocks_lost",
+)  # fmt: skip
+"""The metrics that derive from the fold: a service over partition workers says what one process says."""
 
 
 def _get(base: str, path: str) -> Any:
@@ -45,16 +54,17 @@ def _get(base: str, path: str) -> Any:
 
 
 class _Service:
-    def __init__(self, url: str, partitions: str, workers: int, log: Path) -> None:
+    def __init__(self, url: str, partitions: str | None, workers: int, log: Path) -> None:
+        """`kvledger serve` over `url`: with `partitions`, its partition workers; None, the one-process service."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
+        command = [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(self.port)]
+        if partitions is not None:
+            command += ["--partitions", partitions, "--workers", str(workers), "--service", "test"]
+        env = os.environ | {"KVLEDGER_AUDIT_CACHE_RESOLUTION_S": str(AUDIT_RESOLUTION_S)}
         with log.open("w") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(self.port),
-                 "--partitions", partitions, "--workers", str(workers), "--service", "test"],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
 
     def get(self, path: str) -> Any:
         try:
@@ -78,6 +88,31 @@ class _Service:
                 return
             time.sleep(0.01)
         raise AssertionError(f"the service on {self.port} did not fold through stream sequence {last_seq}")
+
+    def published_after(self, moment: float) -> None:
+        """Wait until the service's published audit (`GET /audit`) is at a clock past `moment`: computed after
+        it, from what was folded by then."""
+        for _ in range(READY_POLLS_MAX):
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if _get(self.base, "/audit?limit=1")["now"] > moment:
+                    return
+            except OSError:
+                pass  # not up yet
+            time.sleep(0.01)
+        raise AssertionError(f"the service on {self.port} published no audit after {moment}")
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Its /metrics samples that derive from the fold, by (name, labels)."""
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=30) as response:
+            text = response.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name in FOLD_METRICS
+            for sample in family.samples
+            if not sample.name.endswith("_created")
+        }
 
     def stop(self) -> None:
         self.process.terminate()
@@ -181,3 +216,39 @@ def test_two_services_splitting_the_partitions_merge_into_one_answer(
     finally:
         for service in services:
             service.stop()
+
+
+def test_the_summary_and_the_metrics_of_partition_workers_are_one_process_s(
+    stream: tuple[str, list[Event], int], tmp_path: Path
+) -> None:
+    """`/audit/summary` and the metrics that derive from the fold: a service over two partition workers and the
+    one-process service over the same stream say the same."""
+    url, stored, last_seq = stream
+    now = max(e.ts for e in stored) + 1.0
+    fleet = _Service(url, "all", 2, tmp_path / "fleet.log")
+    one = _Service(url, None, 1, tmp_path / "one.log")
+    try:
+        fleet.folded_through(last_seq)
+        for _ in range(READY_POLLS_MAX):
+            try:
+                if sum(v for (name, _), v in one.metrics().items() if name == "kvledger_events_total") == len(stored):
+                    break
+            except OSError:
+                pass  # not up yet
+            time.sleep(0.01)
+        caught_up = time.time()
+        summary = one.get(f"/audit/summary?now={now!r}")
+        assert summary["findings_total"] > 0 and summary["lost_sources"] and summary["oldest_held"] is not None
+        assert summary["ack_latency_s"]["p99"] is not None and summary["blocks_lost"] > 0
+        assert fleet.get(f"/audit/summary?now={now!r}") == summary
+        later = now + 3600.0  # every source that holds blocks is lost by then: no oldest on a live engine
+        assert fleet.get(f"/audit/summary?now={later!r}") == one.get(f"/audit/summary?now={later!r}")
+        for service in (fleet, one):
+            service.published_after(caught_up)
+        metrics = one.metrics()
+        assert {name for name, _ in metrics} >= {f"{m}_total" for m in ("kvledger_events", "kvledger_releases")}
+        assert sum(v for (name, _), v in metrics.items() if name == "kvledger_findings") > 0
+        assert fleet.metrics() == metrics
+    finally:
+        fleet.stop()
+        one.stop()

@@ -1,0 +1,134 @@
+"""The page, `/audit/summary` and `/metrics` of the service over partition workers (`kvledger serve
+--partitions`), rendered by the one-process service's own code from the merged figures
+(`kvledger.api.fleet_figures`): what `kvledger.api.routes.web` reads of `app.state` (a board keeper, the
+trust checks, a transfer's sides and events) and the metrics collector.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.concurrency import run_in_threadpool
+
+from kvledger.api.board import Board
+from kvledger.api.fleet import Fleet, FleetAudited
+from kvledger.api.fleet_figures import board_of
+from kvledger.api.metrics import fold_metrics
+from kvledger.api.routes.audit import summary_of
+from kvledger.api.schemas import AuditSummary
+from kvledger.api.trust import Problem
+from kvledger.ledger.events import Event
+from kvledger.ledger.side import TransferState
+
+
+def _board(fleet: Fleet, audited: FleetAudited, *, explicit: bool) -> Board:
+    f = audited.figures
+    return board_of(
+        f, audited.findings, audited.oldest, fleet.settings, audited.now, explicit=explicit, events=audited.events
+    )
+
+
+class FleetBoards:
+    """The page's board (`kvledger.api.board.BoardKeeper`'s interface): the published merged audit's, made once
+    per publication; or one at an asked-for time."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self._made: tuple[FleetAudited, Board] | None = None
+
+    async def current(self) -> Board:
+        audited = self.fleet.audited
+        assert audited is not None  # published before the app serves
+        made = self._made
+        if made is None or made[0] is not audited:
+            made = self._made = (audited, await run_in_threadpool(_board, self.fleet, audited, explicit=False))
+        return made[1]
+
+    async def at(self, now: float) -> Board:
+        audited = await self.fleet.audit(now)
+        return await run_in_threadpool(_board, self.fleet, audited, explicit=True)
+
+    async def close(self) -> None:
+        return None
+
+
+class FleetTrust:
+    """What stops the page vouching (`kvledger.api.trust.TrustChecks`'s interface): a worker being started
+    again (its partitions' answers are its last ones until it has restored and caught up)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    async def problems(self) -> list[Problem]:
+        out: list[Problem] = []
+        for worker in self.fleet.workers:
+            if not worker.ready.is_set():
+                out.append(
+                    Problem(
+                        "behind",
+                        f"The worker of partitions {worker.partitions} is starting again: the audit below is "
+                        "what the workers answered before, not what the stream holds now.",
+                    )
+                )
+        return out
+
+
+class FleetTransfers:
+    """One transfer id's sides (from the worker folding its partition) and events (from the stream), for the
+    page's transfer view (`kvledger.api.transfer_events.Transfers`)."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    async def sides(self, transfer_id: str) -> list[TransferState]:
+        return await self.fleet.transfer(transfer_id)
+
+    async def events(self, transfer_id: str, events_max: int) -> list[Event]:
+        return await asyncio.to_thread(self.fleet.timeline, transfer_id, events_max)
+
+
+def summary(fleet: Fleet, audited: FleetAudited) -> AuditSummary:
+    """`/audit/summary` of a merged audit (the one-process service's `summary_of`)."""
+    f = audited.figures
+    return summary_of(
+        audited.now, audited.findings, f.health, live_transfers=f.counts["live_transfers"],
+        blocks_held=f.counts["blocks_held"], oldest=audited.oldest,
+        releases_by_cause=dict(f.counts["releases_by_cause"]), latency=f.latency,
+        late_after_expire=f.picture.late_after_expire, defer_timeout_s=fleet.settings.defer_timeout_s,
+    )  # fmt: skip
+
+
+class FleetCollector(Collector):
+    """The metrics that derive from the fold (`kvledger.api.metrics.fold_metrics`), read of the published merged
+    audit when scraped, and the workers' restarts."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        audited = self.fleet.audited
+        if audited is None:
+            return
+        f = audited.figures
+        p = f.picture
+        yield from fold_metrics(
+            events_by_kind=p.events_by_kind, live_transfers=f.counts["live_transfers"],
+            blocks_held=f.counts["blocks_held"], releases_by_cause=f.counts["releases_by_cause"],
+            forged_by_reason=p.forged_by_reason, lease_counts=p.lease_counts, finding_counts=audited.counts,
+            live_by_phase=p.live_by_phase, health=f.health,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "kvledger_fleet_worker_restarts", "Partition worker processes started again after they exited",
+            value=self.fleet.restarts,
+        )  # fmt: skip
+
+
+def fleet_registry(fleet: Fleet) -> CollectorRegistry:
+    """A fresh registry (no process-wide globals) reading `fleet`."""
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(FleetCollector(fleet))
+    return registry
