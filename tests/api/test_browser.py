@@ -252,29 +252,68 @@ def folded_events(base: str) -> int:
     )
 
 
+def _seen(page: Any) -> dict[str, Any]:
+    """What the page says, part by part: what two services over one stream must say alike."""
+    return {
+        "title": page.title(),
+        "headline": page.locator("h1#headline").inner_text(),
+        "verdict": page.locator("p.verdict").all_inner_texts(),
+        "activity": page.locator("#activity").inner_text(),
+        "cards": page.locator("div.card").all_inner_texts(),
+        "groups": page.locator("details.group").evaluate_all(
+            "gs => gs.map(g => [g.dataset.code, g.dataset.source, g.dataset.count, g.innerText])"
+        ),
+        "lost": page.locator("tr.lost-engine").all_inner_texts(),
+        "sources": page.locator("tr.source").all_inner_texts(),
+        "advice": page.locator("#advice").inner_text(),
+        "problems": page.locator("div.problem").all_inner_texts(),
+    }
+
+
 @pytest.mark.nats
 def test_the_page_over_a_nats_stream_served_by_kvledger_serve(
     fleet_stream: tuple[str, list[Event]], browser: Any, tmp_path: Path
 ) -> None:
+    """The page of `kvledger serve` over the stream, and of `kvledger serve --partitions all --workers 2`
+    (started beside it), which says the same; the plots over time it does not draw, it says not drawn."""
     url, events = fleet_stream
     stream = url.rsplit("/", 1)[1]
-    (port,) = free_loopback_ports(1)
-    command = [str(Path(sys.executable).parent / "kvledger"), "serve", "--db", url, "--host", "127.0.0.1",
-               "--port", str(port), "--transfer-timeout", "1", "--defer-timeout", "2"]  # fmt: skip
-    log = tmp_path / "serve.log"
-    base = f"http://127.0.0.1:{port}"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    ports = free_loopback_ports(2)
+    serve = [str(Path(sys.executable).parent / "kvledger"), "serve", "--db", url, "--host", "127.0.0.1",
+             "--transfer-timeout", "1", "--defer-timeout", "2"]  # fmt: skip
+    partitioned = ["--partitions", "all", "--workers", "2", "--service", "page"]
+    commands = [[*serve, "--port", str(ports[0])], [*serve, "--port", str(ports[1]), *partitioned]]
+    base, fleet = (f"http://127.0.0.1:{port}" for port in ports)
+    logs = [tmp_path / "serve.log", tmp_path / "fleet.log"]
+    processes = []
+    for command, log in zip(commands, logs, strict=True):
+        with log.open("wb") as out:
+            processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT))
 
     def caught_up() -> bool:
-        assert process.poll() is None, f"kvledger serve exited {process.returncode}: {log.read_text()}"
+        for process, log in zip(processes, logs, strict=True):
+            assert process.poll() is None, f"kvledger serve exited {process.returncode}: {log.read_text()}"
         try:
             return folded_events(base) == len(events)
         except httpx.TransportError:
             return False
 
+    def workers_caught_up(last_seq: int) -> bool:
+        try:
+            status = httpx.get(f"{fleet}/fleet/status", timeout=5).json()
+        except (httpx.TransportError, ValueError):
+            return False
+        return all(p["upto"] >= last_seq for p in status["folded"].values())
+
     try:
+        from kvledger.ledger.store.nats_store import NatsStore  # nats-py: the other browser tests run without it
+
+        store = open_store(url)
+        assert isinstance(store, NatsStore)
+        last_seq = store.last_sequence()
+        store.close()
         wait_for(caught_up, polls_max=SERVE_READY_POLLS_MAX)
+        wait_for(lambda: workers_caught_up(last_seq), polls_max=SERVE_READY_POLLS_MAX)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(f"{base}/?now={NOW}")
         head = f"{NATS_LEAKS} leaks on live engines; 1 engine lost"
@@ -298,8 +337,20 @@ def test_the_page_over_a_nats_stream_served_by_kvledger_serve(
             "prefill-1/tp0",
             NATS_LEAKS,
         )
+        assert page.locator("#unplotted").count() == 0 and page.locator("#plot-held").count() == 1
+        expected = _seen(page)
         shoot(page, tmp_path, "nats-overview.png")
         page.close()
+        # The service over partition workers, each of them having folded the stream to its end: the same page.
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{fleet}/?now={NOW}")
+        assert _seen(page) == expected
+        assert page.locator("#plot-held").count() == 0, "not merged yet: not drawn"
+        assert "not drawn" in page.locator("#unplotted").inner_text(), "and said so, never drawn empty"
+        shoot(page, tmp_path, "nats-partitions.png")
+        page.close()
     finally:
-        process.terminate()
-        process.wait(timeout=30)
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(timeout=30)
