@@ -1,7 +1,8 @@
 """`kvledger serve --db nats://... --partitions` as a real process over a stream on the loopback NATS: four
 partition workers folding a history's stream answer /audit, /transfers and /transfers/{id} as one fold of
-the whole stream does; two services splitting the partitions (0-1 and 2-3) merge, through their
-/fleet/answers, into the same answer."""
+the whole stream does, and /audit/summary and the fold's metrics as the one-process service over the stream
+does; two services splitting the partitions (0-1 and 2-3) merge, through their /fleet/answers, into the
+same answer."""
 
 from __future__ import annotations
 
@@ -115,7 +116,8 @@ class _Service:
         }
 
     def stop(self) -> None:
-        self.process.terminate()
+        if self.process.poll() is None:
+            self.process.terminate()
         self.process.wait(timeout=60)
 
 
@@ -138,16 +140,44 @@ def _expected(stored: list[Event], now: float) -> list[dict[str, Any]]:
     return [json.loads(finding_out(f).model_dump_json()) for f in findings]
 
 
+def _same_summary_and_metrics(fleet: _Service, one: _Service, stored: list[Event], now: float) -> None:
+    """`/audit/summary` and the metrics that derive from the fold: the service over partition workers (folded
+    through the stream's end) says what the one-process service over the same stream says."""
+    for _ in range(READY_POLLS_MAX):
+        try:
+            if sum(v for (name, _), v in one.metrics().items() if name == "kvledger_events_total") == len(stored):
+                break
+        except OSError:
+            pass  # not up yet
+        time.sleep(0.01)
+    caught_up = time.time()
+    summary = one.get(f"/audit/summary?now={now!r}")
+    assert summary["findings_total"] > 0 and summary["lost_sources"] and summary["oldest_held"] is not None
+    assert summary["ack_latency_s"]["p99"] is not None and summary["blocks_lost"] > 0
+    assert fleet.get(f"/audit/summary?now={now!r}") == summary
+    later = now + 3600.0  # every source that holds blocks is lost by then: no oldest on a live engine
+    assert fleet.get(f"/audit/summary?now={later!r}") == one.get(f"/audit/summary?now={later!r}")
+    for service in (fleet, one):
+        service.published_after(caught_up)
+    metrics = one.metrics()
+    assert {name for name, _ in metrics} >= {f"{m}_total" for m in ("kvledger_events", "kvledger_releases")}
+    assert sum(v for (name, _), v in metrics.items() if name == "kvledger_findings") > 0
+    assert fleet.metrics() == metrics
+
+
 def test_four_partition_workers_answer_as_one_fold_of_the_stream(
     stream: tuple[str, list[Event], int], tmp_path: Path
 ) -> None:
     url, stored, last_seq = stream
     now = max(e.ts for e in stored) + 1.0
     service = _Service(url, "all", 4, tmp_path / "service.log")
+    one = _Service(url, None, 1, tmp_path / "one.log")  # the one-process service over the same stream
     try:
         service.folded_through(last_seq)
         got = service.get(f"/audit?now={now!r}&limit=1000")
         assert got["findings"] == _expected(stored, now)
+        _same_summary_and_metrics(service, one, stored, now)
+        one.stop()
         # /transfers: every side, in the order one fold first saw them (paged 7 at a time)
         state = LedgerState()
         order: list[tuple[str, str]] = []
@@ -187,6 +217,7 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
         assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == got["findings"]
     finally:
         service.stop()  # its workers save their folds (and acknowledge) as they stop
+        one.stop()
     # Started again: the workers restore their saved folds and fold nothing again; the new merge is told
     # every merge item they kept, and says the same.
     again = _Service(url, "all", 2, tmp_path / "again.log")
@@ -216,39 +247,3 @@ def test_two_services_splitting_the_partitions_merge_into_one_answer(
     finally:
         for service in services:
             service.stop()
-
-
-def test_the_summary_and_the_metrics_of_partition_workers_are_one_process_s(
-    stream: tuple[str, list[Event], int], tmp_path: Path
-) -> None:
-    """`/audit/summary` and the metrics that derive from the fold: a service over two partition workers and the
-    one-process service over the same stream say the same."""
-    url, stored, last_seq = stream
-    now = max(e.ts for e in stored) + 1.0
-    fleet = _Service(url, "all", 2, tmp_path / "fleet.log")
-    one = _Service(url, None, 1, tmp_path / "one.log")
-    try:
-        fleet.folded_through(last_seq)
-        for _ in range(READY_POLLS_MAX):
-            try:
-                if sum(v for (name, _), v in one.metrics().items() if name == "kvledger_events_total") == len(stored):
-                    break
-            except OSError:
-                pass  # not up yet
-            time.sleep(0.01)
-        caught_up = time.time()
-        summary = one.get(f"/audit/summary?now={now!r}")
-        assert summary["findings_total"] > 0 and summary["lost_sources"] and summary["oldest_held"] is not None
-        assert summary["ack_latency_s"]["p99"] is not None and summary["blocks_lost"] > 0
-        assert fleet.get(f"/audit/summary?now={now!r}") == summary
-        later = now + 3600.0  # every source that holds blocks is lost by then: no oldest on a live engine
-        assert fleet.get(f"/audit/summary?now={later!r}") == one.get(f"/audit/summary?now={later!r}")
-        for service in (fleet, one):
-            service.published_after(caught_up)
-        metrics = one.metrics()
-        assert {name for name, _ in metrics} >= {f"{m}_total" for m in ("kvledger_events", "kvledger_releases")}
-        assert sum(v for (name, _), v in metrics.items() if name == "kvledger_findings") > 0
-        assert fleet.metrics() == metrics
-    finally:
-        fleet.stop()
-        one.stop()
