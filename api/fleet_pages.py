@@ -7,6 +7,8 @@ trust checks, a transfer's sides and events) and the metrics collector.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
@@ -15,14 +17,20 @@ from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 
 from kvledger.api.board import Board
-from kvledger.api.fleet import Fleet, FleetAudited
+from kvledger.api.fleet import Fleet, FleetAudited, WorkerLost
 from kvledger.api.fleet_figures import board_of
+from kvledger.api.limits import STORE_PROBE_TIMEOUT_S
 from kvledger.api.metrics import fold_metrics
 from kvledger.api.routes.audit import summary_of
 from kvledger.api.schemas import AuditSummary
 from kvledger.api.trust import Problem
 from kvledger.ledger.events import Event
+from kvledger.ledger.fleet import CURSOR_SHIFT, is_stream, through_cursor
+from kvledger.ledger.humanize import ago, duration
 from kvledger.ledger.side import TransferState
+from kvledger.ledger.store.base import StoreError
+
+log = logging.getLogger(__name__)
 
 
 def _board(fleet: Fleet, audited: FleetAudited, *, explicit: bool) -> Board:
@@ -57,24 +65,76 @@ class FleetBoards:
 
 
 class FleetTrust:
-    """What stops the page vouching (`kvledger.api.trust.TrustChecks`'s interface): a worker being started
-    again (its partitions' answers are its last ones until it has restored and caught up)."""
+    """What stops the page vouching (`kvledger.api.trust.TrustChecks`'s interface, the same problems): a worker
+    being started again, a store that does not answer, and workers behind the store (it holds events past
+    the least position every owned partition is folded through, and has since longer than `behind_after_s`).
+    At most one store probe in flight."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
+        self.caught_up_from = time.time()
+        """When the probe last found nothing unread (or the service started)."""
+        self._probe: asyncio.Future[bool] | None = None
+        self._probe_started = 0.0
 
     async def problems(self) -> list[Problem]:
-        out: list[Problem] = []
-        for worker in self.fleet.workers:
-            if not worker.ready.is_set():
-                out.append(
-                    Problem(
-                        "behind",
-                        f"The worker of partitions {worker.partitions} is starting again: the audit below is "
-                        "what the workers answered before, not what the stream holds now.",
-                    )
+        fleet, now = self.fleet, time.time()
+        restarting = [w.partitions for w in fleet.workers if not w.ready.is_set()]
+        try:
+            through = min(v[1] for v in (await fleet.status()).values()) if not restarting else None
+        except WorkerLost as lost:
+            restarting, through = [[]], None
+            log.info("kvledger fleet: %s while the page asked", lost)
+        if through is None:
+            what = ", ".join(str(p) for p in restarting if p) or "some partitions"
+            return [
+                Problem(
+                    "behind",
+                    f"The worker of partitions {what} is starting again: the audit below is what the workers "
+                    "answered before, not what the store holds now.",
                 )
-        return out
+            ]
+        folded = f"the audit below covers only what the workers folded (every partition through {through:,})"
+        try:
+            unread = await self._unread(through, now)
+        except StoreError as error:
+            return [Problem("store", f"The store cannot be read ({type(error).__name__}: {error}): {folded}.")]
+        if unread is None:
+            return [
+                Problem(
+                    "store",
+                    f"The store did not answer within {duration(STORE_PROBE_TIMEOUT_S)} "
+                    f"(asked {ago(self._probe_started, now)}): {folded}.",
+                )
+            ]
+        if not unread:
+            self.caught_up_from = now
+            return []
+        if now - self.caught_up_from > fleet.settings.behind_after_s:
+            return [
+                Problem(
+                    "behind",
+                    f"The workers are behind the store: it holds events their partitions have not folded; they "
+                    f"were last caught up {ago(self.caught_up_from, now)}: {folded}.",
+                )
+            ]
+        return []
+
+    async def _unread(self, through: int, now: float) -> bool | None:
+        """Whether the store holds events past position `through`; None if it did not answer in time."""
+        store = self.fleet.store
+        if self._probe is None or self._probe.done():
+            cursor = through_cursor(through, CURSOR_SHIFT if is_stream(store) else 0)
+
+            def probe() -> bool:
+                return bool(store.tail(cursor, 1))
+
+            self._probe_started = now
+            self._probe = asyncio.ensure_future(run_in_threadpool(probe))
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._probe), STORE_PROBE_TIMEOUT_S)
+        except TimeoutError:
+            return None
 
 
 class FleetTransfers:
