@@ -84,6 +84,8 @@ class PartitionConsumers:
     `kvledger.ledger.store.partition_source.PartitionSource`."""
 
     cursor_shift = CURSOR_SHIFT
+    behind = False
+    """Not told: a worker saves on its clock as well as by events (`kvledger.ledger.fleet.run_worker`)."""
 
     def __init__(
         self,

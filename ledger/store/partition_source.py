@@ -85,6 +85,8 @@ class PartitionSource(Protocol):
     """An event's cursor is `position << cursor_shift | place`."""
     reset: list[int]
     """Partitions whose restored fold the source could not go on from: the worker folds them from the start."""
+    behind: bool
+    """The last fetch stopped at its limit with more waiting (a backlog: a start over a large store)."""
 
     def fetch(self, messages: int | None, timeout: float) -> list[Delivered]:
         """The owned partitions' next events (up to `messages` messages or rows, None: the source's default),
@@ -102,6 +104,7 @@ class StoreTail:
     """A SQL store's tail, read for the partitions one worker owns (see the module docstring)."""
 
     cursor_shift = 0
+    behind = False
 
     def __init__(
         self, store: EventStore, partitions: int, owned: Sequence[int], held: Mapping[int, Held] | None = None
@@ -154,7 +157,9 @@ class StoreTail:
         return None
 
     def fetch(self, messages: int | None, timeout: float) -> list[Delivered]:
-        rows = self.store.tail(self.position, min(messages or SQL_FETCH_ROWS, TAIL_EVENTS_MAX))
+        limit = min(messages or SQL_FETCH_ROWS, TAIL_EVENTS_MAX)
+        rows = self.store.tail(self.position, limit)
+        self.behind = len(rows) == limit
         if not rows:
             time.sleep(timeout)
             mark = Mark(self.store_id, self.rows, self.last)
