@@ -283,7 +283,8 @@ class Fleet:
         answers = [a for _, part in decoded for a in part]
         with self.merging:
             findings, events = self.live_merge.add(answers)
-            figures = merge_figures(answers, self.live_merge.merger.ownership, now, self.settings)
+            through = min(self.live_merge.told[p] for p in self.owned)
+            figures = merge_figures(answers, self.live_merge.merger.ownership, now, self.settings, through=through)
         cost_s = max((s for s, _ in decoded), default=0.0) + time.perf_counter() - began
         return findings, events, cost_s, figures
 

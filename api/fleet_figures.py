@@ -43,14 +43,16 @@ class FleetFigures(NamedTuple):
     latency: LatencyRecorder
     health: dict[str, SourceHealth]
     oldest_key: Key | None
-    """The side `Figures.oldest_live` is (its state is the worker's: `Fleet.side`)."""
+    """The side `Figures.oldest_live` is (its state is the worker's: `Fleet.transfer`)."""
+    through: int
+    """The store cursor every owned partition's answer is complete through: what the audit covers."""
 
 
 def merge_figures(
-    answers: Sequence[PartitionAnswer], ownership: Ownership, now: float, settings: Settings
+    answers: Sequence[PartitionAnswer], ownership: Ownership, now: float, settings: Settings, *, through: int
 ) -> FleetFigures:
     """The figures of `answers` (each owned partition once, with its picture) at `now`; `ownership` is the
-    merge's block ownership (read where the merge cannot move)."""
+    merge's block ownership (read where the merge cannot move); `through` the cursor the answers cover."""
     pictures = [a.picture for a in answers if a.picture is not None]
     if len(pictures) != len(answers):
         raise ValueError("a partition answered without its picture")
@@ -66,6 +68,7 @@ def merge_figures(
         latency=merge_latencies(list(answers)),
         health=health,
         oldest_key=(oldest.source, oldest.transfer_id) if oldest is not None else None,
+        through=through,
     )
 
 

@@ -7,7 +7,6 @@ trust checks, a transfer's sides and events) and the metrics collector.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Iterator
 
@@ -17,7 +16,7 @@ from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 
 from kvledger.api.board import Board
-from kvledger.api.fleet import Fleet, FleetAudited, WorkerLost
+from kvledger.api.fleet import Fleet, FleetAudited
 from kvledger.api.fleet_figures import board_of
 from kvledger.api.limits import STORE_PROBE_TIMEOUT_S
 from kvledger.api.metrics import fold_metrics
@@ -25,12 +24,9 @@ from kvledger.api.routes.audit import summary_of
 from kvledger.api.schemas import AuditSummary
 from kvledger.api.trust import Problem
 from kvledger.ledger.events import Event
-from kvledger.ledger.fleet import CURSOR_SHIFT, is_stream, through_cursor
 from kvledger.ledger.humanize import ago, duration
 from kvledger.ledger.side import TransferState
 from kvledger.ledger.store.base import StoreError
-
-log = logging.getLogger(__name__)
 
 
 def _board(fleet: Fleet, audited: FleetAudited, *, explicit: bool) -> Board:
@@ -66,40 +62,38 @@ class FleetBoards:
 
 class FleetTrust:
     """What stops the page vouching (`kvledger.api.trust.TrustChecks`'s interface, the same problems): a worker
-    being started again, a store that does not answer, and workers behind the store (it holds events past
-    the least position every owned partition is folded through, and has since longer than `behind_after_s`).
-    At most one store probe in flight."""
+    being started again; a store that does not answer its probe; workers behind the store: an event it holds
+    past what the published audit covers (`FleetFigures.through`) was already there, not covered, more than
+    `behind_after_s` ago (first seen by a probe of this page: the probe runs when the page is asked). Never
+    waits on a worker; at most one store probe in flight."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.caught_up_from = time.time()
-        """When the probe last found nothing unread (or the service started)."""
-        self._probe: asyncio.Future[bool] | None = None
+        self._unread_since: tuple[int, float] | None = None
+        """(cursor, when first seen) of the first event the published audit did not cover, at a probe."""
+        self._probe: asyncio.Future[int | None] | None = None
         self._probe_started = 0.0
 
     async def problems(self) -> list[Problem]:
         fleet, now = self.fleet, time.time()
         restarting = [w.partitions for w in fleet.workers if not w.ready.is_set()]
-        try:
-            through = min(v[1] for v in (await fleet.status()).values()) if not restarting else None
-        except WorkerLost as lost:
-            restarting, through = [[]], None
-            log.info("kvledger fleet: %s while the page asked", lost)
-        if through is None:
-            what = ", ".join(str(p) for p in restarting if p) or "some partitions"
+        if restarting:
             return [
                 Problem(
                     "behind",
-                    f"The worker of partitions {what} is starting again: the audit below is what the workers "
-                    "answered before, not what the store holds now.",
+                    f"The worker of partitions {', '.join(map(str, restarting))} is starting again: the audit "
+                    "below is what the workers answered before, not what the store holds now.",
                 )
             ]
-        folded = f"the audit below covers only what the workers folded (every partition through {through:,})"
+        audited = fleet.audited
+        assert audited is not None  # published before the app serves
+        through = audited.figures.through
+        folded = "the audit below covers only what the workers had folded when it was made"
         try:
-            unread = await self._unread(through, now)
+            answered, first = await self._first_unread(through, now)
         except StoreError as error:
             return [Problem("store", f"The store cannot be read ({type(error).__name__}: {error}): {folded}.")]
-        if unread is None:
+        if not answered:
             return [
                 Problem(
                     "store",
@@ -107,34 +101,37 @@ class FleetTrust:
                     f"(asked {ago(self._probe_started, now)}): {folded}.",
                 )
             ]
-        if not unread:
-            self.caught_up_from = now
+        if first is None:
+            self._unread_since = None
             return []
-        if now - self.caught_up_from > fleet.settings.behind_after_s:
+        since = self._unread_since
+        if since is None or through >= since[0]:  # what was unread then is covered now: behind since now at most
+            since = self._unread_since = (first, now)
+        if now - since[1] > fleet.settings.behind_after_s:
             return [
                 Problem(
                     "behind",
-                    f"The workers are behind the store: it holds events their partitions have not folded; they "
-                    f"were last caught up {ago(self.caught_up_from, now)}: {folded}.",
+                    f"The workers are behind the store: it has held events they had not folded for "
+                    f"{duration(now - since[1])}: {folded}.",
                 )
             ]
         return []
 
-    async def _unread(self, through: int, now: float) -> bool | None:
-        """Whether the store holds events past position `through`; None if it did not answer in time."""
+    async def _first_unread(self, through: int, now: float) -> tuple[bool, int | None]:
+        """(whether the store answered in time, the cursor of its first event past `through`: None, none)."""
         store = self.fleet.store
         if self._probe is None or self._probe.done():
-            cursor = through_cursor(through, CURSOR_SHIFT if is_stream(store) else 0)
 
-            def probe() -> bool:
-                return bool(store.tail(cursor, 1))
+            def probe() -> int | None:
+                rows = store.tail(through, 1)
+                return int(rows[0][0]) if rows else None
 
             self._probe_started = now
             self._probe = asyncio.ensure_future(run_in_threadpool(probe))
         try:
-            return await asyncio.wait_for(asyncio.shield(self._probe), STORE_PROBE_TIMEOUT_S)
+            return True, await asyncio.wait_for(asyncio.shield(self._probe), STORE_PROBE_TIMEOUT_S)
         except TimeoutError:
-            return None
+            return False, None
 
 
 class FleetTransfers:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from kvledger.ledger.merge import batched
 from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.nats_store import NatsStore
+from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
 from tests.store.nats_server import free_port
 
@@ -55,17 +57,18 @@ def _get(base: str, path: str) -> Any:
 
 
 class _Service:
-    def __init__(self, url: str, partitions: str | None, workers: int, log: Path) -> None:
-        """`kvledger serve` over `url`: with `partitions`, its partition workers; None, the one-process service."""
+    def __init__(self, url: str, partitions: str | None, workers: int, log: Path, **env: str) -> None:
+        """`kvledger serve` over `url`: with `partitions`, its partition workers; None, the one-process service;
+        `env`, settings (`KVLEDGER_*`) of its own."""
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         command = [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(self.port)]
         if partitions is not None:
             command += ["--partitions", partitions, "--workers", str(workers), "--service", "test"]
-        env = os.environ | {"KVLEDGER_AUDIT_CACHE_RESOLUTION_S": str(AUDIT_RESOLUTION_S)}
+        environment = os.environ | {"KVLEDGER_AUDIT_CACHE_RESOLUTION_S": str(AUDIT_RESOLUTION_S)} | env
         with log.open("w") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment)
 
     def get(self, path: str) -> Any:
         try:
@@ -165,12 +168,39 @@ def _same_summary_and_metrics(fleet: _Service, one: _Service, stored: list[Event
     assert fleet.metrics() == metrics
 
 
+def _problems(service: _Service) -> list[str]:
+    with urllib.request.urlopen(f"{service.base}/", timeout=30) as response:
+        return re.findall(r'<div class="problem" data-kind="(\w+)">', response.read().decode())
+
+
+def _behind_said(service: _Service, url: str, now: float) -> None:
+    """A worker stopped (SIGSTOP) and an event appended: no audit can be published that covers it, and the
+    page says the workers are behind the store (it said nothing while they were not). The event changes no
+    finding at `now` (a map with a far deadline); the worker goes on (SIGCONT) and folds it."""
+    assert _problems(service) == []
+    assert _problems(service) == []  # seen twice, nothing unread: not behind
+    pid = service.get("/fleet/status")["workers"][0]["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        store = open_store(url)
+        store.append([Side("late-0/tp0", start_ts=now - 0.5).map("tx-late", "r-late", blocks=(1,), deadline=now + 1e6)])
+        store.close()
+        for _ in range(READY_POLLS_MAX):
+            if _problems(service) == ["behind"]:
+                break
+            time.sleep(0.01)
+        assert _problems(service) == ["behind"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_four_partition_workers_answer_as_one_fold_of_the_stream(
     stream: tuple[str, list[Event], int], tmp_path: Path
 ) -> None:
     url, stored, last_seq = stream
     now = max(e.ts for e in stored) + 1.0
-    service = _Service(url, "all", 4, tmp_path / "service.log")
+    # Behind as soon as an event it holds is seen not covered twice (the page's check, tried below).
+    service = _Service(url, "all", 4, tmp_path / "service.log", KVLEDGER_BEHIND_AFTER_S="0")
     one = _Service(url, None, 1, tmp_path / "one.log")  # the one-process service over the same stream
     try:
         service.folded_through(last_seq)
@@ -215,6 +245,8 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
         assert status["restarts"] == 1
         service.folded_through(last_seq)
         assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == got["findings"]
+        service.published_after(time.time())
+        _behind_said(service, url, now)
     finally:
         service.stop()  # its workers save their folds (and acknowledge) as they stop
         one.stop()
