@@ -261,3 +261,23 @@ def test_a_saved_fold_whose_rows_the_store_no_longer_holds_is_folded_again(tmp_p
     now = max(e.ts for e in stored) + 1.0
     merged = merge(f.answer(now) for f in folds.values())
     assert merged.findings == audit(replay_chunks(batched(stored, 64)).state, now)
+
+
+def test_behind_a_backlog_a_worker_saves_by_events_alone(tmp_path: Path) -> None:
+    """Each save encodes the whole fold: while the tail's fetches come back full (a start over a large
+    store) the clock does not make a worker save, only its events bound; once it has caught up it does."""
+    store = open_store(f"sqlite:///{tmp_path / 'ledger.db'}", create=True)
+    store.append(history(5, SHAPE))
+    last = store.tail(0, 100_000)[-1][0]
+    saved: list[tuple[int, int]] = []
+
+    def to_the_end(folds: dict[int, PartitionFold], delivered: list[Delivered]) -> bool:
+        return not all(f.upto >= last for f in folds.values())
+
+    folds = run_worker(
+        store, range(16), service="t", between=to_the_end, fetch_messages=10, snapshot_every_s=0.0,
+        after_save=lambda fold: saved.append((fold.partition, fold.saved)),
+    )  # fmt: skip
+    store.close()
+    assert last % 10 != 0  # the last fetch is not full: the worker has caught up there
+    assert sorted(saved) == sorted((p, f.applied) for p, f in folds.items() if f.applied)  # once each, at the end
