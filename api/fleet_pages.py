@@ -24,6 +24,7 @@ from kvledger.api.routes.audit import summary_of
 from kvledger.api.schemas import AuditSummary
 from kvledger.api.trust import Problem
 from kvledger.ledger.events import Event
+from kvledger.ledger.fleet import is_stream, through_cursor
 from kvledger.ledger.humanize import ago, duration
 from kvledger.ledger.side import TransferState
 from kvledger.ledger.store.base import StoreError
@@ -70,7 +71,7 @@ class FleetTrust:
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self._unread_since: tuple[int, float] | None = None
-        """(cursor, when first seen) of the first event the published audit did not cover, at a probe."""
+        """(cursor, when first seen) of an event the published audit did not cover, at a probe."""
         self._probe: asyncio.Future[int | None] | None = None
         self._probe_started = 0.0
 
@@ -118,11 +119,16 @@ class FleetTrust:
         return []
 
     async def _first_unread(self, through: int, now: float) -> tuple[bool, int | None]:
-        """(whether the store answered in time, the cursor of its first event past `through`: None, none)."""
+        """(whether the store answered in time, a cursor past `through` it holds an event at or below: None,
+        none). A NATS stream's newest message (one stream-info request: a tail would make a consumer), a SQL
+        store's first event past `through`."""
         store = self.fleet.store
         if self._probe is None or self._probe.done():
 
             def probe() -> int | None:
+                if is_stream(store):
+                    newest = through_cursor(store.last_sequence())
+                    return newest if newest > through else None
                 rows = store.tail(through, 1)
                 return int(rows[0][0]) if rows else None
 
