@@ -45,7 +45,15 @@ from kvledger.api.settings import Settings
 from kvledger.ledger.audit import Finding, counts_by_code
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
-from kvledger.ledger.fleet import LiveMerge, SidesAsked, merge_pages, partition_count, serve_worker, through_cursor
+from kvledger.ledger.fleet import (
+    LiveMerge,
+    SidesAsked,
+    merge_pages,
+    merge_request_sides,
+    partition_count,
+    serve_worker,
+    through_cursor,
+)
 from kvledger.ledger.partition import partition_of
 from kvledger.ledger.partitioned import Folded, Merged, PartitionAnswer, answer, merge
 from kvledger.ledger.transfer_state import TransferState
@@ -57,6 +65,7 @@ _answers = msgspec.msgpack.Decoder(tuple[float, list[PartitionAnswer]])
 _service_answers = msgspec.msgpack.Decoder(list[PartitionAnswer])
 _sides = msgspec.msgpack.Decoder(tuple[list[tuple[int, TransferState]], int | None])
 _transfer = msgspec.msgpack.Decoder(list[TransferState])
+_request = msgspec.msgpack.Decoder(tuple[bool, list[tuple[int, TransferState]]])
 _reply = msgspec.msgpack.Decoder(tuple[str, int, bytes])
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -365,6 +374,11 @@ class Fleet:
         if worker is None:
             return []
         return _transfer.decode(await worker.ask("transfer", transfer_id))
+
+    async def request(self, request_id: str) -> list[TransferState] | None:
+        """The sides maps named `request_id` for, in the order they were first named (None: none named it)."""
+        replies = await asyncio.gather(*(w.ask("request", request_id) for w in self.workers))
+        return merge_request_sides([_request.decode(reply) for reply in replies])
 
     async def status(self) -> dict[int, tuple[int, int, int, int]]:
         """Per owned partition: events folded, complete through, last applied, restored from (stream seqs)."""

@@ -1,10 +1,10 @@
 """The app `kvledger serve --db nats://... --partitions P` runs: the API over partition workers (`kvledger.api.fleet`).
 
-It answers `/healthz`, `/audit`, `/audit/summary`, `/transfers`, `/transfers/{id}`, `/metrics` and the page
-(`/`, `/ui/findings`, `/ui/transfers/{id}`) with the one-process service's shapes and rendering, merged from
-the workers (`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), and `/fleet/answers` and
-`/fleet/status` for services that split the partitions. The rest of the one-process service (timelines by
-request, the event tail, ingest, snapshots of the whole fold, replay) is not served here yet: docs/fleet.md.
+It answers `/healthz`, `/audit`, `/audit/summary`, `/transfers`, `/transfers/{id}`, `/requests/{id}`,
+`/metrics` and the page (`/`, `/ui/findings`, `/ui/transfers/{id}`) with the one-process service's shapes and
+rendering, merged from the workers (`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), and
+`/fleet/answers` and `/fleet/status` for services that split the partitions. The rest of the one-process
+service (the event tail, ingest, snapshots of the whole fold, replay) is not served here yet: docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kvledger.api.params import Now, TransferIdPath
 from kvledger.api.routes import health, web
 from kvledger.api.routes.audit import FindingCode
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX
-from kvledger.api.schemas import AuditOut, AuditSummary, Health, TransferDetail, TransferPage
+from kvledger.api.schemas import AuditOut, AuditSummary, Health, RequestDetail, TransferDetail, TransferPage
 from kvledger.api.settings import Settings
 from kvledger.api.views import event_json, finding_out, findings_of, transfer_out
 from kvledger.ledger.fleet import SidesAsked
@@ -119,6 +119,16 @@ async def get_transfer(request: Request, transfer_id: TransferIdPath, now: Now =
         timeline=[event_json(e) for e in timeline[:events_max]],
         timeline_truncated=len(timeline) > events_max,
     )
+
+
+@router.get("/requests/{request_id}", response_model=RequestDetail, responses={404: {"description": "no map names it"}})
+async def get_request(
+    request: Request, request_id: Annotated[str, Path(min_length=1, max_length=200)]
+) -> RequestDetail:
+    sides = await _fleet(request).request(request_id)
+    if sides is None:
+        raise HTTPException(404, f"no map event names request id {request_id!r}")
+    return RequestDetail(request_id=request_id, sides=[transfer_out(t) for t in sides])
 
 
 @router.get("/fleet/answers", summary="This service's partitions' answers at `now` (msgpack), for a merge")

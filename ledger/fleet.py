@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from kvledger.ledger.store.base import EventStore
     from kvledger.ledger.store.partition_source import Delivered, PartitionSource
 
-FORMAT = 2
+FORMAT = 3
 CURSOR_SHIFT = 16
 """As the NATS store's cursors: `stream seq << 16 | place`."""
 PLACES = (1 << CURSOR_SHIFT) - 1
@@ -118,6 +118,7 @@ class _Saved(msgspec.Struct, kw_only=True, array_like=True):
     events_by_kind: dict[str, int] = {}
     first_map: tuple[int, float] | None = None
     mark: Mark | None = None
+    by_request: dict[str, list[tuple[int, tuple[str, TransferId]]]] = {}
 
 
 _saved_decoder = msgspec.msgpack.Decoder(_Saved)
@@ -149,6 +150,9 @@ class PartitionFold:
         self.first: list[int] = []
         """Each side's first event's cursor, in `order`'s order (ascending)."""
         self._seen: set[Key] = set()
+        self.by_request: dict[str, list[tuple[int, Key]]] = {}
+        """With `track_sides`: per request id, (cursor, key) of each side a map named it for, at the first such
+        map (the one-process service's `by_request`, with the stream positions a merge orders by)."""
         self.applied = 0
         """The position (stream sequence, SQL cursor) of the last message folded (0: none)."""
         self.upto = 0
@@ -186,12 +190,19 @@ class PartitionFold:
             )  # fmt: skip
             if self.track_sides:
                 seen, order, first = self._seen, self.order, self.first
+                by_request = self.by_request
                 for cursor, e in rows:
                     key = (e.source, e.transfer_id)
                     if key not in seen and key in self.folded.state.transfers:
                         seen.add(key)
                         order.append(key)
                         first.append(cursor)
+                    if type(e) is Map:
+                        named = by_request.get(e.request_id)
+                        if named is None:
+                            by_request[e.request_id] = [(cursor, key)]
+                        elif all(k != key for _, k in named):
+                            named.append((cursor, key))
             crc = self._crc
             digest = self.digest
             last_ts, by_kind = self.last_ts, self.events_by_kind
@@ -271,6 +282,7 @@ class PartitionFold:
             next_compaction=f.next_compaction, latencies=f.latencies.to_plain(), pending=pending,
             state=msgspec.Raw(snapshot.encode(f.state)), order=self.order, first=self.first, mark=self.mark,
             source_last_ts=self.last_ts, events_by_kind=self.events_by_kind, first_map=self.first_map,
+            by_request=self.by_request,
         )  # fmt: skip
         return zlib.compress(_encode(saved), 1)
 
@@ -300,6 +312,7 @@ class PartitionFold:
             out.order = saved.order
             out.first = saved.first
             out._seen = set(out.order)
+            out.by_request = saved.by_request
         return out
 
 
@@ -545,6 +558,29 @@ def _first(pair: tuple[int, TransferState]) -> int:
     return pair[0]
 
 
+def _request_sides(folds: dict[int, PartitionFold], request_id: str) -> tuple[bool, list[tuple[int, TransferState]]]:
+    """Whether a map in `folds` named `request_id`, and (cursor, side) of the sides it was named for that
+    `folds` hold, by the cursor of the first map naming each: a worker's part of `/requests/{id}`."""
+    named = False
+    found: list[tuple[int, TransferState]] = []
+    for fold in folds.values():
+        keys = fold.by_request.get(request_id)
+        if keys:
+            named = True
+            transfers = fold.folded.state.transfers
+            found += [(cursor, t) for cursor, key in keys if (t := transfers.get(key)) is not None]
+    found.sort(key=_first)
+    return named, found
+
+
+def merge_request_sides(parts: Sequence[tuple[bool, list[tuple[int, TransferState]]]]) -> list[TransferState] | None:
+    """Several workers' `_request_sides` as the one-process service's `/requests/{id}`: the sides in the order
+    maps first named them (None: no map named the request)."""
+    if not any(named for named, _ in parts):
+        return None
+    return [t for _, t in sorted((pair for _, found in parts for pair in found), key=_first)]
+
+
 def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch_timeout_s: float) -> None:
     """A service's partition worker (a process of its own, `kvledger serve --partitions`): folds `partitions`
     from their source (`open_source`), every side and every merge item kept (as the one-process service keeps
@@ -559,6 +595,7 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
     - `["sides", id, SidesAsked]`: `(first cursor, TransferState)` pairs and the cursor they are complete
       through (None: to the end);
     - `["transfer", id, transfer_id]`: the sides of one transfer id;
+    - `["request", id, request_id]`: whether a map named the request id, and (cursor, side) of its sides;
     - `["status", id]`: per partition, events folded, `upto`, `applied` and `restored`;
     - `["stop"]` (or the service gone): save, acknowledge, exit.
     `["ready", 0, partitions]` is sent once the folds are restored."""
@@ -605,6 +642,8 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
                         if (t := f.folded.state.transfers.get((s, tid))) is not None
                     ]  # fmt: skip
                     payload = _encode(sides)
+                elif kind == "request":
+                    payload = _encode(_request_sides(folds, str(request[2])))
                 else:
                     payload = _encode({p: (f.folded.events, f.upto, f.applied, f.restored) for p, f in folds.items()})
             send(kind, rid, payload)

@@ -8,13 +8,24 @@ from __future__ import annotations
 import random
 
 from kvledger.ledger.audit import audit
-from kvledger.ledger.events import Event
-from kvledger.ledger.fleet import LiveMerge, PartitionFold, SidesAsked, _sides, merge_pages
+from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Event, Map
+from kvledger.ledger.fleet import (
+    LiveMerge,
+    PartitionFold,
+    SidesAsked,
+    _request_sides,
+    _sides,
+    merge_pages,
+    merge_request_sides,
+)
+from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.merge import batched
 from kvledger.ledger.partition import partition_of
 from kvledger.ledger.partitioned import PartitionAnswer
+from kvledger.ledger.picture import merge_pictures, picture_of
 from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.nats_consumer import Delivered
+from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
 
 PARTITIONS = 4
@@ -111,3 +122,47 @@ def test_transfer_pages_list_every_matching_side_once_in_first_seen_order() -> N
             assert len(page) <= limit
             listed += [(t.source, t.transfer_id) for t in page]
         assert listed == [k for _, k in expected], (source, limit, scan_max)
+
+
+def test_pictures_and_requests_of_partitions_merge_into_one_fold_s() -> None:
+    """What the service's page and metrics read besides the findings (`Picture`), and `/requests/{id}`'s sides,
+    told by partitions folded apart and merged, are one fold's: a request named for sides in several
+    partitions lists them in the order maps first named them."""
+    events = history(5, Shape(transfers=60, span_s=100.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1))
+    t0 = max(e.ts for e in events)
+    multi = Side("multi-0/tp0", start_ts=t0)
+    events += [multi.map(f"tx-multi-{i}", "r-multi", blocks=(i,), deadline=t0 + 50) for i in range(8)]
+    events.append(multi.map("tx-multi-0", "r-again", blocks=(99,)))  # refused (id reuse): named all the same
+    messages = _messages(events)
+    stored = [e for _, _, rows in messages for _, e in rows]
+    assert len({partition_of(e.transfer_id, PARTITIONS) for e in stored if e.transfer_id.startswith("tx-multi")}) > 1
+    folds = {p: PartitionFold(p, PARTITIONS, compact_every=None, track_sides=True) for p in range(PARTITIONS)}
+    for seq, p, rows in messages:
+        folds[p].apply(Delivered(p, rows, seq, seq, 0))
+    now = t0 + 10.0
+    one = LedgerState()
+    last_ts: dict[str, float] = {}
+    by_kind = dict.fromkeys(KINDS, 0)
+    by_request: dict[str, list[tuple[str, str]]] = {}
+    first_map: tuple[int, float] | None = None
+    for _, _, rows in messages:
+        for cursor, e in rows:
+            one.apply(e)
+            by_kind[KIND_OF_TYPE[type(e)]] += 1
+            last_ts[e.source] = max(last_ts.get(e.source, 0.0), e.ts)
+            if type(e) is Map:
+                first_map = first_map or (cursor, e.ts)
+                keys = by_request.setdefault(e.request_id, [])
+                if (e.source, e.transfer_id) not in keys:
+                    keys.append((e.source, e.transfer_id))
+    findings = audit(one, now)
+    expected = picture_of(one, findings, last_ts=last_ts, events_by_kind=by_kind, first_map=first_map)
+    parts = [f.answer(now, since=0, picture=True) for f in folds.values()]
+    assert merge_pictures([a.picture for a in parts if a.picture is not None]) == expected
+    assert expected.late_after_expire and expected.held and expected.live_by_phase
+    workers = [{p: folds[p] for p in group} for group in ([0, 2], [1], [3])]
+    for request_id, keys in by_request.items():
+        sides = merge_request_sides([_request_sides(w, request_id) for w in workers])
+        assert sides is not None and [(t.source, t.transfer_id) for t in sides] == keys, request_id
+    assert len(by_request["r-multi"]) == 8 and by_request["r-again"] == [("multi-0/tp0", "tx-multi-0")]
+    assert merge_request_sides([_request_sides(w, "no-such-request") for w in workers]) is None

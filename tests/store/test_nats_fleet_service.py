@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvledger.api.fleet import merge_services
 from kvledger.api.views import finding_out
 from kvledger.ledger.audit import audit
-from kvledger.ledger.events import Drop, Event
+from kvledger.ledger.events import Drop, Event, Map
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.merge import batched
 from kvledger.ledger.replay import replay_chunks
@@ -160,6 +160,18 @@ def _same_summary_and_metrics(fleet: _Service, one: _Service, stored: list[Event
     assert fleet.get(f"/audit/summary?now={now!r}") == summary
     later = now + 3600.0  # every source that holds blocks is lost by then: no oldest on a live engine
     assert fleet.get(f"/audit/summary?now={later!r}") == one.get(f"/audit/summary?now={later!r}")
+    # /requests/{id}: the sides maps named each request for, in the order they first named them.
+    named: dict[str, set[tuple[str, str]]] = {}
+    for e in stored:
+        if type(e) is Map:
+            named.setdefault(e.request_id, set()).add((e.source, e.transfer_id))
+    assert len(named) > 100
+    for request_id in named:
+        assert fleet.get(f"/requests/{request_id}") == one.get(f"/requests/{request_id}")
+    for service in (fleet, one):
+        with pytest.raises(urllib.error.HTTPError) as unnamed:
+            _get(service.base, "/requests/no-such-request")
+        assert unnamed.value.code == 404
     for service in (fleet, one):
         service.published_after(caught_up)
     metrics = one.metrics()
