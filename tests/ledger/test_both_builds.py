@@ -25,6 +25,8 @@ from tests.ledger.both_builds import digests
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 SEEDS = range(0, 120)
+CHUNKS = [SEEDS[i : i + 30] for i in range(0, len(SEEDS), 30)]
+"""Four tests of 30 seeds rather than one of 120: pytest-xdist spreads them over its workers."""
 
 
 def checkout_copy(destination: Path, *folders: str) -> None:
@@ -47,11 +49,12 @@ def _interpreted(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProce
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, check=True)
 
 
-def test_both_builds_decide_and_find_the_same_on_generated_histories() -> None:
-    here = digests(SEEDS)
-    answer = json.loads(_interpreted(["-m", "tests.ledger.both_builds", str(SEEDS[0]), str(len(SEEDS))]).stdout)
+@pytest.mark.parametrize("seeds", CHUNKS, ids=[f"seeds{c[0]}-{c[-1]}" for c in CHUNKS])
+def test_both_builds_decide_and_find_the_same_on_generated_histories(seeds: range) -> None:
+    here = digests(seeds)
+    answer = json.loads(_interpreted(["-m", "tests.ledger.both_builds", str(seeds[0]), str(len(seeds))]).stdout)
     assert answer["compiled"] is False, "the subprocess ran the sources"
-    differing = [seed for seed, a, b in zip(SEEDS, here, answer["digests"], strict=True) if a != b]
+    differing = [seed for seed, a, b in zip(seeds, here, answer["digests"], strict=True) if a != b]
     assert differing == [], f"the builds part on seeds {differing} (python -m tests.ledger.both_builds SEED 1 --full)"
 
 
