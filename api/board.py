@@ -81,8 +81,8 @@ class Board:
     defer_timeout_s: float = 0.0
     transfer_timeout_s: float = 0.0
     plots: dict[str, Markup] = field(default_factory=dict)
-    unplotted: str = "The plots over time are not drawn for this board."
-    """Why the plots over time (blocks held, findings) are not drawn; empty where they are."""
+    unplotted: str = "The blocks-held plot is not drawn for this board."
+    """Why the blocks-held-over-time plot is not drawn; empty where it is."""
 
     def group(self, code: str, source: str) -> Group | None:
         return next((g for g in self.groups if g.code == code and g.source == source), None)
@@ -213,25 +213,39 @@ def _lost_engines(board: Board, health: dict[str, SourceHealth]) -> None:
 
 def _plots_over_time(board: Board, live: Live, findings: list[Finding], health: dict[str, SourceHealth]) -> None:
     state, config = live.state, live.audit_config
+    found = [found_at(f, state, config) for f in findings]
     leak_deadlines: dict[str, list[float]] = {}
-    times: dict[str, list[float]] = {}
-    lost_times: list[float] = []
-    for f in findings:
-        at = found_at(f, state, config)
+    for f, at in zip(findings, found, strict=True):
         if f.code == "leak":
             leak_deadlines.setdefault(f.source, []).append(at)  # the plot greys those of lost sources
+    series = live.holding
+    board.plots["held"] = plots.held_plot(series, health, leak_deadlines, board.now)
+    board.plots["findings"] = findings_plot(findings, found, health, series.start_ts, series.end_ts, board.now)
+    board.unplotted = ""
+
+
+def findings_plot(
+    findings: list[Finding],
+    found: list[float],
+    health: dict[str, SourceHealth],
+    start_ts: float | None,
+    end_ts: float | None,
+    now: float,
+) -> Markup:
+    """The findings-over-time plot: each finding at `found` (`kvledger.ledger.audit.found_at`), those on lost
+    sources apart, from the blocks-held series' start (`start_ts`, the first map) to the last finding or the
+    series' end (the last map or release), never past the audit time."""
+    times: dict[str, list[float]] = {}
+    lost_times: list[float] = []
+    for f, at in zip(findings, found, strict=True):
         if f.source in health and health[f.source].lost:
             lost_times.append(at)
         else:
             times.setdefault(f.code, []).append(at)
-    series = live.holding
-    board.plots["held"] = plots.held_plot(series, health, leak_deadlines, board.now)
-    # From the log's first event to the last finding (or the last event), never past the audit time.
     everything = [t for ts in times.values() for t in ts] + lost_times
-    lo = series.start_ts if series.start_ts is not None else min(everything, default=board.now)
-    hi = max(series.end_ts or lo, min(max(everything, default=lo), board.now))
-    board.plots["findings"] = plots.findings_plot(times, lost_times, lo, hi)
-    board.unplotted = ""
+    lo = start_ts if start_ts is not None else min(everything, default=now)
+    hi = max(end_ts or lo, min(max(everything, default=lo), now))
+    return plots.findings_plot(times, lost_times, lo, hi)
 
 
 class BoardKeeper:

@@ -66,6 +66,7 @@ _service_answers = msgspec.msgpack.Decoder(list[PartitionAnswer])
 _sides = msgspec.msgpack.Decoder(tuple[list[tuple[int, TransferState]], int | None])
 _transfer = msgspec.msgpack.Decoder(list[TransferState])
 _request = msgspec.msgpack.Decoder(tuple[bool, list[tuple[int, TransferState]]])
+_found = msgspec.msgpack.Decoder(list[float])
 _reply = msgspec.msgpack.Decoder(tuple[str, int, bytes])
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -114,6 +115,8 @@ class FleetAudited(NamedTuple):
     """What the page, the summary and the metrics read besides (`kvledger.api.fleet_figures`)."""
     oldest: TransferState | None
     """The oldest side held on a live engine (`figures.oldest_key`'s state)."""
+    found_at: list[float]
+    """When each finding became true (`kvledger.ledger.audit.found_at`): the findings-over-time plot."""
 
 
 class WorkerLost(RuntimeError):
@@ -293,7 +296,8 @@ class Fleet:
         with self.merging:
             findings, events = self.live_merge.add(answers)
             through = min(self.live_merge.told[p] for p in self.owned)
-            figures = merge_figures(answers, self.live_merge.merger.ownership, now, self.settings, through=through)
+            ownership = self.live_merge.merger.ownership
+            figures = merge_figures(answers, findings, ownership, now, self.settings, through=through)
         cost_s = max((s for s, _ in decoded), default=0.0) + time.perf_counter() - began
         return findings, events, cost_s, figures
 
@@ -311,7 +315,25 @@ class Fleet:
             source, transfer_id = figures.oldest_key
             oldest = next((t for t in await self.transfer(transfer_id) if t.source == source), None)
         keys = {(f.source, f.transfer_id) for f in findings}
-        return FleetAudited(now, findings, counts_by_code(findings), keys, events, cost_s, figures, oldest)
+        found = await self.found_at(findings, figures.found_at)
+        return FleetAudited(now, findings, counts_by_code(findings), keys, events, cost_s, figures, oldest, found)
+
+    async def found_at(self, findings: list[Finding], told: list[float | None]) -> list[float]:
+        """`told` (each finding's time, as its partition said) with those the merge judged asked of the workers
+        folding their sides."""
+        asked: dict[int, list[int]] = {}
+        for i, at in enumerate(told):
+            if at is None:
+                partition = partition_of(findings[i].transfer_id, self.partitions)
+                asked.setdefault(next(k for k, w in enumerate(self.workers) if partition in w.partitions), []).append(i)
+        out = [at if at is not None else 0.0 for at in told]
+        s = self.settings
+        for k, indices in asked.items():
+            judged = [findings[i] for i in indices]
+            reply = await self.workers[k].ask("found", judged, s.transfer_timeout_s, s.clock_skew_s)
+            for i, at in zip(indices, _found.decode(reply), strict=True):
+                out[i] = at
+        return out
 
     async def audited_at(self, now: float | None) -> FleetAudited:
         """The published audit (None), or one at `now`."""

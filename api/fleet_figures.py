@@ -4,12 +4,13 @@ serve --partitions`): the same figures the one-process service reads of its fold
 gives the same answer.
 
 Every figure is one fold's under the merge (`kvledger.ledger.picture.merge_pictures`,
-`kvledger.ledger.partitioned.merge_counts`, `merge_latencies`), but two: the blocks-held-over-time series and
-the findings-over-time plot read the fold's state per finding and the per-source series, which the workers
-do not send yet: the page says so instead of drawing them. The oldest side held on a live engine is the
-first, in map order, of the merge's block ownership (`Ownership.sides`: every live side's accepted map, in
-stream order, as `state.live` keeps them in one fold) whose source is not lost; its state is asked of the
-worker folding it.
+`kvledger.ledger.partitioned.merge_counts`, `merge_latencies`), but one: the blocks-held-over-time series
+(a source's blocks held after each event, its sides spread over partitions), which the page says is not
+drawn instead of drawing it. Each finding's time (for the findings-over-time plot) is its partition's, or,
+for a `double_owner` the merge judged, asked of the worker folding its side. The oldest side held on a
+live engine is the first, in map order, of the merge's block ownership (`Ownership.sides`: every live
+side's accepted map, in stream order, as `state.live` keeps them in one fold) whose source is not lost;
+its state is asked of the worker folding it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from kvledger.api.board import Board, Figures, compose
+from kvledger.api.board import Board, Figures, compose, findings_plot
 from kvledger.api.settings import Settings
 from kvledger.ledger.advice import LatencyRecorder
 from kvledger.ledger.audit import Finding
@@ -28,10 +29,10 @@ from kvledger.ledger.side import TransferState
 from kvledger.ledger.sources import SourceHealth, judge, oldest_on_live_source
 
 UNPLOTTED = (
-    "Blocks held over time and findings over time are not drawn: this service merges partition workers' "
-    "answers, and those plots are not merged across partitions yet (docs/fleet.md)."
+    "Not drawn: this service merges partition workers' answers, and a source's blocks held over time is not "
+    "merged across partitions yet (each partition holds part of a source's blocks; docs/fleet.md)."
 )
-"""What the page says in place of the plots over time."""
+"""What the page says in place of the blocks-held plot."""
 
 
 class FleetFigures(NamedTuple):
@@ -46,17 +47,31 @@ class FleetFigures(NamedTuple):
     """The side `Figures.oldest_live` is (its state is the worker's: `Fleet.transfer`)."""
     through: int
     """The store cursor every owned partition's answer is complete through: what the audit covers."""
+    found_at: list[float | None]
+    """When each merged finding became true (`kvledger.ledger.audit.found_at`), as its partition said; None for
+    those the merge judged (`double_owner`): the worker folding the side is asked (`Fleet.audit`)."""
 
 
 def merge_figures(
-    answers: Sequence[PartitionAnswer], ownership: Ownership, now: float, settings: Settings, *, through: int
+    answers: Sequence[PartitionAnswer],
+    findings: Sequence[Finding],
+    ownership: Ownership,
+    now: float,
+    settings: Settings,
+    *,
+    through: int,
 ) -> FleetFigures:
-    """The figures of `answers` (each owned partition once, with its picture) at `now`; `ownership` is the
-    merge's block ownership (read where the merge cannot move); `through` the cursor the answers cover."""
+    """The figures of `answers` (each owned partition once, with its picture) at `now`, beside `findings` (their
+    merge); `ownership` is the merge's block ownership (read where the merge cannot move); `through` the
+    cursor the answers cover."""
     pictures = [a.picture for a in answers if a.picture is not None]
     if len(pictures) != len(answers):
         raise ValueError("a partition answered without its picture")
     picture = merge_pictures(pictures)
+    told = [f for a in answers for f in a.findings]  # the pictures' `found_at` order
+    if len(told) != len(picture.found_at):
+        raise ValueError(f"{len(picture.found_at)} finding times for {len(told)} findings")
+    found = {id(f): at for f, at in zip(told, picture.found_at, strict=True)}
     health = judge(
         picture.held, picture.last_ts, now, transfer_timeout_s=settings.transfer_timeout_s,
         dead=settings.dead_engines,
@@ -69,12 +84,14 @@ def merge_figures(
         health=health,
         oldest_key=(oldest.source, oldest.transfer_id) if oldest is not None else None,
         through=through,
+        found_at=[found.get(id(f)) for f in findings],
     )
 
 
 def board_of(
     figures: FleetFigures,
     findings: list[Finding],
+    found: list[float],
     oldest: TransferState | None,
     settings: Settings,
     now: float,
@@ -82,7 +99,8 @@ def board_of(
     explicit: bool,
     events: int,
 ) -> Board:
-    """The page's board of merged figures (the one-process page's `compose`), the plots over time not drawn."""
+    """The page's board of merged figures (the one-process page's `compose` and `findings_plot`: each finding at
+    `found`), the blocks-held plot not drawn."""
     p = figures.picture
     board_figures = Figures(
         findings=findings,
@@ -96,5 +114,7 @@ def board_of(
         late_after_expire=p.late_after_expire,
     )
     board = compose(board_figures, settings, now, explicit=explicit, version=events, cursor=0)
+    start = p.first_map[1] if p.first_map is not None else None
+    board.plots["findings"] = findings_plot(findings, found, figures.health, start, p.holding_end_ts, now)
     board.unplotted = UNPLOTTED
     return board

@@ -33,8 +33,9 @@ from kvledger.ledger.store.base import StoreError
 def _board(fleet: Fleet, audited: FleetAudited, *, explicit: bool) -> Board:
     f = audited.figures
     return board_of(
-        f, audited.findings, audited.oldest, fleet.settings, audited.now, explicit=explicit, events=audited.events
-    )
+        f, audited.findings, audited.found_at, audited.oldest, fleet.settings, audited.now, explicit=explicit,
+        events=audited.events,
+    )  # fmt: skip
 
 
 class FleetBoards:

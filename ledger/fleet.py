@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import time
 import zlib
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from operator import attrgetter, itemgetter
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from kvledger.ledger.advice import LatencyRecorder, RecorderPlain
-from kvledger.ledger.audit import AuditConfig, Finding, finding_order
+from kvledger.ledger.audit import AuditConfig, Finding, finding_order, found_at
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Event, Map, TransferId
 from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S, REPLAY_COMPACT_EVERY
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from kvledger.ledger.store.base import EventStore
     from kvledger.ledger.store.partition_source import Delivered, PartitionSource
 
-FORMAT = 3
+FORMAT = 4
 CURSOR_SHIFT = 16
 """As the NATS store's cursors: `stream seq << 16 | place`."""
 PLACES = (1 << CURSOR_SHIFT) - 1
@@ -119,6 +119,7 @@ class _Saved(msgspec.Struct, kw_only=True, array_like=True):
     first_map: tuple[int, float] | None = None
     mark: Mark | None = None
     by_request: dict[str, list[tuple[int, tuple[str, TransferId]]]] = {}
+    holding_end_ts: float | None = None
 
 
 _saved_decoder = msgspec.msgpack.Decoder(_Saved)
@@ -172,6 +173,8 @@ class PartitionFold:
         self.events_by_kind: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.first_map: tuple[int, float] | None = None
         """(cursor, ts) of the partition's first `map` event."""
+        self.holding_end_ts: float | None = None
+        """The newest ts of its `map` events and of the events that released a side (the blocks-held series' end)."""
 
     @property
     def partition(self) -> int:
@@ -184,6 +187,7 @@ class PartitionFold:
             events: list[Event] = [e for _, e in rows]
             cursors = [c for c, _ in rows]
             part = (events, cursors, len(events), max(e.ts for e in events))
+            freed = len(self.folded.frees)
             fold_partition(
                 [part], self.folded.partition, self.folded.partitions, into=self.folded,
                 keep_releases=self.keep_releases, compact_every=self.compact_every,
@@ -206,14 +210,24 @@ class PartitionFold:
             crc = self._crc
             digest = self.digest
             last_ts, by_kind = self.last_ts, self.events_by_kind
+            end = self.holding_end_ts if self.holding_end_ts is not None else float("-inf")
             for e in events:
                 c = crc.get(e.source)
                 if c is None:
                     c = crc[e.source] = zlib.crc32(e.source.encode())
                 digest += (c << 32) | e.seq
-                by_kind[KIND_OF_TYPE[type(e)]] += 1
+                kind = KIND_OF_TYPE[type(e)]
+                by_kind[kind] += 1
                 if e.ts > last_ts.get(e.source, 0.0):
                     last_ts[e.source] = e.ts
+                if kind == "map" and e.ts > end:
+                    end = e.ts
+            for free in self.folded.frees[freed:]:  # each release's event, by its cursor
+                released_ts = events[bisect_left(cursors, free.index)].ts
+                if released_ts > end:
+                    end = released_ts
+            if end != float("-inf"):
+                self.holding_end_ts = end
             if self.first_map is None:
                 self.first_map = next(((c, e.ts) for c, e in rows if type(e) is Map), None)
             self.digest = digest & DIGEST_MASK
@@ -258,8 +272,8 @@ class PartitionFold:
         found.rest.upto = through_cursor(self.upto if upto is None else upto, self.cursor_shift)
         if picture:
             found.picture = picture_of(
-                f.state, found.findings, last_ts=self.last_ts, events_by_kind=self.events_by_kind,
-                first_map=self.first_map,
+                f.state, found.findings, config, last_ts=self.last_ts, events_by_kind=self.events_by_kind,
+                first_map=self.first_map, holding_end_ts=self.holding_end_ts,
             )  # fmt: skip
         return found
 
@@ -282,7 +296,7 @@ class PartitionFold:
             next_compaction=f.next_compaction, latencies=f.latencies.to_plain(), pending=pending,
             state=msgspec.Raw(snapshot.encode(f.state)), order=self.order, first=self.first, mark=self.mark,
             source_last_ts=self.last_ts, events_by_kind=self.events_by_kind, first_map=self.first_map,
-            by_request=self.by_request,
+            by_request=self.by_request, holding_end_ts=self.holding_end_ts,
         )  # fmt: skip
         return zlib.compress(_encode(saved), 1)
 
@@ -308,6 +322,7 @@ class PartitionFold:
         out.upto, out.digest, out.mark = saved.upto, saved.digest, saved.mark
         out.last_ts, out.first_map = saved.source_last_ts, saved.first_map
         out.events_by_kind.update(saved.events_by_kind)
+        out.holding_end_ts = saved.holding_end_ts
         if out.track_sides:
             out.order = saved.order
             out.first = saved.first
@@ -573,6 +588,16 @@ def _request_sides(folds: dict[int, PartitionFold], request_id: str) -> tuple[bo
     return named, found
 
 
+def _found(folds: dict[int, PartitionFold], findings: list[Finding], config: AuditConfig) -> list[float]:
+    """When each of `findings` (of sides in `folds`) became true (`kvledger.ledger.audit.found_at`): what a
+    service asks of the worker folding a `double_owner` finding's side, the merge having judged it."""
+    out: list[float] = []
+    for f in findings:
+        fold = next((fold for fold in folds.values() if (f.source, f.transfer_id) in fold.folded.state.transfers), None)
+        out.append(found_at(f, fold.folded.state, config) if fold is not None else 0.0)
+    return out
+
+
 def merge_request_sides(parts: Sequence[tuple[bool, list[tuple[int, TransferState]]]]) -> list[TransferState] | None:
     """Several workers' `_request_sides` as the one-process service's `/requests/{id}`: the sides in the order
     maps first named them (None: no map named the request)."""
@@ -596,6 +621,7 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
       through (None: to the end);
     - `["transfer", id, transfer_id]`: the sides of one transfer id;
     - `["request", id, request_id]`: whether a map named the request id, and (cursor, side) of its sides;
+    - `["found", id, [Finding, ...], transfer_timeout_s, clock_skew_s]`: when each became true (`_found`);
     - `["status", id]`: per partition, events folded, `upto`, `applied` and `restored`;
     - `["stop"]` (or the service gone): save, acknowledge, exit.
     `["ready", 0, partitions]` is sent once the folds are restored."""
@@ -642,6 +668,10 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
                         if (t := f.folded.state.transfers.get((s, tid))) is not None
                     ]  # fmt: skip
                     payload = _encode(sides)
+                elif kind == "found":
+                    config = AuditConfig(float(request[3]), float(request[4]))
+                    judged = msgspec.convert(request[2], list[Finding])
+                    payload = _encode(_found(folds, judged, config))
                 elif kind == "request":
                     payload = _encode(_request_sides(folds, str(request[2])))
                 else:

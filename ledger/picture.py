@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from kvledger.ledger.advice import late_after_expire
-from kvledger.ledger.audit import Finding
+from kvledger.ledger.audit import AuditConfig, Finding, found_at
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.sources import held_by_source
 
@@ -39,6 +39,11 @@ class Picture(msgspec.Struct, kw_only=True, array_like=True):
     """`late_event` findings on sides released by expiry, at the audit this picture goes with."""
     first_map: tuple[int, float] | None
     """(stream position, ts) of the first `map` event folded: where the blocks-held series starts."""
+    holding_end_ts: float | None
+    """The newest ts of the `map` events and of the events that released a side: where that series ends."""
+    found_at: list[float]
+    """When each of the audit's findings became true (`kvledger.ledger.audit.found_at`), in their order; merged,
+    the partitions' lists one after the other, in the order the pictures came."""
 
 
 def live_by_phase(state: LedgerState) -> dict[str, int]:
@@ -51,13 +56,16 @@ def live_by_phase(state: LedgerState) -> dict[str, int]:
 
 def picture_of(
     state: LedgerState,
-    findings: Iterable[Finding],
+    findings: Sequence[Finding],
+    config: AuditConfig | None,
     *,
     last_ts: dict[str, float],
     events_by_kind: dict[str, int],
     first_map: tuple[int, float] | None,
+    holding_end_ts: float | None,
 ) -> Picture:
-    """A fold's picture: `state` audited into `findings`, with what the folding loop counted beside the fold."""
+    """A fold's picture: `state` audited (with `config`) into `findings`, with what the folding loop counted
+    beside the fold."""
     return Picture(
         held=held_by_source(state),
         last_ts=dict(last_ts),
@@ -67,6 +75,8 @@ def picture_of(
         live_by_phase=live_by_phase(state),
         late_after_expire=late_after_expire(state, findings),
         first_map=first_map,
+        holding_end_ts=holding_end_ts,
+        found_at=[found_at(f, state, config) for f in findings],
     )
 
 
@@ -90,6 +100,7 @@ def merge_pictures(parts: Sequence[Picture]) -> Picture:
             if ts > last_ts.get(source, 0.0):
                 last_ts[source] = ts
     firsts = [p.first_map for p in parts if p.first_map is not None]
+    ends = [p.holding_end_ts for p in parts if p.holding_end_ts is not None]
     return Picture(
         held=held,
         last_ts=last_ts,
@@ -99,4 +110,6 @@ def merge_pictures(parts: Sequence[Picture]) -> Picture:
         live_by_phase=dict(sorted(_added(p.live_by_phase for p in parts).items())),
         late_after_expire=sum(p.late_after_expire for p in parts),
         first_map=min(firsts) if firsts else None,
+        holding_end_ts=max(ends) if ends else None,
+        found_at=[at for p in parts for at in p.found_at],
     )

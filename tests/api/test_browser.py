@@ -281,6 +281,9 @@ def _seen(page: Any) -> dict[str, Any]:
         "sources": page.locator("tr.source").all_inner_texts(),
         "advice": page.locator("#advice").inner_text(),
         "problems": page.locator("div.problem").all_inner_texts(),
+        "plots": [
+            page.locator(f"svg#{name}").evaluate("e => e.outerHTML") for name in ("plot-findings", "plot-latency")
+        ],
     }
 
 
@@ -289,7 +292,8 @@ def test_the_page_over_a_nats_stream_served_by_kvledger_serve(
     fleet_stream: tuple[str, list[Event]], browser: Any, tmp_path: Path
 ) -> None:
     """The page of `kvledger serve` over the stream; then of `kvledger serve --partitions all --workers 2`,
-    which says the same, and says the plots over time it does not draw are not drawn. One service at a time:
+    which says the same (and draws the same findings and latency plots), and says the blocks-held plot it does
+    not draw is not drawn. One service at a time:
     each page's store probe has the store to itself."""
     from kvledger.ledger.store.nats_store import NatsStore  # nats-py: the other browser tests run without it
 
@@ -369,7 +373,7 @@ def test_the_page_over_a_nats_stream_served_by_kvledger_serve(
         _goto_vouched(page, f"{base}/?now={NOW}")
         assert _seen(page) == expected
         assert page.locator("#plot-held").count() == 0, "not merged yet: not drawn"
-        assert "not drawn" in page.locator("#unplotted").inner_text(), "and said so, never drawn empty"
+        assert "Not drawn" in page.locator("#unplotted").inner_text(), "and said so, never drawn empty"
         shoot(page, tmp_path, "nats-partitions.png")
         page.close()
     finally:

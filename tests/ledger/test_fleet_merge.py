@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import random
 
-from kvledger.ledger.audit import audit
+import msgspec
+
+from kvledger.ledger.audit import audit, found_at
 from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Event, Map
 from kvledger.ledger.fleet import (
     LiveMerge,
@@ -145,9 +147,11 @@ def test_pictures_and_requests_of_partitions_merge_into_one_fold_s() -> None:
     by_kind = dict.fromkeys(KINDS, 0)
     by_request: dict[str, list[tuple[str, str]]] = {}
     first_map: tuple[int, float] | None = None
+    end = float("-inf")
     for _, _, rows in messages:
         for cursor, e in rows:
-            one.apply(e)
+            if one.apply(e) is not None or type(e) is Map:  # the blocks-held series' events
+                end = max(end, e.ts)
             by_kind[KIND_OF_TYPE[type(e)]] += 1
             last_ts[e.source] = max(last_ts.get(e.source, 0.0), e.ts)
             if type(e) is Map:
@@ -156,9 +160,14 @@ def test_pictures_and_requests_of_partitions_merge_into_one_fold_s() -> None:
                 if (e.source, e.transfer_id) not in keys:
                     keys.append((e.source, e.transfer_id))
     findings = audit(one, now)
-    expected = picture_of(one, findings, last_ts=last_ts, events_by_kind=by_kind, first_map=first_map)
+    expected = picture_of(
+        one, findings, None, last_ts=last_ts, events_by_kind=by_kind, first_map=first_map, holding_end_ts=end
+    )
     parts = [f.answer(now, since=0, picture=True) for f in folds.values()]
-    assert merge_pictures([a.picture for a in parts if a.picture is not None]) == expected
+    merged = merge_pictures([a.picture for a in parts if a.picture is not None])
+    # Each partition's findings' times, one partition's after another's: as one fold times them.
+    assert merged.found_at == [found_at(f, one) for a in parts for f in a.findings]
+    assert msgspec.structs.replace(merged, found_at=expected.found_at) == expected
     assert expected.late_after_expire and expected.held and expected.live_by_phase
     workers = [{p: folds[p] for p in group} for group in ([0, 2], [1], [3])]
     for request_id, keys in by_request.items():

@@ -168,6 +168,10 @@ def _same_summary_and_metrics(fleet: _Service, one: _Service, stored: list[Event
     assert len(named) > 100
     for request_id in named:
         assert fleet.get(f"/requests/{request_id}") == one.get(f"/requests/{request_id}")
+    # The page's findings-over-time plot: each finding at the time it became true, a `double_owner` the merge
+    # judged at its side's time (asked of the worker folding the side).
+    plots = [_findings_plot(service, now) for service in (fleet, one)]
+    assert plots[0] == plots[1] and "findings" in plots[1]
     for service in (fleet, one):
         with pytest.raises(urllib.error.HTTPError) as unnamed:
             _get(service.base, "/requests/no-such-request")
@@ -178,6 +182,13 @@ def _same_summary_and_metrics(fleet: _Service, one: _Service, stored: list[Event
     assert {name for name, _ in metrics} >= {f"{m}_total" for m in ("kvledger_events", "kvledger_releases")}
     assert sum(v for (name, _), v in metrics.items() if name == "kvledger_findings") > 0
     assert fleet.metrics() == metrics
+
+
+def _findings_plot(service: _Service, now: float) -> str:
+    with urllib.request.urlopen(f"{service.base}/?now={now!r}", timeout=30) as response:
+        found = re.search(r'<svg[^>]*id="plot-findings".*?</svg>', response.read().decode(), re.S)
+    assert found is not None, "the page draws the findings over time"
+    return found.group(0)
 
 
 def _problems(service: _Service) -> list[str]:
