@@ -61,8 +61,8 @@ def serve(
         str | None,
         typer.Option(
             help="Fold these partitions of the store (0-7, 0,2,5-6, all; a SQL store has 16) in worker processes, "
-            "each from its durable consumer (nats://) or the store's tail (sqlite, postgresql), and answer /audit "
-            "and /transfers merged (docs/fleet.md)"
+            "each from its durable consumer (nats://) or the store's tail (sqlite, postgresql), and serve the audit "
+            "API, metrics and page merged from them (docs/fleet.md)"
         ),
     ] = None,
     service_name: Annotated[
