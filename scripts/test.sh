@@ -23,11 +23,15 @@ pip_install -e '.[test]'
 export KVLEDGER_TEST_NATS_URL="${KVLEDGER_TEST_NATS_URL:-$(bash scripts/ensure_nats.sh)}"
 
 WORKERS="${KVLEDGER_TEST_WORKERS:-2}"
+# mypy's cache outside the checkout: a fresh clone checks only what changed against it (site-packages included).
+export MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kvledger/mypy}"
+# worksteal: a worker left idle takes tests queued on the other, so minute-long vLLM tests do not end the run alone.
+DIST=(); [ "$WORKERS" != "0" ] && DIST=(--dist worksteal)
 # vLLM 0.32 (site-packages, the CPU build): the whole suite, real engines included, on the compiled fold and
 # scheduler hooks (`pip install -e .` above built them; a machine without a C compiler runs them interpreted).
 # The interpreted build is not run as a second whole suite: tests/ledger/test_both_builds.py and
 # tests/connector/test_both_builds.py run both builds side by side and compare them, in this run.
 # `huge` (millions of events a test) is left out; `-m huge` among the arguments runs it (the last -m wins).
-python -m pytest -n "$WORKERS" --durations=15 -m "not huge" "$@"
+python -m pytest -n "$WORKERS" ${DIST[@]+"${DIST[@]}"} --durations=15 -m "not huge" "$@"
 # vLLM 0.33 (the CUDA wheel's Python scheduler, on this CPU): the scheduler contract and adapter tests.
 bash scripts/test_vllm033.sh -q -n "$WORKERS"
