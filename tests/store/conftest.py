@@ -16,6 +16,7 @@ from kvledger.ledger.events import Event
 from kvledger.ledger.partition import partition_of
 from kvledger.ledger.store.base import EventStore
 from kvledger.ledger.store.connect import open_store
+from tests.store.nats_server import NatsServer
 
 PG_URL = os.environ.get("KVLEDGER_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 SKIP_PG = os.environ.get("KVLEDGER_SKIP_PG") == "1"
@@ -236,3 +237,14 @@ def tcp_proxy() -> Iterator[Callable[[str, int], TcpProxy]]:
     yield make
     for proxy in made:
         proxy.stop()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server of the test's own, on a free loopback port, for tests that kill and restart it (never the
+    shared one)."""
+    own = NatsServer(tmp_path / "jetstream")
+    own.start()
+    yield own
+    if own.process is not None:
+        own.kill()

@@ -5,7 +5,6 @@ offline replay of the stream (exported to JSONL) finds what a replay of the appe
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +25,6 @@ pytestmark = pytest.mark.nats
 
 OUTAGE_EVENTS = 1_500
 """Events appended while the server is dead: several times the writer's queue."""
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[NatsServer]:
-    own = NatsServer(tmp_path / "jetstream")
-    own.start()
-    yield own
-    if own.process is not None:
-        own.kill()
 
 
 def _findings(events: list[Event]) -> list[str]:

@@ -10,8 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvledger.api.fleet import merge_services
 from kvledger.api.views import finding_out
@@ -33,95 +30,12 @@ from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.nats_store import NatsStore
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
-from tests.store.nats_server import free_port
+from tests.store.fleet_service import POLLS_MAX, FleetService, get_json
 
 pytestmark = pytest.mark.nats
 
 SHAPE = Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
               consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
-READY_POLLS_MAX = 3_000
-"""Polls (10 ms apart) for a service to answer, and for its workers to fold the stream."""
-AUDIT_RESOLUTION_S = 0.1
-"""The services' audit clock resolution: a published audit newer than a moment comes soon after it."""
-FOLD_METRICS = (
-    "kvledger_events", "kvledger_live_transfers", "kvledger_blocks_held", "kvledger_releases",
-    "kvledger_forged_messages", "kvledger_leases", "kvledger_findings", "kvledger_live_transfers_by_phase",
-    "kvledger_sources_lost", "kvledger_blocks_lost",
-)  # fmt: skip
-"""The metrics that derive from the fold: a service over partition workers says what one process says."""
-
-
-def _get(base: str, path: str) -> Any:
-    with urllib.request.urlopen(f"{base}{path}", timeout=30) as response:
-        return json.loads(response.read())
-
-
-class _Service:
-    def __init__(self, url: str, partitions: str | None, workers: int, log: Path, **env: str) -> None:
-        """`kvledger serve` over `url`: with `partitions`, its partition workers; None, the one-process service;
-        `env`, settings (`KVLEDGER_*`) of its own."""
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        command = [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(self.port)]
-        if partitions is not None:
-            command += ["--partitions", partitions, "--workers", str(workers), "--service", "test"]
-        environment = os.environ | {"KVLEDGER_AUDIT_CACHE_RESOLUTION_S": str(AUDIT_RESOLUTION_S)} | env
-        with log.open("w") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment)
-
-    def get(self, path: str) -> Any:
-        try:
-            return _get(self.base, path)
-        except urllib.error.HTTPError as error:
-            raise AssertionError(f"{path}: {error}; the service's log ends:\n{self.log.read_text()[-3000:]}") from None
-
-    def folded_through(self, last_seq: int) -> None:
-        """Wait until the service answers and each of its partitions is complete through `last_seq`."""
-        for _ in range(READY_POLLS_MAX):
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
-            try:
-                status = _get(self.base, "/fleet/status")  # refused until the service is up
-            except urllib.error.HTTPError as error:
-                assert error.code == 503, self.log.read_text()[-3000:]  # a worker died as it was asked
-                continue
-            except OSError:
-                time.sleep(0.01)
-                continue
-            if all(p["upto"] >= last_seq for p in status["folded"].values()):
-                return
-            time.sleep(0.01)
-        raise AssertionError(f"the service on {self.port} did not fold through stream sequence {last_seq}")
-
-    def published_after(self, moment: float) -> None:
-        """Wait until the service's published audit (`GET /audit`) is at a clock past `moment`: computed after
-        it, from what was folded by then."""
-        for _ in range(READY_POLLS_MAX):
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if _get(self.base, "/audit?limit=1")["now"] > moment:
-                    return
-            except OSError:
-                pass  # not up yet
-            time.sleep(0.01)
-        raise AssertionError(f"the service on {self.port} published no audit after {moment}")
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Its /metrics samples that derive from the fold, by (name, labels)."""
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=30) as response:
-            text = response.read().decode()
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name in FOLD_METRICS
-            for sample in family.samples
-            if not sample.name.endswith("_created")
-        }
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-        self.process.wait(timeout=60)
 
 
 @pytest.fixture
@@ -143,10 +57,10 @@ def _expected(stored: list[Event], now: float) -> list[dict[str, Any]]:
     return [json.loads(finding_out(f).model_dump_json()) for f in findings]
 
 
-def _same_summary_and_metrics(fleet: _Service, one: _Service, stored: list[Event], now: float) -> None:
+def _same_summary_and_metrics(fleet: FleetService, one: FleetService, stored: list[Event], now: float) -> None:
     """`/audit/summary` and the metrics that derive from the fold: the service over partition workers (folded
     through the stream's end) says what the one-process service over the same stream says."""
-    for _ in range(READY_POLLS_MAX):
+    for _ in range(POLLS_MAX):
         try:
             if sum(v for (name, _), v in one.metrics().items() if name == "kvledger_events_total") == len(stored):
                 break
@@ -174,7 +88,7 @@ def _same_summary_and_metrics(fleet: _Service, one: _Service, stored: list[Event
     assert plots[0] == plots[1] and "findings" in plots[1]
     for service in (fleet, one):
         with pytest.raises(urllib.error.HTTPError) as unnamed:
-            _get(service.base, "/requests/no-such-request")
+            get_json(service.base, "/requests/no-such-request")
         assert unnamed.value.code == 404
     for service in (fleet, one):
         service.published_after(caught_up)
@@ -184,19 +98,19 @@ def _same_summary_and_metrics(fleet: _Service, one: _Service, stored: list[Event
     assert fleet.metrics() == metrics
 
 
-def _findings_plot(service: _Service, now: float) -> str:
+def _findings_plot(service: FleetService, now: float) -> str:
     with urllib.request.urlopen(f"{service.base}/?now={now!r}", timeout=30) as response:
         found = re.search(r'<svg[^>]*id="plot-findings".*?</svg>', response.read().decode(), re.S)
     assert found is not None, "the page draws the findings over time"
     return found.group(0)
 
 
-def _problems(service: _Service) -> list[str]:
+def _problems(service: FleetService) -> list[str]:
     with urllib.request.urlopen(f"{service.base}/", timeout=30) as response:
         return re.findall(r'<div class="problem" data-kind="(\w+)">', response.read().decode())
 
 
-def _behind_said(service: _Service, url: str, now: float) -> None:
+def _behind_said(service: FleetService, url: str, now: float) -> None:
     """A worker stopped (SIGSTOP) and an event appended: no audit can be published that covers it, and the
     page says the workers are behind the store (it said nothing while they were not). The event changes no
     finding at `now` (a map with a far deadline); the worker goes on (SIGCONT) and folds it."""
@@ -208,7 +122,7 @@ def _behind_said(service: _Service, url: str, now: float) -> None:
         store = open_store(url)
         store.append([Side("late-0/tp0", start_ts=now - 0.5).map("tx-late", "r-late", blocks=(1,), deadline=now + 1e6)])
         store.close()
-        for _ in range(READY_POLLS_MAX):
+        for _ in range(POLLS_MAX):
             if _problems(service) == ["behind"]:
                 break
             time.sleep(0.01)
@@ -223,8 +137,8 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
     url, stored, last_seq = stream
     now = max(e.ts for e in stored) + 1.0
     # Behind as soon as an event it holds is seen not covered twice (the page's check, tried below).
-    service = _Service(url, "all", 4, tmp_path / "service.log", KVLEDGER_BEHIND_AFTER_S="0")
-    one = _Service(url, None, 1, tmp_path / "one.log")  # the one-process service over the same stream
+    service = FleetService(url, "all", 4, tmp_path / "service.log", KVLEDGER_BEHIND_AFTER_S="0")
+    one = FleetService(url, None, 1, tmp_path / "one.log")  # the one-process service over the same stream
     try:
         service.folded_through(last_seq)
         got = service.get(f"/audit?now={now!r}&limit=1000")
@@ -239,15 +153,7 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
             key = (e.source, e.transfer_id)
             if type(e) is not Drop and key in state.transfers and key not in order:
                 order.append(key)
-        listed: list[tuple[str, str]] = []
-        cursor = 0
-        while True:
-            page = service.get(f"/transfers?limit=7&cursor={cursor}")
-            listed += [(t["source"], t["transfer_id"]) for t in page["transfers"]]
-            if page["next_cursor"] is None:
-                break
-            cursor = page["next_cursor"]
-        assert listed == order
+        assert service.listed() == order
         reused = next(tid for tid in {t for _, t in order} if sum(1 for _, t in order if t == tid) >= 2)
         detail = service.get(f"/transfers/{reused}?now={now!r}")
         assert sorted(s["source"] for s in detail["sides"]) == sorted(s for s, t in order if t == reused)
@@ -256,9 +162,9 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
         # what it tells again is passed over by the merge (the same findings, none twice).
         status = service.get("/fleet/status")
         os.kill(status["workers"][0]["pid"], signal.SIGKILL)
-        for _ in range(READY_POLLS_MAX):
+        for _ in range(POLLS_MAX):
             try:
-                status = _get(service.base, "/fleet/status")
+                status = get_json(service.base, "/fleet/status")
             except urllib.error.HTTPError as error:
                 assert error.code == 503  # asked of the worker as it died: ask again
                 continue
@@ -275,7 +181,7 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
         one.stop()
     # Started again: the workers restore their saved folds and fold nothing again; the new merge is told
     # every merge item they kept, and says the same.
-    again = _Service(url, "all", 2, tmp_path / "again.log")
+    again = FleetService(url, "all", 2, tmp_path / "again.log")
     try:
         again.folded_through(last_seq)
         status = again.get("/fleet/status")
@@ -290,7 +196,7 @@ def test_two_services_splitting_the_partitions_merge_into_one_answer(
 ) -> None:
     url, stored, last_seq = stream
     now = max(e.ts for e in stored) + 1.0
-    services = [_Service(url, "0-1", 1, tmp_path / "a.log"), _Service(url, "2-3", 1, tmp_path / "b.log")]
+    services = [FleetService(url, "0-1", 1, tmp_path / "a.log"), FleetService(url, "2-3", 1, tmp_path / "b.log")]
     try:
         for service in services:
             service.folded_through(last_seq)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -35,15 +34,6 @@ pytestmark = pytest.mark.nats
 PARTITIONS = 4
 SHAPE = Shape(transfers=150, span_s=300.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
               consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[NatsServer]:
-    own = NatsServer(tmp_path / "jetstream")
-    own.start()
-    yield own
-    if own.process is not None:
-        own.kill()
 
 
 def _digest(events: list[Event]) -> int:

@@ -11,9 +11,6 @@ import json
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import zlib
 from pathlib import Path
 from typing import Any
@@ -35,73 +32,10 @@ from kvledger.ledger.store.partition_source import Delivered
 from kvledger.ledger.store.schema import snapshots
 from tests.ledger.histories import Shape, history
 from tests.store.conftest import backend_url
-from tests.store.nats_server import free_port
+from tests.store.fleet_service import FleetService
 
 SHAPE = Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
               consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
-POLLS_MAX = 3_000
-"""Polls (10 ms apart) for a service to answer and fold the store, and for its workers to exit."""
-
-
-def _get(base: str, path: str) -> Any:
-    with urllib.request.urlopen(f"{base}{path}", timeout=30) as response:
-        return json.loads(response.read())
-
-
-class _Service:
-    def __init__(self, url: str, log: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with log.open("w") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(self.port),
-                 "--partitions", "all", "--workers", "2", "--service", "test"],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def get(self, path: str) -> Any:
-        try:
-            return _get(self.base, path)
-        except urllib.error.HTTPError as error:
-            raise AssertionError(f"{path}: {error}; the service's log ends:\n{self.log.read_text()[-3000:]}") from None
-
-    def folded_through(self, cursor: int) -> dict[str, Any]:
-        """Wait until every partition is complete through `cursor`; the service's /fleet/status then."""
-        for _ in range(POLLS_MAX):
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
-            try:
-                status: dict[str, Any] = _get(self.base, "/fleet/status")
-            except OSError:  # not answering yet
-                time.sleep(0.01)
-                continue
-            if all(p["upto"] >= cursor for p in status["folded"].values()):
-                return status
-            time.sleep(0.01)
-        raise AssertionError(f"the service did not fold through cursor {cursor}:\n{self.log.read_text()[-3000:]}")
-
-    def kill(self, workers: list[int]) -> None:
-        """SIGKILL the service; its workers, their pipe gone, save their folds and exit: wait for them."""
-        self.process.kill()
-        self.process.wait(timeout=60)
-        for _ in range(POLLS_MAX):
-            if not any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in workers):
-                return
-            time.sleep(0.01)
-        raise AssertionError(f"workers {workers} did not exit after the service was killed")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=60)
-
-
-def _alive(pid: int) -> bool:
-    """Not exited, nor a zombie (an orphan's exit is reaped by init, maybe not at once)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _findings(events: list[Event], now: float) -> list[dict[str, Any]]:
@@ -146,20 +80,12 @@ def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_sn
     first_part = [e for _, e in store.tail(0, 100_000)]
     last_cursor = store.tail(0, 100_000)[-1][0]
     partitions = partition_count(store)
-    service = _Service(sql_url, tmp_path / "service.log")
+    service = FleetService(sql_url, "all", 2, tmp_path / "service.log")
     try:
         status = service.folded_through(last_cursor)
         now = max(e.ts for e in first_part) + 1.0
         assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == _findings(first_part, now)
-        listed: list[tuple[str, str]] = []  # every side, in the order one fold first saw them, 7 a page
-        cursor = 0
-        while True:
-            page = service.get(f"/transfers?limit=7&cursor={cursor}")
-            listed += [(t["source"], t["transfer_id"]) for t in page["transfers"]]
-            if page["next_cursor"] is None:
-                break
-            cursor = page["next_cursor"]
-        assert listed == _first_seen(first_part)
+        assert service.listed() == _first_seen(first_part)  # every side, in the order one fold first saw them
         assert {p: v["events"] for p, v in status["folded"].items()} == _per_partition(first_part, partitions)
         service.kill([w["pid"] for w in status["workers"]])
     finally:
@@ -176,7 +102,7 @@ def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_sn
     last_cursor = store.tail(0, 100_000)[-1][0]
     store.close()
     now = max(e.ts for e in stored) + 1.0
-    again = _Service(sql_url, tmp_path / "again.log")
+    again = FleetService(sql_url, "all", 2, tmp_path / "again.log")
     try:
         restarted = again.folded_through(last_cursor)
         for p, before in status["folded"].items():  # each partition went on from its saved fold
