@@ -14,7 +14,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
@@ -25,7 +25,16 @@ from kvledger.api import errors
 from kvledger.api.fleet import Fleet, WorkerLost
 from kvledger.api.fleet_pages import FleetBoards, FleetTransfers, FleetTrust, fleet_registry, summary
 from kvledger.api.limits import GIL_SWITCH_INTERVAL_S
-from kvledger.api.params import Now, TransferIdPath
+from kvledger.api.params import (
+    Cursor,
+    HasFindingFilter,
+    Limit,
+    ModeFilter,
+    Now,
+    RequestIdFilter,
+    SourceFilter,
+    TransferIdPath,
+)
 from kvledger.api.routes import health, web
 from kvledger.api.routes.audit import FindingCode
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX
@@ -87,13 +96,13 @@ router.add_api_route(
 async def list_transfers(
     request: Request,
     phase: PhaseName | None = None,
-    source: Annotated[str | None, Query(max_length=200)] = None,
-    request_id: Annotated[str | None, Query(max_length=200)] = None,
-    mode: Literal["read", "write"] | None = None,
-    has_finding: Annotated[bool | None, Query()] = None,
+    source: SourceFilter = None,
+    request_id: RequestIdFilter = None,
+    mode: ModeFilter = None,
+    has_finding: HasFindingFilter = None,
     now: Now = None,
-    cursor: Annotated[int, Query(ge=0, le=1 << 62, description="From the previous page's next_cursor")] = 0,
-    limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
+    cursor: Cursor = 0,
+    limit: Limit = 100,
 ) -> TransferPage:
     fleet = _fleet(request)
     _check_limit(fleet, limit)

@@ -1,8 +1,9 @@
-"""The request parameters several routes share: the audit time, a transfer id in a path, and the page-size bound."""
+"""The request parameters several routes share: the audit time, a transfer id in a path, the transfer-list
+filters and paging, and the page-size bound."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import Path, Query
 
@@ -15,6 +16,13 @@ TransferIdPath = Annotated[
     str, Path(min_length=1, max_length=TRANSFER_ID_CHARS_MAX, pattern="^[^\x00]*$", description="A transfer id")
 ]
 """What a valid event's transfer id may be (kvledger.ledger.valid): anything else is 422, never a store error."""
+SourceFilter = Annotated[str | None, Query(max_length=200)]
+RequestIdFilter = Annotated[str | None, Query(max_length=200)]
+ModeFilter = Literal["read", "write"] | None
+HasFindingFilter = Annotated[bool | None, Query(description="Only sides with (or without) a finding")]
+Cursor = Annotated[int, Query(ge=0, le=1 << 62, description="From the previous page's next_cursor")]
+Limit = Annotated[int, Query(ge=1, le=1 << 30)]
+"""`GET /transfers`' filters and paging, as the one-process service and the partition workers' service take them."""
 
 
 def check_limit(live: Live, limit: int) -> None:

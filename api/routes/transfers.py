@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path
 
 from kvledger.api.deps import LiveDep, StoreDep
-from kvledger.api.params import Now, TransferIdPath, check_limit
+from kvledger.api.params import (
+    Cursor,
+    HasFindingFilter,
+    Limit,
+    ModeFilter,
+    Now,
+    RequestIdFilter,
+    SourceFilter,
+    TransferIdPath,
+    check_limit,
+)
 from kvledger.api.schemas import RequestDetail, TransferDetail, TransferOut, TransferPage
 from kvledger.api.transfer_events import transfer_events
 from kvledger.api.views import event_json, findings_of, transfer_out
@@ -27,13 +37,13 @@ router = APIRouter(tags=["transfers"])
 async def list_transfers(
     live: LiveDep,
     phase: PhaseName | None = None,
-    source: Annotated[str | None, Query(max_length=200)] = None,
-    request_id: Annotated[str | None, Query(max_length=200)] = None,
-    mode: Literal["read", "write"] | None = None,
-    has_finding: Annotated[bool | None, Query(description="Only sides with (or without) a finding")] = None,
+    source: SourceFilter = None,
+    request_id: RequestIdFilter = None,
+    mode: ModeFilter = None,
+    has_finding: HasFindingFilter = None,
     now: Now = None,
-    cursor: Annotated[int, Query(ge=0, le=1 << 62, description="From the previous page's next_cursor")] = 0,
-    limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
+    cursor: Cursor = 0,
+    limit: Limit = 100,
 ) -> TransferPage:
     check_limit(live, limit)
     keys: Sequence[Key] = live.by_request.get(request_id, ()) if request_id is not None else live.order
