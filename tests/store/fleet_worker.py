@@ -3,20 +3,37 @@ test_sql_fleet_service.py: folds the store's partitions from their source (a NAT
 consumers, a SQL store's tail) until it has folded everything the store holds, then writes each
 partition's answer, digest and counts to `--out`. It prints `saved <partition> <stream seq>` after each save
 (flushed), so a test can kill it while it folds; `--crash-after-save N` kills itself (SIGKILL) right after
-its N-th save, before that save's acknowledgement."""
+its N-th save, before that save's acknowledgement. `spawn` starts it; `digest` is the digest a fold of
+given events must have, computed apart from the fold."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import subprocess
 import sys
+import zlib
+from pathlib import Path
 
 import msgspec
 
+from kvledger.ledger.events import Event
 from kvledger.ledger.fleet import PartitionFold, run_worker
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.partition_source import Delivered
+
+
+def spawn(url: str, partitions: range, out: Path, last_seq: int, now: float, *extra: str) -> subprocess.Popen[str]:
+    """This worker over `url`'s `partitions` in a process of its own, its `saved` lines on a pipe."""
+    command = [sys.executable, "-m", "tests.store.fleet_worker", url, "--partitions", ",".join(map(str, partitions)),
+               "--last-seq", str(last_seq), "--now", str(now), "--out", str(out), *extra]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+
+def digest(events: list[Event]) -> int:
+    """The sum, mod 2**64, of `crc32(source) << 32 | seq` over `events`: a fold of them, each once, has it."""
+    return sum((zlib.crc32(e.source.encode()) << 32) | e.seq for e in events) & ((1 << 64) - 1)
 
 
 def main() -> None:

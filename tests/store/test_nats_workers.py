@@ -6,10 +6,7 @@ exported stream says."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
-import zlib
 from pathlib import Path
 
 import msgspec
@@ -17,16 +14,17 @@ import pytest
 
 from kvledger.cli.export import store_to_jsonl
 from kvledger.ledger.audit import audit
-from kvledger.ledger.events import Event
 from kvledger.ledger.fleet import PartitionFold, run_worker
 from kvledger.ledger.jsonl import read_events
 from kvledger.ledger.merge import batched
 from kvledger.ledger.partitioned import PartitionAnswer, merge
 from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.connect import open_store
-from kvledger.ledger.store.nats_consumer import Delivered, PartitionConsumers, consumer_name
+from kvledger.ledger.store.nats_consumer import PartitionConsumers, consumer_name
 from kvledger.ledger.store.nats_store import NatsStore
+from kvledger.ledger.store.partition_source import Delivered
 from tests.ledger.histories import Shape, history
+from tests.store.fleet_worker import digest, spawn
 from tests.store.nats_server import NatsServer
 
 pytestmark = pytest.mark.nats
@@ -34,16 +32,6 @@ pytestmark = pytest.mark.nats
 PARTITIONS = 4
 SHAPE = Shape(transfers=150, span_s=300.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
               consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
-
-
-def _digest(events: list[Event]) -> int:
-    return sum((zlib.crc32(e.source.encode()) << 32) | e.seq for e in events) & ((1 << 64) - 1)
-
-
-def _worker(url: str, out: Path, last_seq: int, now: float, *extra: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "tests.store.fleet_worker", url, "--partitions", "0,1,2,3",
-               "--last-seq", str(last_seq), "--now", str(now), "--out", str(out), *extra]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
 
 def test_workers_killed_mid_fold_and_between_save_and_ack_fold_every_event_once(
@@ -64,7 +52,7 @@ def test_workers_killed_mid_fold_and_between_save_and_ack_fold_every_event_once(
     out = tmp_path / "answers.msgpack"
 
     # 1. Killed while it folds: after its second save, wherever it is then.
-    first = _worker(url, out, last_seq, now, "--fetch", "2", "--snapshot-every-events", "150")
+    first = spawn(url, range(PARTITIONS), out, last_seq, now, "--fetch", "2", "--snapshot-every-events", "150")
     assert first.stdout is not None
     saves = [first.stdout.readline() for _ in range(2)]
     assert all(line.startswith("saved ") for line in saves), saves
@@ -72,13 +60,13 @@ def test_workers_killed_mid_fold_and_between_save_and_ack_fold_every_event_once(
     first.wait()
     assert not out.exists()  # killed before it folded the stream
     # 2. Killed right after a save, before its acknowledgement: the saved messages come again.
-    second = _worker(url, out, last_seq, now, "--fetch", "2", "--snapshot-every-events", "150",
-                     "--crash-after-save", "2")  # fmt: skip
+    second = spawn(url, range(PARTITIONS), out, last_seq, now, "--fetch", "2", "--snapshot-every-events", "150",
+                   "--crash-after-save", "2")  # fmt: skip
     second.communicate()
     assert second.returncode == -9
     assert not out.exists()
     # 3. To the end.
-    third = _worker(url, out, last_seq, now)
+    third = spawn(url, range(PARTITIONS), out, last_seq, now)
     third.communicate()
     assert third.returncode == 0
     report = msgspec.msgpack.decode(out.read_bytes())
@@ -86,7 +74,7 @@ def test_workers_killed_mid_fold_and_between_save_and_ack_fold_every_event_once(
     answers = {int(p): v for p, v in report["answers"].items()}
     assert sorted(answers) == list(range(PARTITIONS))
     assert sum(n for _, _, n in answers.values()) == len(stored)  # 0 lost ...
-    assert sum(d for _, d, _ in answers.values()) & ((1 << 64) - 1) == _digest(stored)  # ... 0 folded twice
+    assert sum(d for _, d, _ in answers.values()) & ((1 << 64) - 1) == digest(stored)  # ... 0 folded twice
     merged = merge(msgspec.msgpack.decode(a, type=PartitionAnswer) for a, _, _ in answers.values())
     one = replay_chunks(batched(stored, 64))
     expected = audit(one.state, now)
@@ -152,7 +140,7 @@ def test_a_worker_rides_out_its_server_killed_and_restarted(server: NatsServer, 
     folds = result[0]
     stored = list(store.read())
     assert sum(f.folded.events for f in folds.values()) == len(stored) == len(events)
-    assert sum(f.digest for f in folds.values()) & ((1 << 64) - 1) == _digest(stored)
+    assert sum(f.digest for f in folds.values()) & ((1 << 64) - 1) == digest(stored)
     now = max(e.ts for e in stored) + 1.0
     merged = merge(f.answer(now, upto=last_seq) for f in folds.values())
     assert merged.findings == audit(replay_chunks(batched(stored, 64)).state, now)

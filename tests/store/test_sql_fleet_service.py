@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +30,7 @@ from kvledger.ledger.store.schema import snapshots
 from tests.ledger.histories import Shape, history
 from tests.store.conftest import backend_url
 from tests.store.fleet_service import FleetService
+from tests.store.fleet_worker import digest, spawn
 
 SHAPE = Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
               consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
@@ -114,16 +112,6 @@ def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_sn
         again.stop()
 
 
-def _digest(events: list[Event]) -> int:
-    return sum((zlib.crc32(e.source.encode()) << 32) | e.seq for e in events) & ((1 << 64) - 1)
-
-
-def _worker(url: str, out: Path, last: int, now: float, *extra: str) -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "tests.store.fleet_worker", url, "--partitions", ",".join(map(str, range(16))),
-               "--last-seq", str(last), "--now", str(now), "--out", str(out), *extra]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-
-
 def test_a_worker_killed_while_it_folds_a_sqlite_store_folds_every_event_once(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     store = open_store(url, create=True)
@@ -135,7 +123,7 @@ def test_a_worker_killed_while_it_folds_a_sqlite_store_folds_every_event_once(tm
     now = max(e.ts for e in stored) + 1.0
     out = tmp_path / "answers.msgpack"
     # Killed while it folds (3 rows a fetch, a save every 100 events): after its fourth save.
-    first = _worker(url, out, last, now, "--fetch", "3", "--snapshot-every-events", "100")
+    first = spawn(url, range(16), out, last, now, "--fetch", "3", "--snapshot-every-events", "100")
     assert first.stdout is not None
     saves = [first.stdout.readline() for _ in range(4)]
     assert all(line.startswith("saved ") for line in saves), saves
@@ -143,7 +131,7 @@ def test_a_worker_killed_while_it_folds_a_sqlite_store_folds_every_event_once(tm
     first.wait()
     assert not out.exists()  # killed before it read the store to its end
     # Started again: from the saved folds, to the end.
-    second = _worker(url, out, last, now)
+    second = spawn(url, range(16), out, last, now)
     second.communicate()
     assert second.returncode == 0
     report = msgspec.msgpack.decode(out.read_bytes())
@@ -151,7 +139,7 @@ def test_a_worker_killed_while_it_folds_a_sqlite_store_folds_every_event_once(tm
     assert sorted(answers) == list(range(16))
     assert any(report["restored"].values())  # went on from the first one's saved folds
     assert sum(n for _, _, n in answers.values()) == len(stored)  # 0 lost ...
-    assert sum(d for _, d, _ in answers.values()) & ((1 << 64) - 1) == _digest(stored)  # ... 0 folded twice
+    assert sum(d for _, d, _ in answers.values()) & ((1 << 64) - 1) == digest(stored)  # ... 0 folded twice
     merged = merge(msgspec.msgpack.decode(a, type=PartitionAnswer) for a, _, _ in answers.values())
     one = replay_chunks(batched(stored, 64))
     assert merged.findings == audit(one.state, now)
