@@ -36,7 +36,6 @@ import asyncio
 import json
 import multiprocessing
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,7 @@ import msgspec
 
 from benchmarks.quick import parse_args
 from kvledger.cli.jobs import cores
+from kvledger.connector.ports import free_loopback_ports
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Event, Map, ReqId, TransferId, to_msgpack
 from kvledger.ledger.log import EventLog
@@ -306,14 +306,6 @@ def _consume(url: str, workers: int, service: str, last_seq: int, now: float) ->
 # -- (c) the service -----------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = int(probe.getsockname()[1])
-    probe.close()
-    return port
-
-
 def _paced_engine(conn: Connection, url: str, engine: int, rate: float, seconds: float, spill: str, start: Any) -> None:
     mine = engine_events(engine, int(rate * seconds) + 1, clock_start=time.time())
     start.wait()
@@ -345,7 +337,7 @@ def _service(servers: str, engines: int, rate: float, seconds: float, tmp: Path,
     """`kvledger serve` over a fresh stream (with `workers` partition workers; None: one process) while the
     engines append at `rate` for `seconds`: the lag and /audit figures."""
     url = _make_stream(servers, f"kvl-bench-svc-{uuid.uuid4().hex[:8]}")
-    port = _free_port()
+    port = free_loopback_ports(1)[0]
     env = dict(os.environ, KVLEDGER_DB=url)
     fleet = ["--partitions", "all", "--workers", str(workers)] if workers else []
     service = subprocess.Popen(

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 
 from benchmarks.quick import parse_args
 from benchmarks.ready import append_raw
+from kvledger.connector.ports import free_loopback_ports
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.synth import SynthConfig, generate
 
@@ -57,14 +58,6 @@ POLL_S = 0.05
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _cpu_s(pids: list[int]) -> float:
     """utime + stime of `pids` (each read from /proc; a process gone counts 0)."""
     total = 0
@@ -85,7 +78,7 @@ def _get(base: str, path: str) -> Any:
 def _start(url: str, extra: list[str], ready: Any) -> tuple[float, float, float, str, subprocess.Popen[bytes]]:
     """A `kvledger serve` process over `url`: (seconds until `ready(base)` returns its workers' pids, the CPU
     seconds of the service and its workers then, those of the busiest worker, its base URL, the process)."""
-    port = _free_port()
+    port = free_loopback_ports(1)[0]
     base = f"http://127.0.0.1:{port}"
     began = time.perf_counter()
     process = subprocess.Popen(
