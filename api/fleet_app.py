@@ -34,6 +34,7 @@ from kvledger.api.params import (
     RequestIdFilter,
     SourceFilter,
     TransferIdPath,
+    check_limit,
 )
 from kvledger.api.routes import health, web
 from kvledger.api.routes.audit import FindingCode
@@ -53,11 +54,6 @@ def _fleet(request: Request) -> Fleet:
     return fleet
 
 
-def _check_limit(fleet: Fleet, limit: int) -> None:
-    if limit > fleet.settings.page_limit_max:
-        raise errors.InvalidBody(("query", "limit"), f"at most {fleet.settings.page_limit_max}, got {limit}")
-
-
 @router.get("/healthz", response_model=Health)
 async def healthz() -> Health:
     return Health(status="ok")
@@ -71,7 +67,7 @@ async def get_audit(
     limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
 ) -> AuditOut:
     fleet = _fleet(request)
-    _check_limit(fleet, limit)
+    check_limit(fleet, limit)
     at, findings, counts, _ = await fleet.findings_at(now)
     chosen = findings if code is None else [f for f in findings if f.code == code]
     return AuditOut(
@@ -105,7 +101,7 @@ async def list_transfers(
     limit: Limit = 100,
 ) -> TransferPage:
     fleet = _fleet(request)
-    _check_limit(fleet, limit)
+    check_limit(fleet, limit)
     keys = (await fleet.findings_at(now))[3] if has_finding is not None else None
     asked = SidesAsked(cursor, limit, phase, source, mode, request_id, None, has_finding, SCAN_SIDES_MAX)
     page, next_cursor = await fleet.sides(asked, keys)

@@ -3,12 +3,12 @@ filters and paging, and the page-size bound."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from fastapi import Path, Query
 
 from kvledger.api.errors import InvalidBody
-from kvledger.api.live import Live
+from kvledger.api.settings import Settings
 from kvledger.ledger.limits import TRANSFER_ID_CHARS_MAX, TS_MAX
 
 Now = Annotated[float | None, Query(ge=0, le=TS_MAX, description="Audit time (s since epoch); default: now")]
@@ -25,7 +25,14 @@ Limit = Annotated[int, Query(ge=1, le=1 << 30)]
 """`GET /transfers`' filters and paging, as the one-process service and the partition workers' service take them."""
 
 
-def check_limit(live: Live, limit: int) -> None:
+class HasSettings(Protocol):
+    """The one-process service's `Live` or the partition workers' `Fleet`."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+
+def check_limit(service: HasSettings, limit: int) -> None:
     """A page asked for more rows than the settings allow is a 422 naming the bound."""
-    if limit > live.settings.page_limit_max:
-        raise InvalidBody(("query", "limit"), f"at most {live.settings.page_limit_max}, got {limit}")
+    if limit > service.settings.page_limit_max:
+        raise InvalidBody(("query", "limit"), f"at most {service.settings.page_limit_max}, got {limit}")
