@@ -49,6 +49,7 @@ from kvledger.ledger.partitioned import Batch, Folded, Merger, PartitionAnswer, 
 from kvledger.ledger.picture import picture_of
 from kvledger.ledger.store import snapshot
 from kvledger.ledger.store.base import StoredSnapshot, StoreUnavailable
+from kvledger.ledger.store.nats_stream import CURSOR_SHIFT
 from kvledger.ledger.store.partition_source import SQL_PARTITIONS, Held, Mark
 from kvledger.ledger.store.snapshot import SnapshotFormatError
 from kvledger.ledger.transfer_state import TransferState
@@ -58,9 +59,6 @@ if TYPE_CHECKING:
     from kvledger.ledger.store.partition_source import Delivered, PartitionSource
 
 FORMAT = 4
-CURSOR_SHIFT = 16
-"""As the NATS store's cursors: `stream seq << 16 | place`."""
-PLACES = (1 << CURSOR_SHIFT) - 1
 DIGEST_MASK = (1 << 64) - 1
 
 

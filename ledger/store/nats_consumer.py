@@ -39,7 +39,8 @@ from nats.js import JetStreamContext, api
 
 from kvledger.ledger.events import Event
 from kvledger.ledger.store.base import StoreError
-from kvledger.ledger.store.nats_store import CALL_TIMEOUT_S, CURSOR_SHIFT, NatsStore, decode_batch
+from kvledger.ledger.store.nats_store import CALL_TIMEOUT_S, NatsStore, decode_batch
+from kvledger.ledger.store.nats_stream import CURSOR_SHIFT
 from kvledger.ledger.store.partition_source import Delivered
 
 SERVICE_DEFAULT = "kvledger"

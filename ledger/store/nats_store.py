@@ -57,13 +57,11 @@ from kvledger.ledger.store.base import (
     StoreUnavailable,
 )
 from kvledger.ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
-from kvledger.ledger.store.nats_stream import PARTITIONS_DEFAULT, NatsTarget, source_token
+from kvledger.ledger.store.nats_stream import CURSOR_SHIFT, PARTITIONS_DEFAULT, NatsTarget, source_token
 from kvledger.ledger.store.rows import Row, encode_rows, quarantine_row
 
 T = TypeVar("T")
 
-CURSOR_SHIFT = 16
-"""A cursor is `stream_seq << CURSOR_SHIFT | place`; a message holds fewer than 2**16 events."""
 MESSAGE_EVENTS_MAX = 1_000
 """Events in one message at most (about 150 KB of msgpack; the server's default max_payload is 1 MB)."""
 CALL_TIMEOUT_S = 5.0

@@ -32,6 +32,8 @@ from kvledger.ledger.store.base import StoreUnavailable
 from kvledger.ledger.store.limits import WRITER_RETRY_BACKOFF_S_MAX
 
 NATS_SCHEME = "nats"
+CURSOR_SHIFT = 16
+"""A cursor is `stream_seq << CURSOR_SHIFT | place`; a message holds fewer than 2**16 events."""
 PARTITIONS_DEFAULT = 16
 """Partitions of a new stream: enough to spread over 16 workers; a worker may fold several."""
 DUP_WINDOW_S_DEFAULT = 600.0
