@@ -543,7 +543,7 @@ def _sides(folds: dict[int, PartitionFold], asked: SidesAsked) -> tuple[list[tup
             if matched >= asked.limit:
                 through = first if through is None else min(through, first)
                 break
-    found.sort(key=lambda pair: pair[0])
+    found.sort(key=_first_of)
     if through is not None:
         found = [pair for pair in found if pair[0] <= through]
     if len(found) > asked.limit:
@@ -560,15 +560,11 @@ def merge_pages(
     is complete through are there; none beyond it is kept."""
     reached = [through for _, through in pages if through is not None]
     bound = min(reached) if reached else None
-    found = sorted((pair for page, _ in pages for pair in page if bound is None or pair[0] <= bound), key=_first)
+    found = sorted((pair for page, _ in pages for pair in page if bound is None or pair[0] <= bound), key=_first_of)
     if len(found) > limit:
         del found[limit:]
         bound = found[-1][0]
     return [t for _, t in found], bound
-
-
-def _first(pair: tuple[int, TransferState]) -> int:
-    return pair[0]
 
 
 def _request_sides(folds: dict[int, PartitionFold], request_id: str) -> tuple[bool, list[tuple[int, TransferState]]]:
@@ -582,7 +578,7 @@ def _request_sides(folds: dict[int, PartitionFold], request_id: str) -> tuple[bo
             named = True
             transfers = fold.folded.state.transfers
             found += [(cursor, t) for cursor, key in keys if (t := transfers.get(key)) is not None]
-    found.sort(key=_first)
+    found.sort(key=_first_of)
     return named, found
 
 
@@ -601,7 +597,7 @@ def merge_request_sides(parts: Sequence[tuple[bool, list[tuple[int, TransferStat
     maps first named them (None: no map named the request)."""
     if not any(named for named, _ in parts):
         return None
-    return [t for _, t in sorted((pair for _, found in parts for pair in found), key=_first)]
+    return [t for _, t in sorted((pair for _, found in parts for pair in found), key=_first_of)]
 
 
 def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch_timeout_s: float) -> None:
