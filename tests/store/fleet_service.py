@@ -1,6 +1,6 @@
 """`kvledger serve` as a process for the fleet tests: over partition workers (`--partitions`) or as one
 process, with what those tests wait for (folded through a position, an audit published after a moment) and
-read (JSON, every /transfers page, the fold's metrics)."""
+read (JSON, every /transfers page, the fold's metrics); `one_fold_findings`, what their /audit must say."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvledger.api.views import finding_out
+from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Event
+from kvledger.ledger.merge import batched
+from kvledger.ledger.replay import replay_chunks
 from tests.store.nats_server import free_port
 
 POLLS_MAX = 3_000
@@ -28,6 +33,13 @@ FOLD_METRICS = (
     "kvledger_sources_lost", "kvledger_blocks_lost",
 )  # fmt: skip
 """The metrics that derive from the fold: a service over partition workers says what one process says."""
+
+
+def one_fold_findings(events: list[Event], now: float) -> list[dict[str, Any]]:
+    """The findings at `now` of one fold of `events`, as /audit lists them (several codes, a double owner)."""
+    findings = audit(replay_chunks(batched(events, 64)).state, now)
+    assert any(f.code == "double_owner" for f in findings) and len({f.code for f in findings}) > 3
+    return [json.loads(finding_out(f).model_dump_json()) for f in findings]
 
 
 def get_json(base: str, path: str) -> Any:

@@ -15,22 +15,19 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kvledger.api.fleet import merge_services
 from kvledger.api.views import finding_out
-from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Drop, Event, Map
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.merge import batched
-from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.nats_store import NatsStore
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
-from tests.store.fleet_service import POLLS_MAX, FleetService, get_json
+from tests.store.fleet_service import POLLS_MAX, FleetService, get_json, one_fold_findings
 
 pytestmark = pytest.mark.nats
 
@@ -49,12 +46,6 @@ def stream(nats_url: str) -> Iterator[tuple[str, list[Event], int]]:
     last_seq = store.last_sequence()
     store.close()
     yield nats_url, stored, last_seq
-
-
-def _expected(stored: list[Event], now: float) -> list[dict[str, Any]]:
-    findings = audit(replay_chunks(batched(stored, 64)).state, now)
-    assert any(f.code == "double_owner" for f in findings) and len({f.code for f in findings}) > 3
-    return [json.loads(finding_out(f).model_dump_json()) for f in findings]
 
 
 def _same_summary_and_metrics(fleet: FleetService, one: FleetService, stored: list[Event], now: float) -> None:
@@ -142,7 +133,7 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
     try:
         service.folded_through(last_seq)
         got = service.get(f"/audit?now={now!r}&limit=1000")
-        assert got["findings"] == _expected(stored, now)
+        assert got["findings"] == one_fold_findings(stored, now)
         _same_summary_and_metrics(service, one, stored, now)
         one.stop()
         # /transfers: every side, in the order one fold first saw them (paged 7 at a time)
@@ -201,7 +192,7 @@ def test_two_services_splitting_the_partitions_merge_into_one_answer(
         for service in services:
             service.folded_through(last_seq)
         merged = merge_services([s.base for s in services], now)
-        assert [json.loads(finding_out(f).model_dump_json()) for f in merged.findings] == _expected(stored, now)
+        assert [json.loads(finding_out(f).model_dump_json()) for f in merged.findings] == one_fold_findings(stored, now)
         assert merged.events == len(stored)
         alone = services[0].get(f"/audit?now={now!r}&limit=1000")  # one service: its partitions only
         assert 0 < alone["total"] < len(merged.findings)

@@ -7,15 +7,12 @@ once (a digest of (source, seq)), the merged answers one fold's."""
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
 
-from kvledger.api.views import finding_out
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Drop, Event
 from kvledger.ledger.fleet import PartitionFold, partition_count, run_worker, snapshot_source
@@ -29,17 +26,11 @@ from kvledger.ledger.store.partition_source import Delivered
 from kvledger.ledger.store.schema import snapshots
 from tests.ledger.histories import Shape, history
 from tests.store.conftest import backend_url
-from tests.store.fleet_service import FleetService
+from tests.store.fleet_service import FleetService, one_fold_findings
 from tests.store.fleet_worker import digest, spawn
 
 SHAPE = Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
               consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
-
-
-def _findings(events: list[Event], now: float) -> list[dict[str, Any]]:
-    findings = audit(replay_chunks(batched(events, 64)).state, now)
-    assert any(f.code == "double_owner" for f in findings) and len({f.code for f in findings}) > 3
-    return [json.loads(finding_out(f).model_dump_json()) for f in findings]
 
 
 def _first_seen(events: list[Event]) -> list[tuple[str, str]]:
@@ -82,7 +73,7 @@ def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_sn
     try:
         status = service.folded_through(last_cursor)
         now = max(e.ts for e in first_part) + 1.0
-        assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == _findings(first_part, now)
+        assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == one_fold_findings(first_part, now)
         assert service.listed() == _first_seen(first_part)  # every side, in the order one fold first saw them
         assert {p: v["events"] for p, v in status["folded"].items()} == _per_partition(first_part, partitions)
         service.kill([w["pid"] for w in status["workers"]])
@@ -107,7 +98,7 @@ def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_sn
             assert restarted["folded"][p]["restored"] == before["applied"]
         # ... and folded only what came after it: each event once
         assert {p: v["events"] for p, v in restarted["folded"].items()} == _per_partition(stored, partitions)
-        assert again.get(f"/audit?now={now!r}&limit=1000")["findings"] == _findings(stored, now)
+        assert again.get(f"/audit?now={now!r}&limit=1000")["findings"] == one_fold_findings(stored, now)
     finally:
         again.stop()
 
