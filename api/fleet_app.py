@@ -9,7 +9,6 @@ service (the event tail, ingest, snapshots of the whole fold, replay) is not ser
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -38,10 +37,11 @@ from kvledger.api.params import (
 )
 from kvledger.api.routes import health, web
 from kvledger.api.routes.audit import FindingCode
-from kvledger.api.routes.transfers import SCAN_SIDES_MAX
+from kvledger.api.routes.transfers import SCAN_SIDES_MAX, transfer_detail
 from kvledger.api.schemas import AuditOut, AuditSummary, Health, RequestDetail, TransferDetail, TransferPage
 from kvledger.api.settings import Settings
-from kvledger.api.views import event_json, finding_out, findings_of, transfer_out
+from kvledger.api.views import finding_out, transfer_out
+from kvledger.ledger.audit import Finding
 from kvledger.ledger.fleet import SidesAsked
 from kvledger.ledger.lifecycle import PhaseName
 from kvledger.ledger.partitioned import PartitionAnswer
@@ -111,19 +111,11 @@ async def list_transfers(
 @router.get("/transfers/{transfer_id}", response_model=TransferDetail, responses={404: {"description": "unseen"}})
 async def get_transfer(request: Request, transfer_id: TransferIdPath, now: Now = None) -> TransferDetail:
     fleet = _fleet(request)
-    sides = await fleet.transfer(transfer_id)
-    events_max = fleet.settings.timeline_events_max
-    timeline = await asyncio.to_thread(fleet.timeline, transfer_id, events_max)
-    if not sides and not timeline:
-        raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
-    findings = (await fleet.findings_at(now))[1]
-    return TransferDetail(
-        transfer_id=transfer_id,
-        sides=[transfer_out(t) for t in sides],
-        findings=findings_of(findings, transfer_id),
-        timeline=[event_json(e) for e in timeline[:events_max]],
-        timeline_truncated=len(timeline) > events_max,
-    )
+
+    async def findings() -> list[Finding]:
+        return (await fleet.findings_at(now))[1]
+
+    return await transfer_detail(request.app.state.transfers, transfer_id, fleet.settings.timeline_events_max, findings)
 
 
 @router.get("/requests/{request_id}", response_model=RequestDetail, responses={404: {"description": "no map names it"}})

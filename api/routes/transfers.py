@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path
+from fastapi import APIRouter, HTTPException, Path, Request
 
-from kvledger.api.deps import LiveDep, StoreDep
+from kvledger.api.deps import LiveDep
 from kvledger.api.params import (
     Cursor,
     HasFindingFilter,
@@ -20,10 +20,10 @@ from kvledger.api.params import (
     check_limit,
 )
 from kvledger.api.schemas import RequestDetail, TransferDetail, TransferOut, TransferPage
-from kvledger.api.transfer_events import transfer_events
+from kvledger.api.transfer_events import Transfers
 from kvledger.api.views import event_json, findings_of, transfer_out
+from kvledger.ledger.audit import Finding
 from kvledger.ledger.decisions import Key
-from kvledger.ledger.events import TransferId
 from kvledger.ledger.lifecycle import PhaseName
 from kvledger.ledger.side import TransferState
 
@@ -78,23 +78,27 @@ def _matches(t: TransferState, phase: PhaseName | None, source: str | None, mode
     summary="Every side of one transfer id, its findings and its full event timeline",
     responses={404: {"description": "No source has seen this transfer id"}},
 )
-async def get_transfer(
-    live: LiveDep,
-    store: StoreDep,
-    transfer_id: TransferIdPath,
-    now: Now = None,
+async def get_transfer(request: Request, live: LiveDep, transfer_id: TransferIdPath, now: Now = None) -> TransferDetail:
+    async def findings() -> list[Finding]:
+        return live.findings_at(now)[1]
+
+    return await transfer_detail(request.app.state.transfers, transfer_id, live.settings.timeline_events_max, findings)
+
+
+async def transfer_detail(
+    transfers: Transfers, transfer_id: str, events_max: int, findings_at: Callable[[], Awaitable[list[Finding]]]
 ) -> TransferDetail:
-    state = live.state
-    sides = [t for s in state.sources if (t := state.transfers.get((s, TransferId(transfer_id)))) is not None]
-    events_max = live.settings.timeline_events_max
-    timeline = await live.store_call(transfer_events, store, transfer_id, events_max)
+    """`GET /transfers/{id}` over `transfers` (the one-process service's fold and store, or the partition
+    workers'): 404 where no side and no event names the id, else its sides, findings (`findings_at`, asked only
+    then) and timeline."""
+    sides = await transfers.sides(transfer_id)
+    timeline = await transfers.events(transfer_id, events_max)
     if not sides and not timeline:
         raise HTTPException(404, f"no source has seen transfer id {transfer_id!r}")
-    findings = live.findings_at(now)[1]
     return TransferDetail(
         transfer_id=transfer_id,
         sides=[transfer_out(t) for t in sides],
-        findings=findings_of(findings, transfer_id),
+        findings=findings_of(await findings_at(), transfer_id),
         timeline=[event_json(e) for e in timeline[:events_max]],
         timeline_truncated=len(timeline) > events_max,
     )
