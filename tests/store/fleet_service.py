@@ -1,6 +1,7 @@
 """`kvledger serve` as a process for the fleet tests: over partition workers (`--partitions`) or as one
 process, with what those tests wait for (folded through a position, an audit published after a moment) and
-read (JSON, every /transfers page, the fold's metrics); `one_fold_findings`, what their /audit must say."""
+read (JSON, every /transfers page, the fold's metrics); `one_fold_findings` and `first_seen`, what their
+/audit and /transfers must say."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvledger.api.views import finding_out
 from kvledger.ledger.audit import audit
-from kvledger.ledger.events import Event
+from kvledger.ledger.events import Drop, Event
+from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.merge import batched
 from kvledger.ledger.replay import replay_chunks
 from tests.store.nats_server import free_port
@@ -40,6 +42,20 @@ def one_fold_findings(events: list[Event], now: float) -> list[dict[str, Any]]:
     findings = audit(replay_chunks(batched(events, 64)).state, now)
     assert any(f.code == "double_owner" for f in findings) and len({f.code for f in findings}) > 3
     return [json.loads(finding_out(f).model_dump_json()) for f in findings]
+
+
+def first_seen(events: list[Event]) -> list[tuple[str, str]]:
+    """Every transfer side one fold of `events` holds, in the order it first saw them, as /transfers lists them."""
+    state = LedgerState()
+    order: list[tuple[str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for e in events:
+        state.apply(e)
+        key = (e.source, e.transfer_id)
+        if type(e) is not Drop and key in state.transfers and key not in seen:
+            seen.add(key)
+            order.append(key)
+    return order
 
 
 def get_json(base: str, path: str) -> Any:

@@ -20,14 +20,13 @@ import pytest
 
 from kvledger.api.fleet import merge_services
 from kvledger.api.views import finding_out
-from kvledger.ledger.events import Drop, Event, Map
-from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.events import Event, Map
 from kvledger.ledger.merge import batched
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.nats_store import NatsStore
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
-from tests.store.fleet_service import POLLS_MAX, FleetService, get_json, one_fold_findings
+from tests.store.fleet_service import POLLS_MAX, FleetService, first_seen, get_json, one_fold_findings
 
 pytestmark = pytest.mark.nats
 
@@ -137,13 +136,7 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
         _same_summary_and_metrics(service, one, stored, now)
         one.stop()
         # /transfers: every side, in the order one fold first saw them (paged 7 at a time)
-        state = LedgerState()
-        order: list[tuple[str, str]] = []
-        for e in stored:
-            state.apply(e)
-            key = (e.source, e.transfer_id)
-            if type(e) is not Drop and key in state.transfers and key not in order:
-                order.append(key)
+        order = first_seen(stored)
         assert service.listed() == order
         reused = next(tid for tid in {t for _, t in order} if sum(1 for _, t in order if t == tid) >= 2)
         detail = service.get(f"/transfers/{reused}?now={now!r}")

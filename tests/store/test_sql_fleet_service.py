@@ -14,9 +14,8 @@ import msgspec
 import pytest
 
 from kvledger.ledger.audit import audit
-from kvledger.ledger.events import Drop, Event
+from kvledger.ledger.events import Event
 from kvledger.ledger.fleet import PartitionFold, partition_count, run_worker, snapshot_source
-from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.merge import batched
 from kvledger.ledger.partition import partition_of_event
 from kvledger.ledger.partitioned import PartitionAnswer, merge
@@ -26,24 +25,11 @@ from kvledger.ledger.store.partition_source import Delivered
 from kvledger.ledger.store.schema import snapshots
 from tests.ledger.histories import Shape, history
 from tests.store.conftest import backend_url
-from tests.store.fleet_service import FleetService, one_fold_findings
+from tests.store.fleet_service import FleetService, first_seen, one_fold_findings
 from tests.store.fleet_worker import digest, spawn
 
 SHAPE = Shape(transfers=80, span_s=200.0, block_pool=8, reuse_rate=0.2, orphan_rate=0.1,
               consumers=("decode-0/tp0", "decode-1/tp0"))  # fmt: skip
-
-
-def _first_seen(events: list[Event]) -> list[tuple[str, str]]:
-    state = LedgerState()
-    order: list[tuple[str, str]] = []
-    seen: set[tuple[str, str]] = set()
-    for e in events:
-        state.apply(e)
-        key = (e.source, e.transfer_id)
-        if type(e) is not Drop and key in state.transfers and key not in seen:
-            seen.add(key)
-            order.append(key)
-    return order
 
 
 def _per_partition(events: list[Event], partitions: int) -> dict[str, int]:
@@ -74,7 +60,7 @@ def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_sn
         status = service.folded_through(last_cursor)
         now = max(e.ts for e in first_part) + 1.0
         assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == one_fold_findings(first_part, now)
-        assert service.listed() == _first_seen(first_part)  # every side, in the order one fold first saw them
+        assert service.listed() == first_seen(first_part)  # every side, in the order one fold first saw them
         assert {p: v["events"] for p, v in status["folded"].items()} == _per_partition(first_part, partitions)
         service.kill([w["pid"] for w in status["workers"]])
     finally:
