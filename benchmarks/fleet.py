@@ -210,8 +210,9 @@ def _raw_engine(conn: Connection, servers: str, stream: str, engine: int, events
     conn.send((began, time.time(), events))
 
 
-def _processes(target: Any, args_of: list[tuple[Any, ...]]) -> list[tuple[float, float, int]]:
-    """Run `target(conn, *args, start)` in one process per args, started together; their (began, ended, n)."""
+def _processes(target: Any, args_of: list[tuple[Any, ...]]) -> list[Any]:
+    """Run `target(conn, *args, start)` in one process per args, started together; what each sent (its
+    (began, ended, n), then anything more)."""
     context = multiprocessing.get_context("fork")
     start = context.Barrier(len(args_of))
     pipes, procs = [], []
@@ -253,7 +254,9 @@ def _drop_stream(url: str) -> None:
 # -- (b) consume ---------------------------------------------------------------------------------------------
 
 
-def _worker(conn: Connection, url: str, partitions: list[int], service: str, last_seq: int, now: float, start: Any):  # type: ignore[no-untyped-def]
+def _worker(
+    conn: Connection, url: str, partitions: list[int], service: str, last_seq: int, now: float, start: Any
+) -> None:
     from kvledger.ledger.fleet import run_worker
 
     store = open_store(url)
@@ -272,34 +275,18 @@ def _worker(conn: Connection, url: str, partitions: list[int], service: str, las
     answers = [msgspec.msgpack.encode(f.answer(now, upto=last_seq)) for f in folds.values()]
     events = sum(f.folded.events for f in folds.values())
     digest = sum(f.digest for f in folds.values()) & DIGEST_MASK
-    conn.send((began, caught[0], events))
-    conn.send((answers, digest))
+    conn.send((began, caught[0], events, answers, digest))
     store.close()
 
 
 def _consume(url: str, workers: int, service: str, last_seq: int, now: float) -> tuple[float, list[bytes], int, int]:
     """(events/s, answers, events folded, digest) of `workers` processes folding every partition."""
-    context = multiprocessing.get_context("fork")
-    start = context.Barrier(workers)
     owned = [list(range(w, PARTITIONS, workers)) for w in range(workers)]
-    pipes, procs = [], []
-    for partitions in owned:
-        parent, child = context.Pipe(duplex=False)
-        proc = context.Process(
-            target=_worker, args=(child, url, partitions, service, last_seq, now, start), daemon=True
-        )
-        proc.start()
-        child.close()
-        pipes.append(parent)
-        procs.append(proc)
-    timed, answers, folded, digest = [], [], 0, 0
-    for pipe, proc in zip(pipes, procs, strict=True):
-        timed.append(pipe.recv())
-        found, d = pipe.recv()
-        answers += found
-        folded += timed[-1][2]
-        digest += d
-        proc.join()
+    results = _processes(_worker, [(url, partitions, service, last_seq, now) for partitions in owned])
+    timed = [(began, caught, n) for began, caught, n, _, _ in results]
+    answers = [a for *_, found, _ in results for a in found]
+    folded = sum(n for _, _, n in timed)
+    digest = sum(d for *_, d in results)
     return _rate(timed), answers, folded, digest & DIGEST_MASK
 
 
