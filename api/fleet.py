@@ -310,13 +310,17 @@ class Fleet:
     async def audit(self, now: float) -> FleetAudited:
         """The merged audit at `now`, with its figures and the oldest side held on a live engine."""
         findings, events, cost_s, figures = await self.findings_now(now)
-        oldest = None
-        if figures.oldest_key is not None:
-            source, transfer_id = figures.oldest_key
-            oldest = next((t for t in await self.transfer(transfer_id) if t.source == source), None)
+        found_at = self.found_at(findings, figures.found_at)
+        oldest, found = await asyncio.gather(self._oldest(figures.oldest_key), found_at)
         keys = {(f.source, f.transfer_id) for f in findings}
-        found = await self.found_at(findings, figures.found_at)
         return FleetAudited(now, findings, counts_by_code(findings), keys, events, cost_s, figures, oldest, found)
+
+    async def _oldest(self, key: Key | None) -> TransferState | None:
+        """The side `key` names (`FleetFigures.oldest_key`), from the worker folding it."""
+        if key is None:
+            return None
+        source, transfer_id = key
+        return next((t for t in await self.transfer(transfer_id) if t.source == source), None)
 
     async def found_at(self, findings: list[Finding], told: list[float | None]) -> list[float]:
         """`told` (each finding's time, as its partition said) with those the merge judged asked of the workers
@@ -328,9 +332,13 @@ class Fleet:
                 asked.setdefault(next(k for k, w in enumerate(self.workers) if partition in w.partitions), []).append(i)
         out = [at if at is not None else 0.0 for at in told]
         s = self.settings
-        for k, indices in asked.items():
-            judged = [findings[i] for i in indices]
-            reply = await self.workers[k].ask("found", judged, s.transfer_timeout_s, s.clock_skew_s)
+        replies = await asyncio.gather(
+            *(
+                self.workers[k].ask("found", [findings[i] for i in indices], s.transfer_timeout_s, s.clock_skew_s)
+                for k, indices in asked.items()
+            )
+        )
+        for indices, reply in zip(asked.values(), replies, strict=True):
             for i, at in zip(indices, _found.decode(reply), strict=True):
                 out[i] = at
         return out
