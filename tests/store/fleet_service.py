@@ -18,12 +18,12 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvledger.api.views import finding_out
+from kvledger.connector.ports import free_loopback_ports
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Drop, Event
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.merge import batched
 from kvledger.ledger.replay import replay_chunks
-from tests.store.nats_server import free_port
 
 POLLS_MAX = 3_000
 """Polls (10 ms apart) for a service to answer and fold its store, and for its workers to exit."""
@@ -67,7 +67,7 @@ class FleetService:
     def __init__(self, url: str, partitions: str | None, workers: int, log: Path, **env: str) -> None:
         """`kvledger serve` over `url`: with `partitions`, its partition workers (service name `test`); None,
         the one-process service; `env`, settings (`KVLEDGER_*`) of its own."""
-        self.port = free_port()
+        self.port = free_loopback_ports(1)[0]
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         command = [sys.executable, "-m", "kvledger.cli", "serve", "--db", url, "--port", str(self.port)]
