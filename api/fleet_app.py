@@ -36,11 +36,11 @@ from kvledger.api.params import (
     check_limit,
 )
 from kvledger.api.routes import health, web
-from kvledger.api.routes.audit import FindingCode
+from kvledger.api.routes.audit import FindingCode, audit_out
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX, transfer_detail
 from kvledger.api.schemas import AuditOut, AuditSummary, Health, RequestDetail, TransferDetail, TransferPage
 from kvledger.api.settings import Settings
-from kvledger.api.views import finding_out, transfer_out
+from kvledger.api.views import transfer_out
 from kvledger.ledger.audit import Finding
 from kvledger.ledger.fleet import SidesAsked
 from kvledger.ledger.lifecycle import PhaseName
@@ -69,11 +69,7 @@ async def get_audit(
     fleet = _fleet(request)
     check_limit(fleet, limit)
     at, findings, counts, _ = await fleet.findings_at(now)
-    chosen = findings if code is None else [f for f in findings if f.code == code]
-    return AuditOut(
-        now=at, total=len(chosen), counts=counts, findings=[finding_out(f) for f in chosen[:limit]],
-        truncated=len(chosen) > limit,
-    )  # fmt: skip
+    return audit_out(at, findings, counts, code, limit)
 
 
 @router.get("/audit/summary", response_model=AuditSummary, summary="Counts, holdings, latencies, timeout advice")

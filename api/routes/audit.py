@@ -38,6 +38,11 @@ async def get_audit(
     else:
         at, findings = now, live.findings(now)
         counts = counts_by_code(findings)
+    return audit_out(at, findings, counts, code, limit)
+
+
+def audit_out(at: float, findings: list[Finding], counts: dict[str, int], code: str | None, limit: int) -> AuditOut:
+    """`GET /audit`'s answer from an audit at `at` (the one-process service's, or partition workers' merged)."""
     chosen = findings if code is None else [f for f in findings if f.code == code]
     return AuditOut(
         now=at,
