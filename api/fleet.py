@@ -381,8 +381,13 @@ class Fleet:
         return now - (now % resolution) if resolution > 0 else now
 
     async def findings_at(self, now: float | None) -> tuple[float, list[Finding], dict[str, int], set[Key]]:
-        audited = await self.audited_at(now)
-        return audited.now, audited.findings, audited.counts, audited.keys
+        """The published audit's (None), or the merged findings at `now` without what only the summary and the
+        page read (`audit`'s asks of the workers for the findings' times and the oldest held side)."""
+        if now is None:
+            audited = await self.audited_at(None)
+            return audited.now, audited.findings, audited.counts, audited.keys
+        findings = (await self.findings_now(now))[0]
+        return now, findings, counts_by_code(findings), {(f.source, f.transfer_id) for f in findings}
 
     async def sides(self, asked: SidesAsked, keys: set[Key] | None) -> tuple[list[TransferState], int | None]:
         """A page of every worker's matching sides after `asked.cursor`, in first-cursor order, and the cursor
