@@ -31,6 +31,7 @@ from kvledger.api.params import (
     ModeFilter,
     Now,
     RequestIdFilter,
+    RequestIdPath,
     SourceFilter,
     TransferIdPath,
     check_limit,
@@ -115,9 +116,7 @@ async def get_transfer(request: Request, transfer_id: TransferIdPath, now: Now =
 
 
 @router.get("/requests/{request_id}", response_model=RequestDetail, responses={404: {"description": "no map names it"}})
-async def get_request(
-    request: Request, request_id: Annotated[str, Path(min_length=1, max_length=200)]
-) -> RequestDetail:
+async def get_request(request: Request, request_id: RequestIdPath) -> RequestDetail:
     sides = await _fleet(request).request(request_id)
     if sides is None:
         raise HTTPException(404, f"no map event names request id {request_id!r}")

@@ -16,6 +16,8 @@ TransferIdPath = Annotated[
     str, Path(min_length=1, max_length=TRANSFER_ID_CHARS_MAX, pattern="^[^\x00]*$", description="A transfer id")
 ]
 """What a valid event's transfer id may be (kvledger.ledger.valid): anything else is 422, never a store error."""
+RequestIdPath = Annotated[str, Path(min_length=1, max_length=200)]
+"""A request id in a path (`/requests/{request_id}`), for both services."""
 SourceFilter = Annotated[str | None, Query(max_length=200)]
 RequestIdFilter = Annotated[str | None, Query(max_length=200)]
 ModeFilter = Literal["read", "write"] | None

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Request
 
 from kvledger.api.deps import LiveDep
 from kvledger.api.params import (
@@ -15,6 +14,7 @@ from kvledger.api.params import (
     ModeFilter,
     Now,
     RequestIdFilter,
+    RequestIdPath,
     SourceFilter,
     TransferIdPath,
     check_limit,
@@ -110,7 +110,7 @@ async def transfer_detail(
     summary="The transfer sides a local request id was mapped to",
     responses={404: {"description": "No map event names this request id"}},
 )
-async def get_request(live: LiveDep, request_id: Annotated[str, Path(min_length=1, max_length=200)]) -> RequestDetail:
+async def get_request(live: LiveDep, request_id: RequestIdPath) -> RequestDetail:
     keys = live.by_request.get(request_id)
     if not keys:
         raise HTTPException(404, f"no map event names request id {request_id!r}")
