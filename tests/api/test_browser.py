@@ -91,7 +91,7 @@ def test_the_demo_page_says_which_engine_died_and_that_nothing_leaked(
     dead_findings = {code: n for code, n in result.findings_on_dead_engine.items() if n}
     live_leaks = result.findings.get("leak", 0) - dead_findings.get("leak", 0)
     page = browser.new_page(viewport={"width": 1280, "height": 900})
-    page.goto(f"{base}/")
+    _goto_vouched(page, f"{base}/")
     head = "1 engine lost; nothing wrong on live engines"
     assert (page.title(), page.locator("h1#headline").inner_text()) == (f"{head} · kvledger", head)
     lost_line = page.locator("p.verdict.lost").first.inner_text()
@@ -135,7 +135,7 @@ def test_an_sre_finds_a_live_leak_and_reads_its_timeline(browser: Any, tmp_path:
     url = store_with(tmp_path / "ledger.db", storm())
     with ServerThread(create_app(settings_for(url, **TIMEOUTS))) as base:
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(f"{base}/?now={NOW}")
+        _goto_vouched(page, f"{base}/?now={NOW}")
         first = page.locator("details.group").first
         assert (first.get_attribute("data-code"), first.get_attribute("data-source")) == ("leak", LEAKY)
         assert page.title() == "120 leaks, 1 warning on live engines; 1 engine lost · kvledger"
