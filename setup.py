@@ -49,6 +49,7 @@ FOLD_SOURCES = (
     "ledger/replay.py",
     "ledger/series.py",
     "ledger/projection.py",
+    "ledger/ownership.py",
 )
 """The modules ledger/compiled.py knows as FOLD_MODULES (this file runs before the package imports)."""
 

@@ -31,21 +31,21 @@ Sans-IO: what reads the log and moves the answers (processes) lives above (cli/j
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any, TypeAlias
 
 import msgspec
 
 from kvledger.ledger.advice import LatencyHistogram, LatencyRecorder, RecorderPlain
-from kvledger.ledger.audit import AuditConfig, Finding, audit, finding_of, finding_order
+from kvledger.ledger.audit import AuditConfig, Finding, audit, finding_order
 from kvledger.ledger.collector import collector_paused
-from kvledger.ledger.decisions import Key, Release
-from kvledger.ledger.events import Event, Map, ReqId, TransferId
+from kvledger.ledger.decisions import Release
+from kvledger.ledger.events import Event, Map
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
+from kvledger.ledger.ownership import Claim, Free, Ownership
 from kvledger.ledger.partition import partition_of_event
 from kvledger.ledger.picture import Picture
 from kvledger.ledger.replay import cut, fold_indexed
@@ -89,18 +89,6 @@ def slices(
         index += len(chunk)
 
 
-class Claim(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """A map a partition accepted (its side now holds `block_ids` on `source`): what `Ownership` reads."""
-
-    index: int
-    """The map's position in the whole stream."""
-    source: str
-    transfer_id: TransferId
-    request_id: ReqId
-    block_ids: tuple[int, ...]
-    map_seq: int
-
-
 class Decided(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """A release with its event's position in the whole stream and how long its side held the blocks
     (`LatencyRecorder.observe`'s measure, taken where the side was)."""
@@ -108,15 +96,6 @@ class Decided(msgspec.Struct, frozen=True, array_like=True, gc=False):
     index: int
     release: Release
     held_s: float
-
-
-class Free(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """A side decided (its blocks let go of) at its event's position in the whole stream: what `Ownership`
-    reads of a release."""
-
-    index: int
-    source: str
-    transfer_id: TransferId
 
 
 class Batch(msgspec.Struct, array_like=True, gc=False):
@@ -280,8 +259,6 @@ def answer(folded: Folded, now: float, config: AuditConfig | None = None) -> Par
 
 
 _index_of = attrgetter("index")
-_drain: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
-"""Runs an iterator to its end in C, keeping nothing."""
 _first = itemgetter(0)
 
 
@@ -436,99 +413,3 @@ def merge_counts(counts: list[dict[str, Any]]) -> dict[str, Any]:
     oldest = [c["oldest_held_ts"] for c in counts if c["oldest_held_ts"] is not None]
     out["oldest_held_ts"] = min(oldest) if oldest else None
     return out
-
-
-class Ownership:
-    """Per source, which live sides hold each block: the fold's claims index (`Indexes._claim_blocks`,
-    `_free_blocks`) rebuilt from accepted maps and releases in fold order, for `double_owner` alone.
-
-    A block's claimants are kept in claim order; a second claimant of a held block records
-    (block, first claimant, its map seq) against itself, as the fold does, and a release lets go of
-    each of its side's blocks once. The finding is the audit's: both sides still live at the end.
-    Memory: the live sides' claims."""
-
-    def __init__(self) -> None:
-        self.held: dict[str, dict[int, Key | list[Key]]] = {}
-        """Per source, each held block's holder, or its holders in claim order where several hold it."""
-        self.sides: dict[Key, Claim] = {}
-        """The live sides' claims."""
-        self.double_owned: dict[Key, list[tuple[int, Key, int]]] = {}
-
-    def feed(self, claims: Iterable[Claim], frees: list[Free]) -> None:
-        """Claims and releases, each in index order, taken together in index order (a map that is
-        released at once, by the same event, claims first)."""
-        releases = iter(frees)
-        pending = next(releases, None)
-        claim_, free = self._claim, self._free
-        for claim in claims:
-            while pending is not None and pending.index < claim.index:
-                free(pending)
-                pending = next(releases, None)
-            claim_(claim)
-        while pending is not None:
-            free(pending)
-            pending = next(releases, None)
-
-    def _claim(self, c: Claim) -> None:
-        key = (c.source, c.transfer_id)
-        self.sides[key] = c
-        if self.double_owned:
-            self.double_owned.pop(key, None)  # a side of this key before, forgotten: its claims went with it
-        held = self.held.get(c.source)
-        if held is None:
-            held = self.held[c.source] = {}
-        if held.keys().isdisjoint(c.block_ids):  # the common case, in C loops: every block is new to the source
-            held.update(dict.fromkeys(c.block_ids, key))
-            return
-        for block in c.block_ids:  # a block named twice is held once: the second finds this side holding it
-            holder = held.get(block)
-            if holder is None:
-                held[block] = key
-            elif isinstance(holder, list):
-                if key not in holder:
-                    self.double_owned.setdefault(key, []).append((block, holder[0], c.map_seq))
-                    holder.append(key)
-            elif holder != key:
-                self.double_owned.setdefault(key, []).append((block, holder, c.map_seq))
-                held[block] = [holder, key]
-
-    def _free(self, r: Free) -> None:
-        key = (r.source, r.transfer_id)
-        claim = self.sides.pop(key, None)
-        if claim is None:
-            return  # a side that claimed no blocks (a never-mapped side's release)
-        if self.double_owned:
-            self.double_owned.pop(key, None)  # the finding needs both sides live at the end
-        held = self.held[r.source]
-        blocks = claim.block_ids
-        holders = list(map(held.get, blocks))
-        if holders.count(key) == len(holders):  # the common case, in C loops: this side alone holds each block
-            _drain(map(held.pop, blocks, repeat(None)))  # a block named twice is popped once
-            return
-        for block in blocks:  # each block let go of once: a second mention finds it gone
-            holder = held.get(block)
-            if holder is None:
-                continue
-            if isinstance(holder, list):
-                if key in holder:
-                    holder.remove(key)
-                    if len(holder) == 1:
-                        held[block] = holder[0]
-            elif holder == key:
-                del held[block]
-
-    def findings(self) -> list[Finding]:
-        out: list[Finding] = []
-        for key, claims in self.double_owned.items():
-            c = self.sides[key]
-            for block, other_key, map_seq in claims:
-                other = self.sides.get(other_key)
-                if other is not None:
-                    out.append(
-                        finding_of(
-                            "double_owner", c.source, c.transfer_id, c.request_id, c.block_ids,
-                            (other.map_seq, map_seq),
-                            f"block {block} also held by live transfer {other.transfer_id}",
-                        )
-                    )  # fmt: skip
-        return out

@@ -1,0 +1,18 @@
+# Cython declarations for ledger/ownership.py (see indexes.pxd): the merge's per-map and per-release loop
+# runs as C methods on C-typed dicts (each block's lookup, set and delete a C dict call).
+
+cimport cython
+
+
+cdef class Ownership:
+    cdef public dict held
+    cdef public dict sides
+    cdef public dict double_owned
+
+    @cython.locals(n_frees=Py_ssize_t, j=Py_ssize_t, at=Py_ssize_t, claim=object)
+    cpdef feed(self, list claims, list frees)
+    @cython.locals(key=tuple, held=dict, holder=object, block=object)
+    cdef _claim(self, object c)
+    @cython.locals(key=tuple, held=dict, holder=object, block=object, claim=object)
+    cdef _free(self, object r)
+    cpdef list findings(self)
