@@ -183,6 +183,16 @@ def json_chunk_valid(events: list[Event], raw: bytes) -> bool:
     return True
 
 
+def events_fit(events: list[Event]) -> bool:
+    """True only if `event_problem` finds nothing in any of `events`; False means "look at each" (as
+    `json_chunk_valid`, for events that come as objects: a store's append checks a writer's batch at once)."""
+    if not _each_fits(events):
+        return False
+    texts = "".join(map(_transfer_id, events)) + "".join(set(map(_source, events)))
+    maps = [e.request_id for e in events if type(e) is Map]
+    return "\x00" not in texts and "\x00" not in "".join(maps)
+
+
 # `json_chunk_valid`'s compiled path: `event_problem`'s rules but NUL, each event read once. Declared in
 # ledger/valid.pxd, the fields are read as C struct members (ledger/structs.pxd) and the numbers taken as
 # C values: an integer past 64 bits raises OverflowError in the conversion, which answers False. Written

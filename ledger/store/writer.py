@@ -104,9 +104,10 @@ class BackgroundWriter:
             "failed_attempts": 0, "batches": 0, "quarantined": 0, "dropped": 0, "spill_bad_lines": 0,
             "respilled": 0,
         }  # fmt: skip
-        # queued + spilled: every event put, each counted once at put time. respilled: queued (or
-        # in-flight) events copied to a spill file when spilling began or at close. quarantined: set
-        # aside, never retried (in the store's quarantine table, or in rejected.jsonl).
+        # queued + spilled: every event put, each counted once (queued: in `stats` while it waits, here once
+        # it has left the queue). respilled: queued (or in-flight) events copied to a spill file when
+        # spilling began or at close. quarantined: set aside, never retried (in the store's quarantine
+        # table, or in rejected.jsonl).
         self._last_error: str | None = None
 
     # -- the hot path ------------------------------------------------------
@@ -116,15 +117,25 @@ class BackgroundWriter:
         with self._lock:
             if self._spill is None and not self._stopped:
                 if len(self._queue) < self.queue_events_max:
-                    self._queue.append(event)
-                    self._counts["queued"] += 1
+                    self._queue.append(event)  # counted as queued when it leaves the queue (`_take_locked`)
                     return
                 # The queue is full: the store is slow or down. Spilling starts with everything not yet
                 # in the store, oldest first, so that nothing durable ever follows what a kill would lose.
-                older = [*self._in_flight, *self._queue]
-                self._queue.clear()
+                older = [*self._in_flight, *self._take_locked()]
                 self._spill_locked(older, "respilled")
             self._spill_locked((event,), "spilled")
+
+    def _take_locked(self, most: int | None = None) -> list[Event]:
+        """The oldest `most` queued events (None: all), taken off the queue and counted as queued: `put` leaves
+        the count to here, one addition per batch, as the cheapest put is a bare deque append."""
+        if most is None or most >= len(self._queue):
+            taken = list(self._queue)
+            self._queue.clear()
+        else:
+            popleft = self._queue.popleft
+            taken = [popleft() for _ in range(most)]
+        self._counts["queued"] += len(taken)
+        return taken
 
     def _spill_locked(self, events: Iterable[Event], counter: str) -> None:
         batch = list(events)
@@ -165,8 +176,7 @@ class BackgroundWriter:
         with self._lock:
             self._stopped = True  # from now on put spills
             # Puts that raced the thread's exit: newest of all, so they go after any dump.
-            late = list(self._queue)
-            self._queue.clear()
+            late = self._take_locked()
             if late:
                 self._spill_locked(late, "respilled")
             if self._spill is not None:
@@ -189,6 +199,7 @@ class BackgroundWriter:
         """Counters of every event's fate, plus the current backlog, for metrics."""
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
+            out["queued"] += len(self._queue)
             out["queue_depth"] = len(self._queue)
             out["in_flight"] = len(self._in_flight)
             out["spill_files_pending"] = len(self._pending_files) + (self._spill is not None)
@@ -228,8 +239,7 @@ class BackgroundWriter:
             first_seen = self._first_seen = now if self._first_seen is None else self._first_seen
             if self._stopping or queued >= self.batch_events_max or now - first_seen >= self.batch_age_s_max:
                 with self._lock:  # a put that starts spilling copies this batch: it must see all of it
-                    queued = len(self._queue)
-                    self._in_flight = [self._queue.popleft() for _ in range(min(queued, self.batch_events_max))]
+                    self._in_flight = self._take_locked(self.batch_events_max)
                 self._write(self._in_flight)
                 with self._lock:
                     self._in_flight = []
@@ -318,8 +328,7 @@ class BackgroundWriter:
         the queue is still short (the put that would otherwise start it, on a full queue, writes all of it)."""
         with self._lock:
             if self._spill is None and not self._stopped:
-                older = [*self._in_flight, *self._queue]
-                self._queue.clear()
+                older = [*self._in_flight, *self._take_locked()]
                 self._spill_locked(older, "respilled")
 
     def _quarantine(self, event: Event, error: StoreError) -> None:
@@ -386,11 +395,11 @@ class BackgroundWriter:
         """The deadline passed: put the batch in flight and the queue on disk for the next writer."""
         with self._lock:
             self._dumped = True
+            taken = self._take_locked()
             if self._spill is None:
-                older = [*self._in_flight, *self._queue]
+                older = [*self._in_flight, *taken]
                 if older:
                     self._spill_locked(older, "respilled")
             # else: the open spill file began with the batch in flight and the queue (see `put`), and
             # every later event went to it: it already holds all of them, in order.
             self._in_flight = []
-            self._queue.clear()

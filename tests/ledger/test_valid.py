@@ -14,7 +14,14 @@ from kvledger.ledger.events import Event, from_msgpack, to_msgpack
 from kvledger.ledger.limits import INT64_MAX, INT64_MIN, SOURCE_CHARS_MAX, TRANSFER_ID_CHARS_MAX, TS_MAX
 from kvledger.ledger.store.rows import encode_row
 from kvledger.ledger.synth import SynthConfig, generate
-from kvledger.ledger.valid import InvalidEvent, _each_fits, check_event, event_problem, json_chunk_valid
+from kvledger.ledger.valid import (
+    InvalidEvent,
+    _each_fits,
+    check_event,
+    event_problem,
+    events_fit,
+    json_chunk_valid,
+)
 from tests.fuzz.strategies import events
 from tests.ledger.builders import Side
 
@@ -94,6 +101,13 @@ def test_the_chunk_checks_event_loop_is_the_definition_but_for_nul(batch: list[E
         return
     decoded = [e for e in decoded if b"\\u0000" not in _encoder.encode(e)]
     assert _each_fits(decoded) == all(event_problem(e) is None for e in decoded)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events, min_size=1, max_size=8))
+def test_the_batch_check_of_events_is_exactly_the_definition(batch: list[Event]) -> None:
+    """A store's append checks a writer's batch at once (`events_fit`), NUL characters included."""
+    assert events_fit(batch) == all(event_problem(e) is None for e in batch)
 
 
 @settings(max_examples=300, deadline=None)
