@@ -43,8 +43,8 @@ import msgspec
 from kvledger.ledger.advice import LatencyRecorder, RecorderPlain
 from kvledger.ledger.audit import AuditConfig, Finding, finding_order, found_at
 from kvledger.ledger.decisions import Key
-from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Event, Map, TransferId
-from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S, REPLAY_COMPACT_EVERY
+from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Drop, Event, Map, TransferId
+from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S
 from kvledger.ledger.partitioned import Batch, Folded, Merger, PartitionAnswer, answer, fold_partition
 from kvledger.ledger.picture import picture_of
 from kvledger.ledger.store import snapshot
@@ -125,7 +125,14 @@ _encode = msgspec.msgpack.Encoder().encode
 
 
 class PartitionFold:
-    """One partition's fold from its consumer, and where in the stream it is."""
+    """One partition's fold from its consumer, and where in the stream it is.
+
+    It never compacts: it keeps every side, as the one-process service does. An offline partition's fold
+    (`kvledger.ledger.partitioned.fold_partition` over `slices`) compacts at the whole stream's clock (each
+    chunk's events and newest ts, every partition's), so its state is one fold's restricted to its transfers.
+    A worker is delivered its partition's messages alone: the only clock it has is its own, and a compaction
+    at it would cut where no one fold cuts, a forgetting no property test holds to change no decision or
+    finding."""
 
     def __init__(
         self,
@@ -133,7 +140,6 @@ class PartitionFold:
         partitions: int,
         *,
         keep_releases: bool = False,
-        compact_every: int | None = REPLAY_COMPACT_EVERY,
         track_sides: bool = False,
         cursor_shift: int = CURSOR_SHIFT,
     ) -> None:
@@ -141,8 +147,6 @@ class PartitionFold:
         self.cursor_shift = cursor_shift
         """A position's cursors: `position << cursor_shift | place` (16: a NATS stream's; 0: a SQL store's)."""
         self.keep_releases = keep_releases
-        self.compact_every = compact_every
-        """As `fold_partition`'s; None (the service's) keeps every side, as the one-process service does."""
         self.track_sides = track_sides
         self.order: list[Key] = []
         """With `track_sides`: the sides in first-seen order (the service's transfer listing)."""
@@ -188,14 +192,16 @@ class PartitionFold:
             freed = len(self.folded.frees)
             fold_partition(
                 [part], self.folded.partition, self.folded.partitions, into=self.folded,
-                keep_releases=self.keep_releases, compact_every=self.compact_every,
+                keep_releases=self.keep_releases, compact_every=None,  # never: see the class docstring
             )  # fmt: skip
             if self.track_sides:
                 seen, order, first = self._seen, self.order, self.first
                 by_request = self.by_request
                 for cursor, e in rows:
                     key = (e.source, e.transfer_id)
-                    if key not in seen and key in self.folded.state.transfers:
+                    # The whole delivery is folded: a drop (which makes no side) before its side's first event
+                    # would find the side made.
+                    if key not in seen and type(e) is not Drop and key in self.folded.state.transfers:
                         seen.add(key)
                         order.append(key)
                         first.append(cursor)
@@ -680,7 +686,7 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
     try:
         run_worker(
             store, partitions, service=service, between=lambda folds, delivered: not stop.is_set(), lock=lock,
-            started=started, fetch_timeout_s=fetch_timeout_s, compact_every=None, track_sides=True,
+            started=started, fetch_timeout_s=fetch_timeout_s, track_sides=True,
         )  # fmt: skip
     finally:
         store.close()

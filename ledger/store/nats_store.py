@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import json
 import threading
-from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Generator, Iterator, Sequence
+from operator import itemgetter
 from typing import TypeVar
 
 import msgspec
@@ -47,7 +49,7 @@ from nats.js import JetStreamContext, api
 from nats.js.object_store import ObjectStore
 
 from kvledger.ledger.events import Event, TransferId, to_msgpack
-from kvledger.ledger.partition import partition_of
+from kvledger.ledger.partition import partition_of, partition_of_event
 from kvledger.ledger.store.base import (
     Appended,
     ConflictError,
@@ -286,7 +288,7 @@ class NatsStore:
                 raise ConflictError(f"{self.url}: {row[0]!r} seq {row[1]} is stored with different content")
         groups: dict[tuple[int, str], list[int]] = {}
         for i in fresh:
-            groups.setdefault((partition_of(rows[i][4], self.partitions), rows[i][0]), []).append(i)
+            groups.setdefault((partition_of_event(events[i], self.partitions), rows[i][0]), []).append(i)
         messages: list[tuple[str, list[int]]] = []
         for (partition, source), members in groups.items():
             subject = self.target.subject(partition, source)
@@ -349,7 +351,7 @@ class NatsStore:
                     found[(source, event.seq)] = to_msgpack(event)
         return found
 
-    def _events(self, subject: str, start_seq: int = 0) -> Iterator[tuple[int, Event]]:
+    def _events(self, subject: str, start_seq: int = 0) -> Generator[tuple[int, Event], None, None]:
         for msg in self._iterate(self._scan(subject, start_seq=start_seq)):
             base = msg.metadata.sequence.stream << CURSOR_SHIFT
             for place, event in enumerate(decode_batch(msg.data), 1):
@@ -368,18 +370,34 @@ class NatsStore:
     ) -> Iterator[Event]:
         if self._closed:
             raise StoreError(f"{self.url}: store is closed")
-        subject = self.target.subjects
+        subjects = [self.target.subjects]
         if transfer_id is not None:
-            partition = partition_of(transfer_id, self.partitions)
-            whose = self.target.partition_filter(partition)
-            subject = whose if source is None else self.target.subject(partition, source)
+            subjects = self._transfer_subjects(transfer_id, source)
         elif source is not None:
-            subject = self.target.source_filter(source)
-        return self._read(subject, source, after_seq, until_seq, transfer_id, ts_from, ts_to, limit)
+            subjects = [self.target.source_filter(source)]
+        return self._read(subjects, source, after_seq, until_seq, transfer_id, ts_from, ts_to, limit)
+
+    def _transfer_subjects(self, transfer_id: TransferId, source: str | None) -> list[str]:
+        """The subjects that hold `transfer_id`'s events (`source`'s, or every source's): its partition's, and
+        partition 0's for its `drop`s (`partition_of_event`). A stream written before drops went to partition 0
+        holds them in the transfer's partition: read there all the same."""
+        partitions = sorted({partition_of(transfer_id, self.partitions), 0})
+        if source is None:
+            return [self.target.partition_filter(p) for p in partitions]
+        return [self.target.subject(p, source) for p in partitions]
+
+    def _events_of(self, subjects: list[str]) -> Iterator[tuple[int, Event]]:
+        """The events of `subjects` (disjoint) in store order: each subject's scan, merged by cursor."""
+        scans = [self._events(subject) for subject in subjects]
+        try:
+            yield from heapq.merge(*scans, key=itemgetter(0)) if len(scans) > 1 else scans[0]
+        finally:
+            for scan in scans:  # each holds a consumer on the server until closed
+                scan.close()
 
     def _read(
         self,
-        subject: str,
+        subjects: list[str],
         source: str | None,
         after_seq: int,
         until_seq: int | None,
@@ -389,7 +407,7 @@ class NatsStore:
         limit: int | None,
     ) -> Iterator[Event]:
         emitted = 0
-        for _, event in self._events(subject):
+        for _, event in self._events_of(subjects):
             if limit is not None and emitted >= limit:
                 return
             if (

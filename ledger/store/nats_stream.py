@@ -2,10 +2,10 @@
 
 One stream holds the events. Each message is a batch of one source's events of one partition, on the
 subject `<stream>.ev.<partition>.<source token>`: a partition worker filters `<stream>.ev.<p>.>`, a
-reader of one source `<stream>.ev.*.<token>`. The partition is `kvledger.ledger.partition.partition_of` of the
-transfer id, over the stream's partition count, which is fixed when the stream is created (written into
-its metadata; a URL asking for another count is refused: moving a transfer to another partition would
-split its events between two workers).
+reader of one source `<stream>.ev.*.<token>`. The partition is `kvledger.ledger.partition.partition_of_event`
+(the transfer id's, 0 for a `drop`) over the stream's partition count, which is fixed when the stream is
+created (written into its metadata; a URL asking for another count is refused: moving a transfer to another
+partition would split its events between two workers).
 
 The settings a user would want written down, each a URL query parameter (`?replicas=3`):
 

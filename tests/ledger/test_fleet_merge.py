@@ -22,11 +22,11 @@ from kvledger.ledger.fleet import (
 )
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.merge import batched
-from kvledger.ledger.partition import partition_of
+from kvledger.ledger.partition import partition_of, partition_of_event
 from kvledger.ledger.partitioned import PartitionAnswer
 from kvledger.ledger.picture import merge_pictures, picture_of
 from kvledger.ledger.replay import replay_chunks
-from kvledger.ledger.store.nats_consumer import Delivered
+from kvledger.ledger.store.partition_source import Delivered
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
 
@@ -39,7 +39,7 @@ def _messages(events: list[Event]) -> list[tuple[int, int, list[tuple[int, Event
     for chunk in batched(events, 5):
         groups: dict[int, list[Event]] = {}
         for e in chunk:
-            groups.setdefault(partition_of(e.transfer_id, PARTITIONS), []).append(e)
+            groups.setdefault(partition_of_event(e, PARTITIONS), []).append(e)
         for p, members in groups.items():
             seq = len(out) + 1
             out.append((seq, p, [(seq << 16 | i, e) for i, e in enumerate(members, 1)]))
@@ -62,7 +62,7 @@ def test_answers_asked_again_and_again_merge_into_one_fold() -> None:
     assert any(f.code == "double_owner" for f in expected)
     rng = random.Random(3)
     for kept in (False, True):
-        folds = {p: PartitionFold(p, PARTITIONS, compact_every=None) for p in range(PARTITIONS)}
+        folds = {p: PartitionFold(p, PARTITIONS) for p in range(PARTITIONS)}
         merge = LiveMerge(PARTITIONS, range(PARTITIONS))
         saved = {p: f.encode() for p, f in folds.items()}
         last = 0
@@ -76,7 +76,7 @@ def test_answers_asked_again_and_again_merge_into_one_fold() -> None:
             if kept and rng.random() < 0.02:  # the service started again: a new merge, told everything
                 merge = LiveMerge(PARTITIONS, range(PARTITIONS))
             if rng.random() < 0.05:  # a worker started again from its last save folds again what followed
-                restarted = PartitionFold.decode(saved[p], compact_every=None)
+                restarted = PartitionFold.decode(saved[p])
                 for s, q, again in messages[:seq]:
                     if q == p and s > restarted.applied:
                         restarted.apply(Delivered(p, again, s, s, 0))
@@ -92,7 +92,7 @@ def test_answers_asked_again_and_again_merge_into_one_fold() -> None:
 def test_a_partition_not_owned_counts_as_empty() -> None:
     events = history(4, Shape(transfers=20))
     mine = [e for e in events if partition_of(e.transfer_id, PARTITIONS) == 1]
-    fold = PartitionFold(1, PARTITIONS, compact_every=None)
+    fold = PartitionFold(1, PARTITIONS)
     fold.apply(Delivered(1, [((i + 1) << 16 | 1, e) for i, e in enumerate(mine)], len(mine), len(mine), 0))
     now = max(e.ts for e in mine) + 1.0
     findings, folded = LiveMerge(PARTITIONS, [1]).add([fold.answer(now)])
@@ -103,7 +103,7 @@ def test_a_partition_not_owned_counts_as_empty() -> None:
 def test_transfer_pages_list_every_matching_side_once_in_first_seen_order() -> None:
     events = history(5, Shape(transfers=60, consumers=("decode-0/tp0", "decode-1/tp0")))
     messages = _messages(events)
-    folds = {p: PartitionFold(p, PARTITIONS, compact_every=None, track_sides=True) for p in range(PARTITIONS)}
+    folds = {p: PartitionFold(p, PARTITIONS, track_sides=True) for p in range(PARTITIONS)}
     for seq, p, rows in messages:
         folds[p].apply(Delivered(p, rows, seq, seq, 0))
     firsts: dict[tuple[str, str], int] = {}
@@ -138,7 +138,7 @@ def test_pictures_and_requests_of_partitions_merge_into_one_fold_s() -> None:
     messages = _messages(events)
     stored = [e for _, _, rows in messages for _, e in rows]
     assert len({partition_of(e.transfer_id, PARTITIONS) for e in stored if e.transfer_id.startswith("tx-multi")}) > 1
-    folds = {p: PartitionFold(p, PARTITIONS, compact_every=None, track_sides=True) for p in range(PARTITIONS)}
+    folds = {p: PartitionFold(p, PARTITIONS, track_sides=True) for p in range(PARTITIONS)}
     for seq, p, rows in messages:
         folds[p].apply(Delivered(p, rows, seq, seq, 0))
     now = t0 + 10.0
@@ -175,3 +175,15 @@ def test_pictures_and_requests_of_partitions_merge_into_one_fold_s() -> None:
         assert sides is not None and [(t.source, t.transfer_id) for t in sides] == keys, request_id
     assert len(by_request["r-multi"]) == 8 and by_request["r-again"] == [("multi-0/tp0", "tx-multi-0")]
     assert merge_request_sides([_request_sides(w, "no-such-request") for w in workers]) is None
+
+
+def test_a_drop_before_its_side_s_first_event_does_not_list_the_side_at_the_drop() -> None:
+    """Partition 0 folds every `drop` (`partition_of_event`). A drop names a side but makes none: one delivery
+    holding a drop and then the first event of the side it names lists the side at that event's cursor, as
+    the one-process service lists it (`kvledger.ledger.projection`: a side is listed where the fold made it)."""
+    tid = next(f"tx-{i}" for i in range(100) if partition_of(f"tx-{i}", PARTITIONS) == 0)
+    side = Side("decode-0/tp0")
+    rows: list[tuple[int, Event]] = [(1 << 16 | 1, side.drop(tid)), (1 << 16 | 2, side.map(tid, "r-1"))]
+    fold = PartitionFold(0, PARTITIONS, track_sides=True)
+    fold.apply(Delivered(0, rows, 1, 1, 0))
+    assert [(first, t.transfer_id) for first, t in fold.sides_after(0)] == [(1 << 16 | 2, tid)]

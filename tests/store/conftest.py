@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kvledger.ledger.events import Event
-from kvledger.ledger.partition import partition_of
+from kvledger.ledger.partition import partition_of_event
 from kvledger.ledger.store.base import EventStore
 from kvledger.ledger.store.connect import open_store
 from tests.store.nats_server import NatsServer
@@ -154,7 +154,7 @@ def as_stored(store: EventStore, *batches: list[Event]) -> list[Event]:
             continue
         groups: dict[tuple[int, str], list[Event]] = {}
         for event in batch:
-            groups.setdefault((partition_of(event.transfer_id, partitions), event.source), []).append(event)
+            groups.setdefault((partition_of_event(event, partitions), event.source), []).append(event)
         out.extend(event for group in groups.values() for event in group)
     return out
 

@@ -6,9 +6,11 @@ import msgspec
 import pytest
 
 from kvledger.ledger.events import Ack, Event, TransferId, from_json
+from kvledger.ledger.partition import partition_of
 from kvledger.ledger.store.base import ConflictError, EventStore, StoredSnapshot, StoreError, UnstorableEvent
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.synth import SynthConfig, generate
+from tests.ledger.builders import Side
 from tests.store.conftest import as_stored
 
 
@@ -55,6 +57,25 @@ def test_reads_by_seq_range_transfer_source_and_time(store: EventStore) -> None:
     assert list(store.read(ts_from=low, ts_to=high)) == [e for e in events if low <= e.ts <= high]
     assert list(store.read(limit=3)) == events[:3]
     assert list(store.read(transfer_id=TransferId("no-such"))) == []
+
+
+def test_a_transfer_s_drops_are_read_with_it(store: EventStore) -> None:
+    """A `drop` names the transfer a forged message named. A NATS stream keeps it on partition 0's subjects
+    (`partition_of_event`: partition 0 folds every drop), not its transfer's: read by transfer id (a
+    timeline), with its source or without, it comes with the transfer's events, in store order."""
+    producer, forger = Side("prefill-0/tp0"), Side("decode-9/tp0")
+    away = next(f"tx-{i}" for i in range(100) if partition_of(f"tx-{i}", 4) != 0)  # the stream's 4 partitions
+    home = next(f"tx-{i}" for i in range(100) if partition_of(f"tx-{i}", 4) == 0)
+    batch: list[Event] = [
+        producer.map(away, "r-1"), forger.drop(away), producer.map(home, "r-2"), forger.drop(home),
+        producer.schedule(away), forger.drop(away, reason="unlisted"),
+    ]  # fmt: skip
+    store.append(batch)
+    stored = as_stored(store, batch)
+    for tid in (away, home):
+        assert list(store.read(transfer_id=TransferId(tid))) == [e for e in stored if e.transfer_id == tid]
+        dropped = [e for e in stored if e.transfer_id == tid and e.source == forger.source]
+        assert dropped and list(store.read(transfer_id=TransferId(tid), source=forger.source)) == dropped
 
 
 def test_tail_sources_and_cursors(store: EventStore) -> None:

@@ -14,7 +14,7 @@ from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Event
 from kvledger.ledger.jsonl import read_events
 from kvledger.ledger.log import EventLog
-from kvledger.ledger.partition import partition_of
+from kvledger.ledger.partition import partition_of_event
 from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.writer import BackgroundWriter
@@ -71,7 +71,7 @@ def test_server_killed_mid_publish_and_restarted_loses_and_duplicates_nothing(
     assert all(by_key[(e.source, e.seq)] == e for e in stored)  # each as appended
     for source in logs:  # within a (partition, source) subject, in seq order, as a partition worker reads it
         for partition in range(4):
-            seqs = [e.seq for e in stored if e.source == source and partition_of(e.transfer_id, 4) == partition]
+            seqs = [e.seq for e in stored if e.source == source and partition_of_event(e, 4) == partition]
             assert seqs == sorted(seqs)
     assert _findings(stored) == _findings(appended)
 

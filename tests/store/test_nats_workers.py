@@ -14,15 +14,19 @@ import pytest
 
 from kvledger.cli.export import store_to_jsonl
 from kvledger.ledger.audit import audit
+from kvledger.ledger.events import Drop, Event
 from kvledger.ledger.fleet import PartitionFold, run_worker
 from kvledger.ledger.jsonl import read_events
+from kvledger.ledger.limits import FORGED_KEPT_MAX
 from kvledger.ledger.merge import batched
+from kvledger.ledger.partition import partition_of
 from kvledger.ledger.partitioned import PartitionAnswer, merge
 from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.nats_consumer import PartitionConsumers, consumer_name
 from kvledger.ledger.store.nats_store import NatsStore
 from kvledger.ledger.store.partition_source import Delivered
+from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
 from tests.store.fleet_worker import digest, spawn
 from tests.store.nats_server import NatsServer
@@ -128,7 +132,7 @@ def test_a_worker_rides_out_its_server_killed_and_restarted(server: NatsServer, 
     result: list[dict[int, PartitionFold]] = []
     worker = threading.Thread(
         target=lambda: result.append(run_worker(store, range(PARTITIONS), service="w", between=between,
-                                                fetch_messages=2, fetch_timeout_s=0.05, compact_every=None)),
+                                                fetch_messages=2, fetch_timeout_s=0.05)),
     )  # fmt: skip
     worker.start()
     assert folding.wait(60)
@@ -151,3 +155,50 @@ def test_a_worker_rides_out_its_server_killed_and_restarted(server: NatsServer, 
 def _bound(store: NatsStore) -> PartitionConsumers:
     """The worker's consumers, bound again: where they are."""
     return PartitionConsumers(store, range(PARTITIONS), service="w", folded=dict.fromkeys(range(PARTITIONS), 1 << 40))
+
+
+def test_drops_naming_every_partition_merge_into_one_fold_s_latest_and_read_with_their_transfer(
+    nats_url: str,
+) -> None:
+    """A `drop` is folded in partition 0 whichever transfer it names (`partition_of_event`), so partition 0 keeps
+    the whole stream's latest drops, as one fold does. More drops than a fold keeps (FORGED_KEPT_MAX), naming
+    transfers of every partition: the workers' merged findings, `forged_message` evidence included, are one
+    fold's. A transfer's drops, stored on partition 0's subjects, are read with its other events."""
+    events = history(3, Shape(transfers=40, consumers=("decode-0/tp0", "decode-1/tp0")))
+    forger = Side("decode-9/tp0", start_ts=max(e.ts for e in events))
+    tids = sorted({e.transfer_id for e in events})
+    drops = [
+        forger.drop(tids[i % len(tids)], reason=("bad_mac", "unlisted")[i % 2]) for i in range(2 * FORGED_KEPT_MAX)
+    ]
+    assert {partition_of(d.transfer_id, PARTITIONS) for d in drops} == set(range(PARTITIONS))
+    every = len(events) // len(drops) + 1
+    mixed: list[Event] = []
+    for i, e in enumerate(events):  # the drops spread through the history, not after it
+        mixed.append(e)
+        if i % every == 0 and drops:
+            mixed.append(drops.pop(0))
+    mixed += drops
+    store = open_store(nats_url, create=True)
+    assert isinstance(store, NatsStore)
+    for batch in batched(mixed, 40):
+        store.append(batch)
+    last_seq = store.last_sequence()
+    stored = list(store.read())
+    assert len(stored) == len(mixed)
+
+    def to_the_end(folds: dict[int, PartitionFold], delivered: list[Delivered]) -> bool:
+        return not all(f.upto >= last_seq for f in folds.values())
+
+    folds = run_worker(store, range(PARTITIONS), service="drops", between=to_the_end, fetch_timeout_s=0.05)
+    assert folds[0].folded.state.forged_by_reason == {"bad_mac": FORGED_KEPT_MAX, "unlisted": FORGED_KEPT_MAX}
+    now = max(e.ts for e in stored) + 1.0
+    merged = merge(f.answer(now, upto=last_seq) for f in folds.values())
+    expected = audit(replay_chunks(batched(stored, 64)).state, now)
+    assert sum(f.code == "forged_message" for f in expected) == FORGED_KEPT_MAX
+    assert merged.findings == expected
+    tid = next(t for t in tids if partition_of(t, PARTITIONS) != 0)
+    mine = [e for e in stored if e.transfer_id == tid]
+    assert any(type(e) is Drop for e in mine) and any(type(e) is not Drop for e in mine)
+    assert list(store.read(transfer_id=tid)) == mine
+    assert list(store.read(transfer_id=tid, source=forger.source)) == [e for e in mine if e.source == forger.source]
+    store.close()
