@@ -50,6 +50,7 @@ FOLD_SOURCES = (
     "ledger/series.py",
     "ledger/projection.py",
     "ledger/ownership.py",
+    "ledger/partition.py",
 )
 """The modules ledger/compiled.py knows as FOLD_MODULES (this file runs before the package imports)."""
 

@@ -27,3 +27,36 @@ def partition_of_event(event: Event, partitions: int) -> int:
     if type(event) is Drop:
         return 0
     return partition_of(event.transfer_id, partitions)
+
+
+def rising_groups(
+    events: list[Event], partitions: int, above: dict[str, int]
+) -> dict[tuple[int, str], list[Event]] | None:
+    """`events` by (`partition_of_event`, source), in batch order within each group and groups in the order of
+    their first event, when each source's seqs rise through the batch from above `above[source]` (a
+    writer's batch over what a store holds: nothing to look up); None otherwise. Compiled with the fold: a
+    store's append runs it over every event it publishes."""
+    groups: dict[tuple[int, str], list[Event]] = {}
+    last = dict(above)
+    of_transfer: dict[str, int] = {}  # a transfer's few events in a batch: its crc32 taken once
+    for event in events:
+        envelope = event  # compiled: the fields read as C struct members
+        source = envelope.source
+        seq = envelope.seq
+        if seq <= last[source]:
+            return None
+        last[source] = seq
+        if type(event) is Drop:
+            partition = 0
+        else:
+            transfer_id = envelope.transfer_id
+            partition = of_transfer.get(transfer_id, -1)
+            if partition < 0:
+                partition = of_transfer[transfer_id] = partition_of(transfer_id, partitions)
+        key = (partition, source)
+        members = groups.get(key)
+        if members is None:
+            groups[key] = [event]
+        else:
+            members.append(event)
+    return groups

@@ -6,8 +6,12 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from kvledger.ledger.partition import partition_of
+from kvledger.ledger.events import Event
+from kvledger.ledger.partition import partition_of, partition_of_event, rising_groups
+from tests.fuzz.strategies import events
 
 
 def test_same_partition_in_another_process() -> None:
@@ -31,3 +35,22 @@ def test_one_partition_holds_all() -> None:
 def test_zero_partitions_refused() -> None:
     with pytest.raises(ValueError, match="partitions must be at least 1, got 0"):
         partition_of("tx-1", 0)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(events, max_size=30), st.integers(1, 5), st.integers(0, 3))
+def test_rising_groups_are_the_batch_by_partition_and_source_or_none(
+    batch: list[Event], partitions: int, stored: int
+) -> None:
+    """A store's append groups a batch with `rising_groups` (compiled); the definition, written plainly."""
+    above = {e.source: stored for e in batch}
+    last = dict(above)
+    rising = True
+    expected: dict[tuple[int, str], list[Event]] = {}
+    for e in batch:
+        rising = rising and e.seq > last[e.source]
+        last[e.source] = e.seq
+        expected.setdefault((partition_of_event(e, partitions), e.source), []).append(e)
+    got = rising_groups(batch, partitions, above)
+    assert got == (expected if rising else None)
+    assert got is None or list(got) == list(expected)  # groups in the order of their first event
