@@ -36,8 +36,8 @@ import heapq
 import json
 import threading
 from collections.abc import AsyncIterator, Awaitable, Generator, Iterator, Sequence
-from operator import itemgetter
-from typing import TypeVar
+from operator import attrgetter, itemgetter
+from typing import NamedTuple, TypeVar
 
 import msgspec
 import nats
@@ -49,7 +49,7 @@ from nats.js import JetStreamContext, api
 from nats.js.object_store import ObjectStore
 
 from kvledger.ledger.events import Event, TransferId, to_msgpack
-from kvledger.ledger.partition import partition_of, partition_of_event
+from kvledger.ledger.partition import partition_of, partition_of_event, rising_groups
 from kvledger.ledger.store.base import (
     Appended,
     ConflictError,
@@ -60,7 +60,8 @@ from kvledger.ledger.store.base import (
 )
 from kvledger.ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
 from kvledger.ledger.store.nats_stream import CURSOR_SHIFT, PARTITIONS_DEFAULT, NatsTarget, source_token
-from kvledger.ledger.store.rows import Row, encode_rows, quarantine_row
+from kvledger.ledger.store.rows import encode_rows, quarantine_row
+from kvledger.ledger.valid import events_fit
 
 T = TypeVar("T")
 
@@ -77,6 +78,7 @@ MSG_ID = "Nats-Msg-Id"
 
 _events_decoder: msgspec.msgpack.Decoder[list[Event]] = msgspec.msgpack.Decoder(list[Event])
 _encoder = msgspec.msgpack.Encoder()
+_source, _seq = attrgetter("source"), attrgetter("seq")
 
 
 def msg_id(source: str, first: int, last: int) -> str:
@@ -91,6 +93,29 @@ def decode_batch(data: bytes) -> list[Event]:
 
 def _snapshot_name(source: str, seq: int) -> str:
     return f"{source.encode().hex()}.{seq:020d}"
+
+
+class _Published(NamedTuple):
+    """An append's acknowledgements, its messages' sizes, and what each held (kept for `append_returning` only)."""
+
+    acks: list[api.PubAck]
+    sizes: list[int]
+    messages: list[list[Event]]
+    stored_max: dict[str, int]
+
+    @property
+    def stored(self) -> int:
+        """Events newly stored (a message the server took as a duplicate was stored by an earlier attempt)."""
+        return sum(n for ack, n in zip(self.acks, self.sizes, strict=True) if not ack.duplicate)
+
+    def appended(self) -> Appended:
+        inserted: list[tuple[int, Event]] = []
+        for ack, members in zip(self.acks, self.messages, strict=True):
+            if not ack.duplicate:
+                inserted.extend(((ack.seq << CURSOR_SHIFT) | place, e) for place, e in enumerate(members, 1))
+        inserted.sort(key=itemgetter(0))
+        after = (min(ack.seq for ack in self.acks) - 1) << CURSOR_SHIFT | ((1 << CURSOR_SHIFT) - 1) if self.acks else 0
+        return Appended(inserted, after, self.stored_max)
 
 
 class NatsStore:
@@ -257,46 +282,41 @@ class NatsStore:
         return self._id
 
     def append(self, events: Sequence[Event]) -> int:
-        return len(self.append_returning(events).inserted)
+        return self._publish(events, checked=False, returning=False).stored
 
     def append_returning(self, events: Sequence[Event], *, checked: bool = False) -> Appended:
-        rows = encode_rows(events, checked=checked)  # every event checked before anything is published
-        sources = {row[0] for row in rows}
+        return self._publish(events, checked=checked, returning=True).appended()
+
+    def _publish(self, events: Sequence[Event], *, checked: bool, returning: bool) -> _Published:
+        batch = self._checked(events, checked)
         try:
-            return self._call(self._append(list(events), rows, sources), timeout=CALL_TIMEOUT_S * 2)
+            return self._call(self._append(batch, returning), timeout=CALL_TIMEOUT_S * 2)
         except StoreUnavailable:
-            for source in sources:
+            for source in set(map(_source, batch)):
                 self._stored_max.pop(source, None)  # what landed is unknown: read it again next time
             raise
 
-    async def _append(self, events: list[Event], rows: list[Row], sources: set[str]) -> Appended:
-        stored_max = {source: await self._highest(source) for source in sources}
-        seen: dict[tuple[str, int], bytes] = {}
-        for source in sources:
-            high = stored_max[source]
-            wanted = {row[1] for row in rows if row[0] == source and row[1] <= high}
-            if wanted:
-                seen.update(await self._stored_bodies(source, wanted))
-        fresh: list[int] = []
-        for i, row in enumerate(rows):
-            key = (row[0], row[1])
-            body = seen.get(key)
-            if body is None:
-                seen[key] = row[5]
-                fresh.append(i)
-            elif body != row[5]:
-                raise ConflictError(f"{self.url}: {row[0]!r} seq {row[1]} is stored with different content")
-        groups: dict[tuple[int, str], list[int]] = {}
-        for i in fresh:
-            groups.setdefault((partition_of_event(events[i], self.partitions), rows[i][0]), []).append(i)
-        messages: list[tuple[str, list[int]]] = []
-        for (partition, source), members in groups.items():
-            subject = self.target.subject(partition, source)
-            for first in range(0, len(members), MESSAGE_EVENTS_MAX):
-                messages.append((subject, members[first : first + MESSAGE_EVENTS_MAX]))
+    def _checked(self, events: Sequence[Event], checked: bool) -> list[Event]:
+        """`events` as a list, every one checked before anything is published: the batch at once, and one
+        at a time only when that finds something (`encode_rows` raises naming the first invalid one)."""
+        batch = list(events)
+        if not checked and not events_fit(batch):
+            encode_rows(batch)
+        return batch
+
+    async def _append(self, events: list[Event], returning: bool) -> _Published:
+        stored_max = {source: await self._highest(source) for source in set(map(_source, events))}
+        groups = rising_groups(events, self.partitions, stored_max)
+        if groups is None:  # a batch reaching at or below what is stored: a retry, or a spill's reload
+            groups = await self._unstored_groups(events, stored_max)
+        messages = [
+            (self.target.subject(partition, source), members[first : first + MESSAGE_EVENTS_MAX])
+            for (partition, source), members in groups.items()
+            for first in range(0, len(members), MESSAGE_EVENTS_MAX)
+        ]
         futures = []
         for subject, members in messages:
-            source, first, last = rows[members[0]][0], rows[members[0]][1], rows[members[-1]][1]
+            source, first, last = members[0].source, members[0].seq, members[-1].seq
             headers = {
                 MSG_ID: msg_id(source, first, last),
                 H_SOURCE: source,
@@ -304,21 +324,37 @@ class NatsStore:
                 H_LAST: str(last),
                 H_COUNT: str(len(members)),
             }
-            payload = _encoder.encode([msgspec.Raw(rows[i][5]) for i in members])
+            payload = _encoder.encode(members)  # the array of the events' bodies, as decode_batch reads it
             futures.append(await self.js.publish_async(subject, payload, headers=headers, stream=self.target.stream))
         acks = await asyncio.wait_for(asyncio.gather(*futures), CALL_TIMEOUT_S)
-        inserted: list[tuple[int, Event]] = []
-        for ack, (_, members) in zip(acks, messages, strict=True):
-            if ack.duplicate:
-                continue  # stored by an earlier attempt whose acknowledgement was lost
-            inserted.extend(((ack.seq << CURSOR_SHIFT) | place, events[i]) for place, i in enumerate(members, 1))
-        inserted.sort(key=lambda pair: pair[0])
-        for i in fresh:
-            source, seq = rows[i][0], rows[i][1]
-            if seq > self._stored_max.get(source, 0):
-                self._stored_max[source] = seq
-        after = (min(ack.seq for ack in acks) - 1) << CURSOR_SHIFT | ((1 << CURSOR_SHIFT) - 1) if acks else 0
-        return Appended(inserted, after, {s: high for s, high in stored_max.items() if high})
+        for (_, source), members in groups.items():
+            newest = max(map(_seq, members))
+            if newest > self._stored_max.get(source, 0):
+                self._stored_max[source] = newest
+        sizes = [len(members) for _, members in messages]
+        kept = [members for _, members in messages] if returning else []
+        return _Published(acks, sizes, kept, {s: high for s, high in stored_max.items() if high})
+
+    async def _unstored_groups(
+        self, events: list[Event], stored_max: dict[str, int]
+    ) -> dict[tuple[int, str], list[Event]]:
+        """`events` not stored yet, by (partition, source); a stored one with other content raises `ConflictError`."""
+        rows = encode_rows(events, checked=True)
+        seen: dict[tuple[str, int], bytes] = {}
+        for source, high in stored_max.items():
+            wanted = {row[1] for row in rows if row[0] == source and row[1] <= high}
+            if wanted:
+                seen.update(await self._stored_bodies(source, wanted))
+        groups: dict[tuple[int, str], list[Event]] = {}
+        for event, row in zip(events, rows, strict=True):
+            key = (row[0], row[1])
+            body = seen.get(key)
+            if body is None:
+                seen[key] = row[5]
+                groups.setdefault((partition_of_event(event, self.partitions), row[0]), []).append(event)
+            elif body != row[5]:
+                raise ConflictError(f"{self.url}: {row[0]!r} seq {row[1]} is stored with different content")
+        return groups
 
     async def _highest(self, source: str) -> int:
         """`source`'s highest stored seq (0: none): the largest last seq of its subjects' last messages."""

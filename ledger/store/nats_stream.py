@@ -24,6 +24,7 @@ The settings a user would want written down, each a URL query parameter (`?repli
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
@@ -41,6 +42,8 @@ DUP_WINDOW_S_DEFAULT = 600.0
 
 _STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _TOKEN_SAFE = re.compile(r"[A-Za-z0-9_/=:@+-]")
+SOURCE_TOKENS_CACHED = 4096
+"""Sources whose subject token is remembered: far more than one writer's (an engine's ranks and roles)."""
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,12 @@ class NatsTarget:
         return f"{self.stream}.ev.*.{source_token(source)}"
 
 
+@functools.lru_cache(maxsize=SOURCE_TOKENS_CACHED)
 def source_token(source: str) -> str:
     """A source as one subject token, reversibly: characters a subject cannot hold (`.`, `*`, `>`,
-    spaces) and `%` are written as `%XX` of their UTF-8 bytes; the empty source is `%`."""
+    spaces) and `%` are written as `%XX` of their UTF-8 bytes; the empty source is `%`. Remembered for the
+    last SOURCE_TOKENS_CACHED sources (a pure function: the memo changes its cost, never its answer), as
+    each of an append's messages names one."""
     if not source:
         return "%"
     return "".join(c if _TOKEN_SAFE.fullmatch(c) else "".join(f"%{b:02X}" for b in c.encode()) for c in source)
