@@ -23,7 +23,8 @@ from kvledger.api.settings import Settings
 from kvledger.ledger.advice import LatencyRecorder
 from kvledger.ledger.audit import Finding
 from kvledger.ledger.decisions import Key
-from kvledger.ledger.partitioned import Ownership, PartitionAnswer, merge_counts, merge_latencies
+from kvledger.ledger.ownership import Ownership
+from kvledger.ledger.partitioned import PartitionAnswer, merge_counts, merge_latencies
 from kvledger.ledger.picture import Picture, merge_pictures
 from kvledger.ledger.side import TransferState
 from kvledger.ledger.sources import SourceHealth, judge, oldest_on_live_source

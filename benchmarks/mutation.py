@@ -1,7 +1,8 @@
 """Mutation testing of the fold, the audit and the partition merge: how many small wrong versions of the fold
 (`ledger/fold.py`, `side.py`, `indexes.py`, `upkeep.py`), `ledger/audit.py`, `ledger/partition.py`, the
-partition merge `ledger/partitioned.py` and `ledger/merge.py` (a flipped comparison, a dropped guard, a constant
-off by one, a string changed) the ledger tests catch. Prints the figures and every survivor, then one JSON line.
+partition merge `ledger/partitioned.py` with its block ownership `ledger/ownership.py`, and `ledger/merge.py`
+(a flipped comparison, a dropped guard, a constant off by one, a string changed) the ledger tests catch. Prints
+the figures and every survivor, then one JSON line.
 
 Run:
     python benchmarks/mutation.py                # every 4th mutant of those files (deterministic), 2 workers
@@ -62,6 +63,7 @@ MUTATED = (
     "ledger/audit.py",
     "ledger/partition.py",
     "ledger/partitioned.py",
+    "ledger/ownership.py",
     "ledger/merge.py",
 )
 TESTS = "tests/ledger"

@@ -11,8 +11,8 @@ cdef class Ownership:
 
     @cython.locals(n_frees=Py_ssize_t, j=Py_ssize_t, at=Py_ssize_t, claim=object)
     cpdef feed(self, list claims, list frees)
-    @cython.locals(key=tuple, held=dict, holder=object, block=object)
+    @cython.locals(key=tuple, held=dict, holder=object, block=object, blocks=tuple)
     cdef _claim(self, object c)
-    @cython.locals(key=tuple, held=dict, holder=object, block=object, claim=object)
+    @cython.locals(key=tuple, held=dict, holder=object, block=object, claim=object, blocks=tuple)
     cdef _free(self, object r)
     cpdef list findings(self)

@@ -81,7 +81,8 @@ class Ownership:
             held = self.held[source] = {}
         # One loop for every case (compiled, each step is a C dict call): a block new to the source is this
         # side's; a block named twice in the map finds this side holding it and is held once.
-        for block in c.block_ids:
+        blocks = c.block_ids
+        for block in blocks:
             holder = held.get(block)
             if holder is None:
                 held[block] = key
@@ -102,16 +103,20 @@ class Ownership:
         if self.double_owned:
             self.double_owned.pop(key, None)  # the finding needs both sides live at the end
         held = self.held[source]
-        for block in claim.block_ids:  # each block let go of once: a second mention finds it gone
+        blocks = claim.block_ids
+        for block in blocks:  # each block let go of once: a second mention finds it gone
             holder = held.get(block)
             if holder is None:
                 continue
-            if isinstance(holder, list):
+            if holder is key:
+                del held[block]
+            elif isinstance(holder, list):
                 if key in holder:
                     holder.remove(key)
                     if len(holder) == 1:
                         held[block] = holder[0]
             elif holder == key:
+                key = holder  # the claim's own key: the side's other blocks are then found by identity
                 del held[block]
 
     def findings(self) -> list[Finding]:
