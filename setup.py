@@ -51,6 +51,7 @@ FOLD_SOURCES = (
     "ledger/projection.py",
     "ledger/ownership.py",
     "ledger/partition.py",
+    "ledger/summary.py",
 )
 """The modules ledger/compiled.py knows as FOLD_MODULES (this file runs before the package imports)."""
 

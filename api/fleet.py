@@ -288,17 +288,26 @@ class Fleet:
 
     def merge_replies(self, replies: list[bytes], now: float) -> tuple[list[Finding], int, float, FleetFigures]:
         """The workers' answers at `now` fed to the service's `LiveMerge` (one at a time): merged findings, events,
-        the CPU seconds the audit took (the slowest worker's answers, they run side by side, plus this merge),
-        and the figures beside the findings (`merge_figures`, read of the merge as it stands after them)."""
+        what the audit cost, and the figures beside the findings (`merge_figures`, read of the merge as it stands
+        after them).
+
+        The cost is the seconds the slowest worker's answers took (they run side by side, each holding its
+        fold) plus this merge's, less the merge items' own feeding (`LiveMerge.add` up to the findings): those
+        are the stream's maps and releases since the last audit, as much work however often it runs. Counted
+        in, an audit that came later cost more and made the next come later still, without end: the published
+        audit fell behind the stream by tens of seconds at a steady rate."""
         began = time.perf_counter()
         decoded = [_answers.decode(reply) for reply in replies]
         answers = [a for _, part in decoded for a in part]
         with self.merging:
-            findings, events = self.live_merge.add(answers)
+            feeding = time.perf_counter()
+            self.live_merge.feed(answers)
+            fed_s = time.perf_counter() - feeding
+            findings, events = self.live_merge.findings(answers)
             through = min(self.live_merge.told[p] for p in self.owned)
             ownership = self.live_merge.merger.ownership
             figures = merge_figures(answers, findings, ownership, now, self.settings, through=through)
-        cost_s = max((s for s, _ in decoded), default=0.0) + time.perf_counter() - began
+        cost_s = max((s for s, _ in decoded), default=0.0) + time.perf_counter() - began - fed_s
         return findings, events, cost_s, figures
 
     async def findings_now(self, now: float) -> tuple[list[Finding], int, float, FleetFigures]:

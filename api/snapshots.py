@@ -41,14 +41,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
-import signal
-import threading
 import time
-import traceback
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple
 
 import anyio.to_thread
 import msgspec
@@ -61,6 +57,7 @@ from kvledger.ledger.collector import collector_paused
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import KINDS, Event
 from kvledger.ledger.fold import LedgerState
+from kvledger.ledger.forked import ChildFailed, fork_making
 from kvledger.ledger.series import HoldingSeries, SeriesPlain
 from kvledger.ledger.side import requests_of
 from kvledger.ledger.store import snapshot
@@ -352,27 +349,17 @@ def _save(store: EventStore, stored: StoredSnapshot, keep_from: int | None) -> N
 
 
 async def write(live: Live) -> Written | None:
-    """Snapshot `live`'s fold now: a child forked under the fold lock encodes it (`_encode_in_child`) while
+    """Snapshot `live`'s fold now: a child forked under the fold lock encodes it (`kvledger.ledger.forked`) while
     the fold and the requests go on, and it is stored on a store thread."""
     store = live.store
     if store is None:
         return None
     store_id = await live.store_call(store.store_id)  # read here: the child asks no store anything
-    read_fd, write_fd = os.pipe()
-    try:
-        async with live.fold_lock:
-            started = time.perf_counter()
-            cursor, rows = live.cursor, live.rows_folded
-            pid = os.fork()
-            if pid == 0:
-                _encode_in_child(live, store_id, write_fd)
-            lock_s = time.perf_counter() - started
-    except BaseException:
-        os.close(read_fd)  # no child (the fork failed): nothing will read it
-        raise
-    finally:
-        os.close(write_fd)
-    child = _Child(pid, read_fd)
+    async with live.fold_lock:
+        started = time.perf_counter()
+        cursor, rows = live.cursor, live.rows_folded
+        child = fork_making(lambda: encode(live, store_id)[2])
+        lock_s = time.perf_counter() - started
     try:
         body, encode_cpu_s = await anyio.to_thread.run_sync(child.result, abandon_on_cancel=True)
     except BaseException:
@@ -389,70 +376,8 @@ async def write(live: Live) -> Written | None:
     return written
 
 
-_CHILD_OK, _CHILD_FAILED = b"\x00", b"\x01"
-"""The first byte a child writes: the body follows, or the traceback of why there is none."""
-
-
-def _encode_in_child(live: Live, store_id: str, write_fd: int) -> NoReturn:
-    """In the forked child: the sealed document of `live` (as it was at the fork) written to `write_fd`, then
-    exit. Only this thread runs here; it touches no store, lock or loop the service's threads held, and
-    keeps none of the service's files open (a socket the service closes must close for its client now)."""
-    written = False
-    try:
-        signal.set_wakeup_fd(-1)  # the service's loop's: a signal here must not wake the service
-        for number in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(number, signal.SIG_DFL)
-        gc.disable()  # a collection would walk (and copy) the whole fold's pages, and frees nothing here
-        os.closerange(3, write_fd)
-        os.closerange(write_fd + 1, os.sysconf("SC_OPEN_MAX"))
-        try:
-            out = _CHILD_OK + encode(live, store_id)[2]
-        except BaseException:
-            out = _CHILD_FAILED + traceback.format_exc().encode()
-        view = memoryview(out)
-        while view:
-            view = view[os.write(write_fd, view) :]
-        written = out[:1] == _CHILD_OK
-    finally:
-        os._exit(0 if written else 1)  # nothing of the service's runs here: no atexit, no finalizers
-
-
-class _Child:
-    """A forked encoder (`write`): its pid and the read end of its pipe."""
-
-    def __init__(self, pid: int, read_fd: int) -> None:
-        self.pid, self.read_fd = pid, read_fd
-        self._reaping = threading.Lock()
-        self._reaped = False
-        """Set once waited for: its pid may then be another process's, never to be signalled."""
-
-    def result(self) -> tuple[bytes, float]:
-        """(the sealed body, CPU seconds the child took) once it exits; `SnapshotFailed` if it wrote none.
-        Blocking (a thread of its own), off the GIL while it waits."""
-        chunks = []
-        try:
-            while chunk := os.read(self.read_fd, 1 << 20):
-                chunks.append(chunk)
-        finally:
-            os.close(self.read_fd)
-            with self._reaping:  # the pipe's end: the child has exited, or is exiting
-                _, status, usage = os.wait4(self.pid, 0)
-                self._reaped = True
-        out = b"".join(chunks)
-        if status != 0 or out[:1] != _CHILD_OK:
-            why = out[1:].decode(errors="replace").strip() if out[:1] == _CHILD_FAILED else "it wrote no snapshot"
-            raise SnapshotFailed(f"the snapshot's child (pid {self.pid}) exited with status {status}: {why}")
-        return out[1:], usage.ru_utime + usage.ru_stime
-
-    def kill(self) -> None:
-        """End the child now, unless it was already waited for (`result`, which then reaps it)."""
-        with self._reaping:
-            if not self._reaped:
-                os.kill(self.pid, signal.SIGKILL)
-
-
-class SnapshotFailed(RuntimeError):
-    """The child `write` forked exited without a snapshot."""
+SnapshotFailed = ChildFailed
+"""The child `write` forked exited without a snapshot."""
 
 
 def due(live: Live, waited_s: float) -> bool:

@@ -46,6 +46,7 @@ FOLD_MODULES: Final = (
     "kvledger.ledger.projection",
     "kvledger.ledger.ownership",
     "kvledger.ledger.partition",
+    "kvledger.ledger.summary",
 )
 """The modules setup.py compiles, in import order: the fold's, an append's numbering loop (log) and the
 shell that appends and folds under one lock (ledger: every scheduler hook's event goes through it), a
@@ -53,7 +54,8 @@ replay's hot path (reading a JSONL log, its chunk check, the latency histograms,
 chunk), the service's loop that folds the store's rows with its bookkeeping (the holding series,
 the projection), and the block ownership a partitioned fold's merge judges `double_owner` on (ownership:
 the one loop over every map and release that a `--jobs` replay runs in one process), and which partition
-each event goes to (partition: a store's append and every splitter run it over every event)."""
+each event goes to (partition: a store's append and every splitter run it over every event), and the
+count of sides by phase and mode (summary: a partition worker's every answer, over a state never compacted)."""
 
 LAYOUT_SOURCES: Final = ("events.py",)
 """Interpreted modules whose classes' memory layout the compiled fold is built for (ledger/structs.pxd,

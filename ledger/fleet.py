@@ -30,6 +30,7 @@ its workers' answers as they come again and again.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import zlib
 from bisect import bisect_left, bisect_right
@@ -44,6 +45,7 @@ from kvledger.ledger.advice import LatencyRecorder, RecorderPlain
 from kvledger.ledger.audit import AuditConfig, Finding, finding_order, found_at
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Drop, Event, Map, TransferId
+from kvledger.ledger.forked import fork_making
 from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S
 from kvledger.ledger.partitioned import Batch, Folded, Merger, PartitionAnswer, answer, fold_partition
 from kvledger.ledger.picture import picture_of
@@ -411,20 +413,47 @@ def run_worker(
     if started is not None:
         started(folds)
     last_save = time.monotonic()
+    saving: _Saving | None = None
+
+    def stored(fold: PartitionFold, taken: tuple[int, bytes]) -> None:
+        save(store, service, fold, taken)
+        if after_save is not None:
+            after_save(fold)
+        source.ack(fold.partition, fold.saved)
+
+    def finish_saving(wait: bool) -> None:
+        """Save and acknowledge what the forked child encoded, once it is done (or waiting for it)."""
+        nonlocal saving
+        if saving is None or (not wait and not saving.done()):
+            return
+        for fold, taken in saving.taken():
+            stored(fold, taken)
+        saving = None
 
     def save_due(force: bool) -> None:
-        nonlocal last_save
+        """Save every fold that folded something since its last save. Forced (the worker stops): now, each
+        encoded under the lock. Else in a forked child (`_Saving`, one at a time), the lock held only for the
+        fork: requests and folding go on while it encodes; `finish_saving` saves once it is done."""
+        nonlocal last_save, saving
         last_save = time.monotonic()
+        finish_saving(wait=force)
+        if saving is not None:
+            return
+        if not force:
+            due = [fold for fold in folds.values() if fold.applied > fold.saved]
+            if due:
+                with guard:
+                    saving = _Saving(due)
+                    for fold in due:
+                        fold.events_since_save = 0
+            return
         for fold in folds.values():
             if fold.applied > fold.saved:
                 with guard:
                     taken = (fold.applied, fold.encode())
                     fold.events_since_save = 0
-                save(store, service, fold, taken)
-                if after_save is not None:
-                    after_save(fold)
-                source.ack(fold.partition, fold.saved)
-            elif force and fold.saved:
+                stored(fold, taken)
+            elif fold.saved:
                 source.ack(fold.partition, fold.saved)  # what was delivered again and passed over
 
     waited = 0.0
@@ -442,6 +471,8 @@ def run_worker(
                     folds[d.partition].apply(d)
             if not between(folds, delivered):
                 break
+            with contextlib.suppress(StoreUnavailable):  # not saved, not acknowledged: tried again later
+                finish_saving(wait=False)
             folded = sum(f.events_since_save for f in folds.values())
             # Behind (a start over a large store), saves go by events alone: each encodes the whole fold, and
             # a million events' fold takes about 4 CPU seconds: not once every `snapshot_every_s` of a long start.
@@ -453,8 +484,48 @@ def run_worker(
                     save_due(False)
         save_due(True)
     finally:
+        if saving is not None:
+            saving.abandon()
         source.close()
     return folds
+
+
+_bodies = msgspec.msgpack.Decoder(list[bytes])
+
+
+class _Saving:
+    """Folds being encoded in a forked child (`kvledger.ledger.forked`), made under the worker's lock: each
+    fold's `applied` as of the fork, the bodies read on a thread of their own."""
+
+    def __init__(self, folds: list[PartitionFold]) -> None:
+        self.folds = folds
+        self.applied = [fold.applied for fold in folds]
+        self.child = fork_making(lambda: _encode([fold.encode() for fold in folds]))
+        self._bodies: list[bytes] | None = None
+        self._thread = threading.Thread(target=self._read, name="kvledger-worker-snapshot", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            self._bodies = _bodies.decode(self.child.result()[0])
+        except BaseException:  # the child failed (or was ended): its folds are saved again later
+            for fold in self.folds:
+                fold.events_since_save = max(fold.events_since_save, 1)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def taken(self) -> list[tuple[PartitionFold, tuple[int, bytes]]]:
+        """(fold, (applied, body)) of each fold, once done (waits for it); none where the child failed."""
+        self._thread.join()
+        if self._bodies is None:
+            return []
+        return [(f, (a, b)) for f, a, b in zip(self.folds, self.applied, self._bodies, strict=True)]
+
+    def abandon(self) -> None:
+        """The worker is leaving before the saves were made: end the child."""
+        self.child.kill()
+        self._thread.join()
 
 
 TOLD_ALL = 1 << 62
@@ -482,6 +553,12 @@ class LiveMerge:
 
     def add(self, answers: Sequence[PartitionAnswer]) -> tuple[list[Finding], int]:
         """Feed `answers` (one per owned partition, at one `now`); (merged findings, events folded)."""
+        self.feed(answers)
+        return self.findings(answers)
+
+    def feed(self, answers: Sequence[PartitionAnswer]) -> None:
+        """The merge items of `answers` not told before, fed to the merger (`add`'s first half: the work the
+        stream's maps and releases make, however often the answers come)."""
         for a in answers:
             told = self.told[a.partition]
             rest = a.rest
@@ -494,6 +571,9 @@ class LiveMerge:
             )
             self.merger.add(a.partition, batch)
             self.told[a.partition] = batch.upto
+
+    def findings(self, answers: Sequence[PartitionAnswer]) -> tuple[list[Finding], int]:
+        """(merged findings, events folded) of `answers`, once `feed` has had them (`add`'s second half)."""
         findings = [f for a in answers for f in a.findings]
         findings.extend(self.merger.ownership.findings())
         findings.sort(key=finding_order)

@@ -8,8 +8,10 @@ from typing import Any
 import msgspec
 
 from kvledger.ledger.audit import SEVERITY_RANK, Finding, counts_by_code
+from kvledger.ledger.decisions import Key
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.limits import FINDINGS_WORST_MAX
+from kvledger.ledger.transfer_state import TransferState
 
 
 def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
@@ -19,11 +21,7 @@ def summarize(state: LedgerState, findings: list[Finding]) -> dict[str, Any]:
 def state_counts(state: LedgerState) -> dict[str, Any]:
     """What a summary reads of a state, as plain counts: the counts of a log's partitions add up to the
     whole log's (`kvledger.ledger.partitioned.merge_counts`)."""
-    by_phase: Counter[str] = Counter(state.compacted_by_phase)
-    by_mode: Counter[str] = Counter(state.compacted_by_mode)
-    for t in state.transfers.values():
-        by_phase[t.phase] += 1
-        by_mode[t.mode or "unmapped"] += 1
+    by_phase, by_mode = phase_mode_counts(state.transfers, state.compacted_by_phase, state.compacted_by_mode)
     return {
         "by_phase": {k: v for k, v in sorted(by_phase.items()) if v},
         "by_mode": {k: v for k, v in sorted(by_mode.items()) if v},
@@ -33,6 +31,20 @@ def state_counts(state: LedgerState) -> dict[str, Any]:
         "blocks_held": state.blocks_held,
         "oldest_held_ts": min((t.first_ts for t in state.live.values()), default=None),
     }
+
+
+def phase_mode_counts(
+    transfers: dict[Key, TransferState], compacted_by_phase: dict[str, int], compacted_by_mode: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The sides by phase and by mode ("unmapped": none), with the compacted ones' counts: one loop over every
+    side, compiled with the fold (a partition worker's answer reads it of a state that is never compacted)."""
+    by_phase: dict[str, int] = dict(compacted_by_phase)
+    by_mode: dict[str, int] = dict(compacted_by_mode)
+    for t in transfers.values():
+        by_phase[t.phase] = by_phase.get(t.phase, 0) + 1
+        mode = t.mode or "unmapped"
+        by_mode[mode] = by_mode.get(mode, 0) + 1
+    return by_phase, by_mode
 
 
 def summarize_counts(counts: dict[str, Any], findings: list[Finding]) -> dict[str, Any]:

@@ -6,7 +6,9 @@ exported stream says."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 import msgspec
@@ -15,7 +17,7 @@ import pytest
 from kvledger.cli.export import store_to_jsonl
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Drop, Event
-from kvledger.ledger.fleet import PartitionFold, run_worker
+from kvledger.ledger.fleet import PartitionFold, run_worker, snapshot_source
 from kvledger.ledger.jsonl import read_events
 from kvledger.ledger.limits import FORGED_KEPT_MAX
 from kvledger.ledger.merge import batched
@@ -201,4 +203,59 @@ def test_drops_naming_every_partition_merge_into_one_fold_s_latest_and_read_with
     assert any(type(e) is Drop for e in mine) and any(type(e) is not Drop for e in mine)
     assert list(store.read(transfer_id=tid)) == mine
     assert list(store.read(transfer_id=tid, source=forger.source)) == [e for e in mine if e.source == forger.source]
+    store.close()
+
+
+def test_a_worker_s_snapshot_is_encoded_by_a_forked_child_while_it_folds_and_answers(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker saves its folds from a forked child (`kvledger.ledger.forked`): the lock its requests take is
+    held only for the fork. A child held still (its encode waits on a file) keeps no snapshot from being
+    saved, yet the worker folds the stream to its end and its lock is free between deliveries; once the child
+    goes on, its snapshots are saved at what the folds had applied at the fork and acknowledged."""
+    events = history(9, SHAPE)
+    store = open_store(nats_url, create=True)
+    assert isinstance(store, NatsStore)
+    for batch in batched(events, 40):
+        store.append(batch)
+    last_seq = store.last_sequence()
+    gate = tmp_path / "go"
+    parent, encode = os.getpid(), PartitionFold.encode
+
+    def held_in_the_child(fold: PartitionFold) -> bytes:
+        while os.getpid() != parent and not gate.exists():
+            time.sleep(0.01)
+        return encode(fold)
+
+    monkeypatch.setattr(PartitionFold, "encode", held_in_the_child)
+    lock = threading.Lock()
+    seen: dict[str, int] = {"calls": 0}
+
+    def saved() -> dict[int, int]:
+        found = {p: store.latest_snapshot(snapshot_source("snap", p, PARTITIONS)) for p in range(PARTITIONS)}
+        return {p: s.seq for p, s in found.items() if s is not None}
+
+    def between(folds: dict[int, PartitionFold], delivered: list[Delivered]) -> bool:
+        seen["calls"] += 1
+        assert seen["calls"] < 4_000, "the child's snapshots were never saved"
+        assert lock.acquire(blocking=False)  # free between deliveries, a child encoding or not
+        lock.release()
+        if not gate.exists():
+            if all(f.upto >= last_seq for f in folds.values()):
+                assert saved() == {}  # the child is held: nothing saved, yet every event folded
+                assert all(f.saved == 0 for f in folds.values())
+                gate.touch()
+            return True
+        found = saved()
+        if not found:
+            return True
+        for p, seq in found.items():
+            assert seq == folds[p].saved and 0 < seq <= folds[p].applied
+        return False
+
+    folds = run_worker(
+        store, range(PARTITIONS), service="snap", between=between, lock=lock, fetch_messages=2,
+        snapshot_every_events=50, fetch_timeout_s=0.05,
+    )  # fmt: skip
+    assert gate.exists() and sum(f.folded.events for f in folds.values()) == len(events)
     store.close()
