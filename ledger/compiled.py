@@ -57,9 +57,10 @@ the one loop over every map and release that a `--jobs` replay runs in one proce
 each event goes to (partition: a store's append and every splitter run it over every event), and the
 count of sides by phase and mode (summary: a partition worker's every answer, over a state never compacted)."""
 
-LAYOUT_SOURCES: Final = ("events.py",)
+LAYOUT_SOURCES: Final = ("events.py", "claims.py")
 """Interpreted modules whose classes' memory layout the compiled fold is built for (ledger/structs.pxd,
-with transfer_state.py's): edited after the build, they make it stale too."""
+with transfer_state.py's; claims.py's the compiled ownership reads): edited after the build, they make it
+stale too."""
 
 INTERPRETED_ENV: Final = "KVLEDGER_INTERPRETED"
 """Set (to anything but empty or 0) to run the fold's sources even where they are compiled."""

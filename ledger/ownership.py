@@ -1,41 +1,20 @@
 """Per source, which live sides hold each block, rebuilt from accepted maps and releases in fold order: the
 one cross-transfer rule, `double_owner`, judged where a log is folded in partitions
 (`kvledger.ledger.partitioned.Merger`). Each partition tells the merge its accepted maps (`Claim`) and its
-releases' sides (`Free`) with their positions in the whole stream; the merge feeds them here in that order.
+releases' sides (`Free`, both in ledger/claims.py) with their positions in the whole stream; the merge feeds
+them here in that order.
 
-Compiled by setup.py (ledger/ownership.pxd): the merge runs this once per map and once per release of the
-whole log in the one parent process, so its per-item loop is what a `--jobs` replay cannot spread.
+Compiled by setup.py (ledger/ownership.pxd), reading claims and releases as C structs (ledger/structs.pxd):
+the merge runs this once per map and once per release of the whole log in the one parent process, so its
+per-item loop is what a `--jobs` replay cannot spread.
 Sans-IO, like the fold.
 """
 
 from __future__ import annotations
 
-import msgspec
-
 from kvledger.ledger.audit import Finding, finding_of
+from kvledger.ledger.claims import Claim, Free
 from kvledger.ledger.decisions import Key
-from kvledger.ledger.events import ReqId, TransferId
-
-
-class Claim(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """A map a partition accepted (its side now holds `block_ids` on `source`): what `Ownership` reads."""
-
-    index: int
-    """The map's position in the whole stream."""
-    source: str
-    transfer_id: TransferId
-    request_id: ReqId
-    block_ids: tuple[int, ...]
-    map_seq: int
-
-
-class Free(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """A side decided (its blocks let go of) at its event's position in the whole stream: what `Ownership`
-    reads of a release."""
-
-    index: int
-    source: str
-    transfer_id: TransferId
 
 
 class Ownership:
@@ -62,8 +41,11 @@ class Ownership:
         j = 0
         for claim in claims:
             at = claim.index
-            while j < n_frees and frees[j].index < at:
-                self._free(frees[j])
+            while j < n_frees:
+                free = frees[j]
+                if free.index >= at:
+                    break
+                self._free(free)
                 j += 1
             self._claim(claim)
         while j < n_frees:

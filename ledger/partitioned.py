@@ -40,12 +40,13 @@ import msgspec
 
 from kvledger.ledger.advice import LatencyHistogram, LatencyRecorder, RecorderPlain
 from kvledger.ledger.audit import AuditConfig, Finding, audit, finding_order
+from kvledger.ledger.claims import Claim, Free
 from kvledger.ledger.collector import collector_paused
 from kvledger.ledger.decisions import Release
 from kvledger.ledger.events import Event, Map
 from kvledger.ledger.fold import LedgerState
 from kvledger.ledger.limits import REPLAY_COMPACT_EVERY, REPLAY_RETAIN_S
-from kvledger.ledger.ownership import Claim, Free, Ownership
+from kvledger.ledger.ownership import Ownership
 from kvledger.ledger.partition import partition_of_event
 from kvledger.ledger.picture import Picture
 from kvledger.ledger.replay import cut, fold_indexed

@@ -1,6 +1,7 @@
 # The memory layout of the msgspec Structs the compiled fold reads and writes on every event: a side
 # (ledger/transfer_state.py) and the events it folds (ledger/events.py), with their envelope (`_Envelope`: what a
-# replay reads of an event of any kind). Declared, the compiled fold reads and
+# replay reads of an event of any kind); and what a partition tells a `--jobs` merge's block ownership, once per
+# map and release of the whole log (ledger/claims.py, read by ledger/ownership.py). Declared, the compiled fold reads and
 # writes their fields as C struct members instead of through Python's attribute lookup (most of what the
 # compiled fold otherwise spends). Nothing here runs interpreted.
 #
@@ -49,6 +50,14 @@ cdef extern from *:
         PyObject_HEAD
         PyObject *seq, *source, *transfer_id, *ts, *deadline;
     } kvledger_Expire;
+    typedef struct {
+        PyObject_HEAD
+        PyObject *block_ids, *index, *map_seq, *request_id, *source, *transfer_id;
+    } kvledger_Claim;
+    typedef struct {
+        PyObject_HEAD
+        PyObject *index, *source, *transfer_id;
+    } kvledger_Free;
     """
 
     ctypedef class kvledger.ledger.transfer_state.TransferState [object kvledger_TransferState, check_size error]:
@@ -152,3 +161,16 @@ cdef extern from *:
         cdef object transfer_id
         cdef object ts
         cdef object deadline
+
+    ctypedef class kvledger.ledger.claims.Claim [object kvledger_Claim, check_size error]:
+        cdef object block_ids
+        cdef object index
+        cdef object map_seq
+        cdef object request_id
+        cdef object source
+        cdef object transfer_id
+
+    ctypedef class kvledger.ledger.claims.Free [object kvledger_Free, check_size error]:
+        cdef object index
+        cdef object source
+        cdef object transfer_id

@@ -1,6 +1,6 @@
-"""ledger/structs.pxd, the C layout the compiled fold reads sides and events by, names every field of each
-class in the order msgspec lays them out (a field added, removed or renamed without it would have the
-compiled fold read the wrong one); and msgspec still lays Structs out that way (else the fold loads
+"""ledger/structs.pxd, the C layout the compiled fold reads sides and events by (and a `--jobs` merge its claims),
+names every field of each class in the order msgspec lays them out (a field added, removed or renamed without it
+would have the compiled fold read the wrong one); and msgspec still lays Structs out that way (else the fold loads
 interpreted). Runs on either build: it reads the declarations, not the compiled code."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 
 import kvledger.ledger
+import kvledger.ledger.claims
 import kvledger.ledger.events
 import kvledger.ledger.transfer_state
 from kvledger.ledger.compiled import struct_layout_holds
@@ -54,12 +55,15 @@ def test_msgspec_lays_structs_out_as_the_declarations_assume() -> None:
 
 def test_every_declared_class_names_all_its_fields_in_memory_order() -> None:
     declared = _declared()
-    assert set(declared) == {"kvledger.ledger.transfer_state.TransferState"} | {
-        f"kvledger.ledger.events.{name}" for name in ("_Envelope", "Map", "Schedule", "Seal", "Ack", "Fail", "Expire")
-    }
+    assert set(declared) == {
+        "kvledger.ledger.transfer_state.TransferState",
+        "kvledger.ledger.claims.Claim",
+        "kvledger.ledger.claims.Free",
+    } | {f"kvledger.ledger.events.{name}" for name in ("_Envelope", "Map", "Schedule", "Seal", "Ack", "Fail", "Expire")}
     modules = {
         "kvledger.ledger.transfer_state": kvledger.ledger.transfer_state,
         "kvledger.ledger.events": kvledger.ledger.events,
+        "kvledger.ledger.claims": kvledger.ledger.claims,
     }
     for path, fields in declared.items():
         module, _, name = path.rpartition(".")
