@@ -43,6 +43,7 @@ from kvledger.api.fleet_figures import FleetFigures, merge_figures
 from kvledger.api.limits import AUDIT_COST_FACTOR
 from kvledger.api.settings import Settings
 from kvledger.ledger.audit import Finding, counts_by_code
+from kvledger.ledger.collector import collector_paused
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
 from kvledger.ledger.fleet import (
@@ -291,23 +292,28 @@ class Fleet:
         what the audit cost, and the figures beside the findings (`merge_figures`, read of the merge as it stands
         after them).
 
-        The cost is the seconds the slowest worker's answers took (they run side by side, each holding its
-        fold) plus this merge's, less the merge items' own feeding (`LiveMerge.add` up to the findings): those
-        are the stream's maps and releases since the last audit, as much work however often it runs. Counted
-        in, an audit that came later cost more and made the next come later still, without end: the published
-        audit fell behind the stream by tens of seconds at a steady rate."""
-        began = time.perf_counter()
-        decoded = [_answers.decode(reply) for reply in replies]
+        The cost is the CPU seconds the slowest worker's answers took (they run side by side, each holding its
+        fold) plus this merge's, less the merge items' own feeding (`LiveMerge.feed`): those are the stream's
+        maps and releases since the last audit, as much work however often it runs. Counted in, an audit that
+        came later cost more and made the next come later still, without end: the published audit fell behind
+        the stream by tens of seconds at a steady rate. CPU seconds, not wall: on a loaded machine one audit's
+        wall time, stretched by other processes, put off the next by ten times as much."""
+        began = time.thread_time()  # this thread's (`findings_now` runs it on one of its own)
+        # Decoding and feeding make many objects and no cycles: the collector's passes over them (and over
+        # the merge's whole ownership) free nothing, and stall the requests the event loop serves meanwhile.
+        with collector_paused():
+            decoded = [_answers.decode(reply) for reply in replies]
         answers = [a for _, part in decoded for a in part]
         with self.merging:
-            feeding = time.perf_counter()
-            self.live_merge.feed(answers)
-            fed_s = time.perf_counter() - feeding
+            feeding = time.thread_time()
+            with collector_paused():
+                self.live_merge.feed(answers)
+            fed_s = time.thread_time() - feeding
             findings, events = self.live_merge.findings(answers)
             through = min(self.live_merge.told[p] for p in self.owned)
             ownership = self.live_merge.merger.ownership
             figures = merge_figures(answers, findings, ownership, now, self.settings, through=through)
-        cost_s = max((s for s, _ in decoded), default=0.0) + time.perf_counter() - began - fed_s
+        cost_s = max((s for s, _ in decoded), default=0.0) + time.thread_time() - began - fed_s
         return findings, events, cost_s, figures
 
     async def findings_now(self, now: float) -> tuple[list[Finding], int, float, FleetFigures]:

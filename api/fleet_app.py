@@ -9,6 +9,7 @@ service (the event tail, ingest, snapshots of the whole fold, replay) is not ser
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -160,6 +161,10 @@ def create_fleet_app(settings: Settings, partitions: str, *, service: str, worke
         app.state.board, app.state.trust = FleetBoards(fleet), FleetTrust(fleet)
         app.state.transfers = FleetTransfers(fleet)
         app.state.registry = fleet_registry(fleet)
+        # As the one-process service (api/app.py): what startup made lives as long as the service; the
+        # collector's full passes need not walk it (the folds themselves live in the workers).
+        gc.collect()
+        gc.freeze()
         # As the one-process service: a request waits at most this long on each hand-over of the GIL from the
         # merge's thread, not CPython's 5 ms.
         switch_interval_s = sys.getswitchinterval()

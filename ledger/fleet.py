@@ -30,6 +30,7 @@ its workers' answers as they come again and again.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 import zlib
@@ -43,6 +44,7 @@ import msgspec
 
 from kvledger.ledger.advice import LatencyRecorder, RecorderPlain
 from kvledger.ledger.audit import AuditConfig, Finding, finding_order, found_at
+from kvledger.ledger.collector import collector_paused, untrack
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Drop, Event, Map, TransferId
 from kvledger.ledger.forked import fork_making
@@ -118,7 +120,7 @@ class _Saved(msgspec.Struct, kw_only=True, array_like=True):
     events_by_kind: dict[str, int] = {}
     first_map: tuple[int, float] | None = None
     mark: Mark | None = None
-    by_request: dict[str, list[tuple[int, tuple[str, TransferId]]]] = {}
+    by_request: dict[str, tuple[tuple[int, tuple[str, TransferId]], ...]] = {}
     holding_end_ts: float | None = None
 
 
@@ -155,9 +157,10 @@ class PartitionFold:
         self.first: list[int] = []
         """Each side's first event's cursor, in `order`'s order (ascending)."""
         self._seen: set[Key] = set()
-        self.by_request: dict[str, list[tuple[int, Key]]] = {}
+        self.by_request: dict[str, tuple[tuple[int, Key], ...]] = {}
         """With `track_sides`: per request id, (cursor, key) of each side a map named it for, at the first such
-        map (the one-process service's `by_request`, with the stream positions a merge orders by)."""
+        map (the one-process service's `by_request`, with the stream positions a merge orders by). Tuples, as
+        the service's: a tuple of atomic values is one the collector leaves out of its passes."""
         self.applied = 0
         """The position (stream sequence, SQL cursor) of the last message folded (0: none)."""
         self.upto = 0
@@ -186,6 +189,21 @@ class PartitionFold:
 
     def apply(self, delivered: Delivered) -> None:
         """Fold one delivery (its rows are new: the consumer passed over what was folded)."""
+        # Paused, and what the fold grew kept out of the collector's passes (`kvledger.ledger.collector`), as
+        # the service's fold does: else a pass now and then walked the whole fold, a tenth of a second or more
+        # at a million events, in whichever of the worker's threads set it off (an answer's, as often).
+        with collector_paused():
+            self._apply(delivered)
+            untrack(self.grown_containers())
+
+    def grown_containers(self) -> list[object]:
+        """The containers that grow with the fold, each of atomic values (`LedgerState.grown_containers`'s
+        kind): the state's, the merge items' lists and the side listing's."""
+        f = self.folded
+        return [*f.state.grown_containers(), f.decided, f.frees, f.claims, f.expired, self.order, self.first,
+                self._seen, self.by_request]  # fmt: skip
+
+    def _apply(self, delivered: Delivered) -> None:
         rows = delivered.rows
         if rows:
             events: list[Event] = [e for _, e in rows]
@@ -210,9 +228,9 @@ class PartitionFold:
                     if type(e) is Map:
                         named = by_request.get(e.request_id)
                         if named is None:
-                            by_request[e.request_id] = [(cursor, key)]
+                            by_request[e.request_id] = ((cursor, key),)
                         elif all(k != key for _, k in named):
-                            named.append((cursor, key))
+                            by_request[e.request_id] = (*named, (cursor, key))
             crc = self._crc
             digest = self.digest
             last_ts, by_kind = self.last_ts, self.events_by_kind
@@ -696,7 +714,7 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
     - `["answer", id, now, transfer_timeout_s, clock_skew_s, since]`: each partition's `PartitionAnswer` at
       `now`, telling its merge items after `since[partition]` (the worker keeps every one: a merge that starts
       again is told everything),
-      with the seconds they took: `(seconds, [PartitionAnswer, ...])`;
+      with the CPU seconds they took: `(seconds, [PartitionAnswer, ...])`;
     - `["sides", id, SidesAsked]`: `(first cursor, TransferState)` pairs and the cursor they are complete
       through (None: to the end);
     - `["transfer", id, transfer_id]`: the sides of one transfer id;
@@ -732,12 +750,12 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
                 if kind == "answer":
                     config = AuditConfig(float(request[3]), float(request[4]))
                     since = {int(p): int(c) for p, c in request[5].items()}
-                    began = time.perf_counter()
+                    began = time.thread_time()  # CPU: another process on the core is not this cost
                     answers = [
                         f.answer(float(request[2]), config, since=since.get(p, 0), picture=True)
                         for p, f in folds.items()
                     ]
-                    payload = _encode((time.perf_counter() - began, answers))
+                    payload = _encode((time.thread_time() - began, answers))
                 elif kind == "sides":
                     asked = msgspec.convert(request[2], SidesAsked)
                     payload = _encode(_sides(folds, asked))
@@ -760,6 +778,9 @@ def serve_worker(conn: Any, url: str, partitions: list[int], service: str, fetch
         stop.set()
 
     def started(folds: dict[int, PartitionFold]) -> None:
+        for fold in folds.values():
+            untrack(fold.grown_containers())  # the restored folds: as `apply` leaves what it grew
+        gc.freeze()  # the modules and the restored folds: never walked again (the one-process service's rule)
         threading.Thread(target=serve_requests, args=(folds,), name="kvledger-worker-requests", daemon=True).start()
         send("ready", 0, _encode(sorted(folds)))
 
