@@ -23,6 +23,7 @@ from kvledger.api.limits import GIL_SWITCH_INTERVAL_S, frozen_at_start
 from kvledger.api.live import Live
 from kvledger.api.metrics import build_registry
 from kvledger.api.routes import audit, events, health, replay, transfers, web
+from kvledger.api.routes.audit import PublishedAnswers
 from kvledger.api.settings import Settings
 from kvledger.api.transfer_events import LiveTransfers
 from kvledger.api.trust import TrustChecks
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.published_answers = PublishedAnswers()  # GET /audit's answers, serialized once each
     app.state.live = None
     registry, histogram = build_registry(lambda: app.state.live)
     app.state.registry = registry

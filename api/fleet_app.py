@@ -38,7 +38,7 @@ from kvledger.api.params import (
     check_limit,
 )
 from kvledger.api.routes import health, web
-from kvledger.api.routes.audit import FindingCode, audit_out
+from kvledger.api.routes.audit import FindingCode, PublishedAnswers, audit_out
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX, transfer_detail
 from kvledger.api.schemas import AuditOut, AuditSummary, Health, RequestDetail, TransferDetail, TransferPage
 from kvledger.api.settings import Settings
@@ -67,9 +67,13 @@ async def get_audit(
     now: Now = None,
     code: Annotated[FindingCode | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
-) -> AuditOut:
+) -> AuditOut | Response:
     fleet = _fleet(request)
     check_limit(fleet, limit)
+    if now is None:
+        audited = await fleet.audited_at(None)
+        answers: PublishedAnswers = request.app.state.published_answers
+        return answers.answer(audited, audited.now, audited.findings, audited.counts, code, limit)
     at, findings, counts, _ = await fleet.findings_at(now)
     return audit_out(at, findings, counts, code, limit)
 
@@ -177,6 +181,7 @@ def create_fleet_app(settings: Settings, partitions: str, *, service: str, worke
 
     app = FastAPI(title="kvledger audit service (partition workers)", version="1", lifespan=lifespan)
     app.state.settings = settings
+    app.state.published_answers = PublishedAnswers()
     app.state.templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
     errors.install(app)
 

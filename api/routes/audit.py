@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, get_args
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
 
 from kvledger.api.deps import LiveDep
 from kvledger.api.params import Now, check_limit
@@ -26,19 +27,61 @@ assert set(get_args(FindingCode)) == set(CODES), "FindingCode must list kvledger
 
 @router.get("/audit", response_model=AuditOut, summary="Findings at `now`, worst first, with evidence seqs")
 async def get_audit(
+    request: Request,
     live: LiveDep,
     now: Now = None,
     code: Annotated[FindingCode | None, Query(description="Only findings with this code")] = None,
     limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
-) -> AuditOut:
+) -> AuditOut | Response:
     check_limit(live, limit)
     if now is None:  # the published audit: read, never computed here (kvledger.api.live)
         audited = live.published()
-        at, findings, counts = audited.now, audited.findings, audited.counts
-    else:
-        at, findings = now, live.findings(now)
-        counts = counts_by_code(findings)
-    return audit_out(at, findings, counts, code, limit)
+        answers: PublishedAnswers = request.app.state.published_answers
+        return answers.answer(audited, audited.now, audited.findings, audited.counts, code, limit)
+    findings = live.findings(now)
+    return audit_out(now, findings, counts_by_code(findings), code, limit)
+
+
+PUBLISHED_ANSWERS_KEPT = 64
+"""Queries of the published audit whose `GET /audit` answers are kept (`PublishedAnswers`), at most."""
+
+
+class PublishedAnswers:
+    """`GET /audit`'s answers to the published audit, each serialized once. Pollers ask the same query of it
+    again and again (a dashboard, a probe every few tens of milliseconds), and each answer cost a
+    serialization of up to `limit` findings, the largest share of a request's time and of the service's CPU
+    under such polling. Exact: an answer is a function of the published audit, which is replaced whole and
+    never changed, and of the query; kept for the newest published audit only (another one, by identity,
+    drops them all), PUBLISHED_ANSWERS_KEPT queries at most (the rest answered as without it)."""
+
+    def __init__(self) -> None:
+        self._of: object | None = None
+        self._bodies: dict[tuple[str | None, int], bytes] = {}
+
+    def answer(
+        self,
+        published: object,
+        at: float,
+        findings: list[Finding],
+        counts: dict[str, int],
+        code: str | None,
+        limit: int,
+    ) -> Response:
+        """The answer to (`code`, `limit`) of `published` (whose `at`, `findings` and `counts` these are)."""
+        if published is not self._of:
+            self._of, self._bodies = published, {}
+        key = (code, limit)
+        body = self._bodies.get(key)
+        if body is None:
+            body = audit_json(audit_out(at, findings, counts, code, limit))
+            if len(self._bodies) < PUBLISHED_ANSWERS_KEPT:
+                self._bodies[key] = body
+        return Response(body, media_type="application/json")
+
+
+def audit_json(out: AuditOut) -> bytes:
+    """`out` as FastAPI serializes a route's `response_model` answer (JSON-mode dump by alias, compact JSON)."""
+    return bytes(JSONResponse(out.model_dump(mode="json", by_alias=True)).body)
 
 
 def audit_out(at: float, findings: list[Finding], counts: dict[str, int], code: str | None, limit: int) -> AuditOut:

@@ -126,3 +126,16 @@ def test_web_pages(client: TestClient) -> None:
     assert timeline.status_code == 200 and "released (expired)" in timeline.text and "<svg" in timeline.text
     assert client.get("/ui/transfers/nope").status_code == 404
     assert client.get("/", params={"now": "soon"}).status_code == 422
+
+
+def test_the_published_audit_s_answers_are_those_of_the_same_audit_asked_at_its_time(client: TestClient) -> None:
+    """`GET /audit` without `?now=` answers from the published audit, each query's answer serialized once
+    (`PublishedAnswers`): byte for byte what the same audit asked at its time (`?now=`, computed and
+    serialized on the request) says, for every code and several limits, asked twice."""
+    queries = [{}, {"limit": 1}, {"limit": 2}] + [{"code": code} for code in ("leak", "late_event", "stuck")]
+    for params in queries * 2:
+        kept = client.get("/audit", params=params)
+        at = kept.json()["now"]  # the published audit's time (the clock may have moved on since the last)
+        assert kept.content == client.get("/audit", params={**params, "now": at}).content
+        assert kept.headers["content-type"] == "application/json"
+    assert any(client.get("/audit", params=q).json()["findings"] for q in queries)  # not all empty
