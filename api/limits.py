@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kvledger.ledger.limits import SNAPSHOT_COST_FACTOR as SNAPSHOT_COST_FACTOR  # one rule: ledger.limits
+
 GROUPS_SHOWN_MAX = 40
 """Finding groups (code x source) on the front page, worst first; the findings page pages through the rest."""
 
@@ -37,11 +39,6 @@ PLOT_LATENCY_BINS_PER_DECADE = 5
 GC_FREEZE_SIDES_MIN = 10_000
 """A ledger loaded with this many transfer sides or more is frozen out of the garbage collector's full
 passes at startup (`gc.freeze`): with 100k findings they paused every request for up to seconds."""
-
-SNAPSHOT_COST_FACTOR = 10
-"""A snapshot is written at most once per this many times the CPU seconds the last one took (the copy and
-its encoding), so that snapshots take at most a tenth of a core however large the fold and however fast
-events come (api/snapshots.py, `due`): the rule the page's audit rebuilds follow (BOARD_COST_FACTOR)."""
 
 
 AUDIT_COST_FACTOR = 10

@@ -48,7 +48,7 @@ from kvledger.ledger.collector import collector_paused, untrack
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import KIND_OF_TYPE, KINDS, Drop, Event, Map, TransferId
 from kvledger.ledger.forked import fork_making
-from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S
+from kvledger.ledger.limits import FLEET_SNAPSHOT_EVERY_EVENTS, FLEET_SNAPSHOT_EVERY_S, SNAPSHOT_COST_FACTOR
 from kvledger.ledger.partitioned import Batch, Folded, Merger, PartitionAnswer, answer, fold_partition
 from kvledger.ledger.picture import picture_of
 from kvledger.ledger.store import snapshot
@@ -432,6 +432,7 @@ def run_worker(
         started(folds)
     last_save = time.monotonic()
     saving: _Saving | None = None
+    encode_cpu_s = 0.0  # the last child's encoding: saves come at most once per SNAPSHOT_COST_FACTOR times it
 
     def stored(fold: PartitionFold, taken: tuple[int, bytes]) -> None:
         save(store, service, fold, taken)
@@ -441,11 +442,12 @@ def run_worker(
 
     def finish_saving(wait: bool) -> None:
         """Save and acknowledge what the forked child encoded, once it is done (or waiting for it)."""
-        nonlocal saving
+        nonlocal saving, encode_cpu_s
         if saving is None or (not wait and not saving.done()):
             return
         for fold, taken in saving.taken():
             stored(fold, taken)
+        encode_cpu_s = saving.cpu_s
         saving = None
 
     def save_due(force: bool) -> None:
@@ -492,11 +494,13 @@ def run_worker(
             with contextlib.suppress(StoreUnavailable):  # not saved, not acknowledged: tried again later
                 finish_saving(wait=False)
             folded = sum(f.events_since_save for f in folds.values())
+            since_save = time.monotonic() - last_save
             # Behind (a start over a large store), saves go by events alone: each encodes the whole fold, and
             # a million events' fold takes about 4 CPU seconds: not once every `snapshot_every_s` of a long start.
-            if folded and (
-                folded >= snapshot_every_events
-                or (not source.behind and time.monotonic() - last_save >= snapshot_every_s)
+            if (
+                folded
+                and since_save >= SNAPSHOT_COST_FACTOR * encode_cpu_s
+                and (folded >= snapshot_every_events or (not source.behind and since_save >= snapshot_every_s))
             ):
                 with contextlib.suppress(StoreUnavailable):  # not saved, not acknowledged: tried again later
                     save_due(False)
@@ -520,12 +524,15 @@ class _Saving:
         self.applied = [fold.applied for fold in folds]
         self.child = fork_making(lambda: _encode([fold.encode() for fold in folds]))
         self._bodies: list[bytes] | None = None
+        self.cpu_s = 0.0
+        """The CPU seconds the child took, once done."""
         self._thread = threading.Thread(target=self._read, name="kvledger-worker-snapshot", daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         try:
-            self._bodies = _bodies.decode(self.child.result()[0])
+            body, self.cpu_s = self.child.result()
+            self._bodies = _bodies.decode(body)
         except BaseException:  # the child failed (or was ended): its folds are saved again later
             for fold in self.folds:
                 fold.events_since_save = max(fold.events_since_save, 1)

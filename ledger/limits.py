@@ -105,6 +105,12 @@ SERIES_POINTS_MAX = 240
 SERIES_BUCKET_MIN_S = 0.01
 """The narrowest bucket of a blocks-held series (one simulator step): it doubles as the log's span grows."""
 
+SNAPSHOT_COST_FACTOR = 10
+"""A snapshot is written at most once per this many times the CPU seconds the last one took (the copy and
+its encoding), so that snapshots take at most a tenth of a core however large the fold and however fast
+events come (the service's, api/snapshots.py `due`, and a partition worker's, `kvledger.ledger.fleet`): the
+rule the page's audit rebuilds follow (BOARD_COST_FACTOR)."""
+
 FLEET_SNAPSHOT_EVERY_S = 10.0
 """A partition worker saves its fold (and then acknowledges what the fold holds) at most this often while it
 folds new events: after a crash its successor folds at most this much again."""
