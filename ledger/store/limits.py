@@ -12,7 +12,10 @@ WRITER_BATCH_AGE_S_MAX = 0.05
 """The oldest queued event waits at most this long before its batch is written."""
 
 WRITER_IDLE_POLL_S = 0.002
-"""How often an idle writer looks at its queue (put never signals: it must not take a lock)."""
+"""How often `flush` looks whether the writer has written everything."""
+
+WRITER_IDLE_WAIT_S = 0.5
+"""How long an idle writer sleeps unless a put wakes it (the first event of a batch does): a backstop only."""
 
 WRITER_RETRY_BACKOFF_S_MIN = 0.05
 """First wait after a failed batch; doubles per failure up to the maximum."""

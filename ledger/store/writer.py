@@ -45,6 +45,7 @@ from kvledger.ledger.store.limits import (
     WRITER_BATCH_EVENTS_MAX,
     WRITER_CLOSE_TIMEOUT_S,
     WRITER_IDLE_POLL_S,
+    WRITER_IDLE_WAIT_S,
     WRITER_QUEUE_EVENTS_MAX,
     WRITER_RETRY_BACKOFF_S_MAX,
     WRITER_RETRY_BACKOFF_S_MIN,
@@ -95,6 +96,9 @@ class BackgroundWriter:
         """When the oldest queued event not yet in a batch was first seen (monotonic)."""
         self._thread: threading.Thread | None = None
         self._wake = threading.Event()
+        self._ready = threading.Event()
+        """Set by `put` when a batch begins or fills, and by `close`: what an idle writer waits for (it never
+        polls: an engine's writer thread woke every few milliseconds, each time taking the GIL from vLLM's step)."""
         self._stopping = False
         self._stopped = False
         self._deadline = float("inf")
@@ -116,8 +120,11 @@ class BackgroundWriter:
         """Queue one event; never blocks on the store (a deque append or a buffered file write)."""
         with self._lock:
             if self._spill is None and not self._stopped:
-                if len(self._queue) < self.queue_events_max:
-                    self._queue.append(event)  # counted as queued when it leaves the queue (`_take_locked`)
+                queue = self._queue
+                if len(queue) < self.queue_events_max:
+                    queue.append(event)  # counted as queued when it leaves the queue (`_take_locked`)
+                    if len(queue) == 1 or len(queue) == self.batch_events_max:
+                        self._ready.set()  # a batch begins (its age starts now) or is full: once a batch
                     return
                 # The queue is full: the store is slow or down. Spilling starts with everything not yet
                 # in the store, oldest first, so that nothing durable ever follows what a kill would lose.
@@ -169,6 +176,7 @@ class BackgroundWriter:
         self._deadline = time.monotonic() + timeout
         self._stopping = True
         self._wake.set()
+        self._ready.set()
         if self._thread is not None:
             self._thread.join()
         else:
@@ -245,12 +253,16 @@ class BackgroundWriter:
                     self._in_flight = []
                 self._first_seen = None if not self._queue else time.monotonic()
                 return False
+            wait_s = first_seen + self.batch_age_s_max - now  # until the batch is due, unless it fills first
         elif self._spill is not None:
             self._swap_spill()
             return False
         elif self._stopping:
             return True
-        self._wake.wait(WRITER_IDLE_POLL_S)
+        else:
+            wait_s = WRITER_IDLE_WAIT_S
+        self._ready.wait(wait_s)
+        self._ready.clear()  # before the next look at the queue: a put after it sets it again
         return False
 
     def _swap_spill(self) -> None:

@@ -199,3 +199,27 @@ def test_put_after_close_is_spilled_not_lost(sqlite_store: EventStore, tmp_path:
     writer.put(event)
     assert writer.stats()["spilled"] == 1
     assert [e for f in (tmp_path / "spill").glob("spill-*.jsonl") for e in read_events(f)] == [event]
+
+
+def test_an_idle_writer_sleeps_until_a_batch_begins(
+    sqlite_store: EventStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's thread does not poll its queue (in an engine it would take the GIL from vLLM's step every
+    few milliseconds): idle, it waits for `put`'s signal that a batch begins; the batch is written once due."""
+    steps: list[float] = []
+    step = BackgroundWriter._step
+
+    def counted(writer: BackgroundWriter) -> bool:
+        steps.append(time.monotonic())
+        return step(writer)
+
+    monkeypatch.setattr(BackgroundWriter, "_step", counted)
+    writer = BackgroundWriter(sqlite_store, tmp_path / "spill").start()
+    time.sleep(0.3)  # idle: a writer polling every 2 ms would have looked about 150 times
+    idle_steps = len(steps)
+    assert idle_steps <= 3
+    events = _append_all(_events(5), writer)
+    assert writer.flush(timeout=30)
+    assert list(sqlite_store.read()) == events
+    assert len(steps) - idle_steps <= 6  # woken, waited out the batch's age, wrote it; no polling meanwhile
+    assert writer.close()
