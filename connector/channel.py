@@ -193,8 +193,10 @@ class Channel:
         return reply
 
     def _refuse(self, message: Message, sender: str, reason: str) -> None:
-        self.counters[f"dropped_{reason}"] += 1
+        # Recorded before it is counted: a reader that sees the count (the simulator's round waits for every
+        # message sent to be counted) must find the record too, or take it a round later by chance.
         self.dropped.append(Dropped(_type_of(message), messages.transfer_of(message), sender, reason))
+        self.counters[f"dropped_{reason}"] += 1
         logged = self._refusals_by_sender
         if sender not in logged and len(logged) >= REFUSAL_SENDERS_LOGGED_MAX:
             return
