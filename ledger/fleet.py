@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import threading
 import time
 import zlib
@@ -533,7 +534,9 @@ class _Saving:
         try:
             body, self.cpu_s = self.child.result()
             self._bodies = _bodies.decode(body)
-        except BaseException:  # the child failed (or was ended): its folds are saved again later
+        except BaseException as error:  # the child failed (or was ended): its folds are saved again later
+            logging.getLogger(__name__).warning("kvledger worker: snapshot of partitions %s not made: %s",
+                                                [f.partition for f in self.folds], error)  # fmt: skip
             for fold in self.folds:
                 fold.events_since_save = max(fold.events_since_save, 1)
 
