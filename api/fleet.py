@@ -292,12 +292,13 @@ class Fleet:
         what the audit cost, and the figures beside the findings (`merge_figures`, read of the merge as it stands
         after them).
 
-        The cost is the CPU seconds the slowest worker's answers took (they run side by side, each holding its
-        fold) plus this merge's, less the merge items' own feeding (`LiveMerge.feed`): those are the stream's
-        maps and releases since the last audit, as much work however often it runs. Counted in, an audit that
-        came later cost more and made the next come later still, without end: the published audit fell behind
-        the stream by tens of seconds at a steady rate. CPU seconds, not wall: on a loaded machine one audit's
-        wall time, stretched by other processes, put off the next by ten times as much."""
+        The cost is the CPU seconds of the process that spent most on it, so that none spends more than its
+        share on audits: the slowest worker's answers (they run side by side, each holding its fold), or this
+        merge (in the service, after them) less feeding the merge items (`LiveMerge.feed`). Those are the
+        stream's maps and releases since the last audit, as much work however often it runs; counted in, an
+        audit that came later cost more and made the next come later still, without end (the published audit
+        fell behind the stream by tens of seconds at a steady rate). CPU seconds, not wall: on a loaded machine
+        one audit's wall time, stretched by other processes, put off the next by ten times as much."""
         began = time.thread_time()  # this thread's (`findings_now` runs it on one of its own)
         # Decoding and feeding make many objects and no cycles: the collector's passes over them (and over
         # the merge's whole ownership) free nothing, and stall the requests the event loop serves meanwhile.
@@ -313,7 +314,7 @@ class Fleet:
             through = min(self.live_merge.told[p] for p in self.owned)
             ownership = self.live_merge.merger.ownership
             figures = merge_figures(answers, findings, ownership, now, self.settings, through=through)
-        cost_s = max((s for s, _ in decoded), default=0.0) + time.thread_time() - began - fed_s
+        cost_s = max(max((s for s, _ in decoded), default=0.0), time.thread_time() - began - fed_s)
         return findings, events, cost_s, figures
 
     async def findings_now(self, now: float) -> tuple[list[Finding], int, float, FleetFigures]:
