@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import queue
 import threading
 import time
 import urllib.request
@@ -134,7 +135,9 @@ class _Worker:
         self.conn: Any = None
         self.ready = asyncio.Event()
         self.waiting: dict[int, asyncio.Future[bytes]] = {}
-        self.sending = threading.Lock()
+        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        """What `ask` sends, sent on a thread of its own (`_send`): a worker that does not read (busy, stopped)
+        fills its pipe, and a send into a full pipe blocks; the event loop never does."""
 
     def start(self) -> None:
         context = multiprocessing.get_context("spawn")  # the service's loop and threads are not forked
@@ -146,10 +149,26 @@ class _Worker:
         )  # fmt: skip
         self.process.start()
         child.close()
-        self.conn = parent
         if self.ready.is_set():
             self.ready = asyncio.Event()
-        threading.Thread(target=self._read, args=(parent, asyncio.get_running_loop()), daemon=True).start()
+        self.connect(parent, asyncio.get_running_loop())
+
+    def connect(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Talk to the worker over `conn` (its pipe's end) from `loop`: a thread reads the replies, another
+        sends what `ask` puts in a new outbox (the last one's sender, if any, ends)."""
+        self.conn = conn
+        self.outbox.put(None)
+        self.outbox = queue.SimpleQueue()
+        threading.Thread(target=self._read, args=(conn, loop), daemon=True).start()
+        threading.Thread(target=self._send, args=(conn, self.outbox, loop), daemon=True).start()
+
+    def _send(self, conn: Any, outbox: queue.SimpleQueue[bytes | None], loop: asyncio.AbstractEventLoop) -> None:
+        while (message := outbox.get()) is not None:
+            try:
+                conn.send_bytes(message)
+            except (OSError, ValueError):  # its end is gone: the worker died (`_watch` starts it again)
+                loop.call_soon_threadsafe(self._lost, conn)
+                return
 
     def _read(self, conn: Any, loop: asyncio.AbstractEventLoop) -> None:
         while True:
@@ -185,18 +204,12 @@ class _Worker:
         rid = self.fleet.next_id()
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.waiting[rid] = future
-        message = _encode([kind, rid, *args])
-        try:
-            with self.sending:
-                self.conn.send_bytes(message)
-        except (OSError, ValueError):  # its end is gone: the worker died (`_watch` starts it again)
-            self.waiting.pop(rid, None)
-            raise WorkerLost(f"the worker of partitions {self.partitions} exited") from None
+        self.outbox.put(_encode([kind, rid, *args]))
         return await future
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError, ValueError), self.sending:
-            self.conn.send_bytes(_encode(["stop"]))
+        self.outbox.put(_encode(["stop"]))
+        self.outbox.put(None)  # the sender's end, after the stop
         self.process.join(timeout=30)
         if self.process.is_alive():
             self.process.kill()
