@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import msgspec
@@ -236,6 +237,11 @@ class Fleet:
         self.store: Any = None
         self.live_merge = LiveMerge(1, [0])
         self.merging = threading.Lock()
+        self.merger = ThreadPoolExecutor(1, thread_name_prefix="kvledger-merge")
+        """The merges' thread (`merge_replies`): its own, so that requests reading the store on other threads
+        (a transfer's timeline, which scans a partition's subjects) never hold back the published audit."""
+        self.store_threads = ThreadPoolExecutor(settings.store_threads_max, thread_name_prefix="kvledger-store")
+        """The timelines' store reads (`timeline`): a bounded pool of their own, as the one-process service's."""
 
     def next_id(self) -> int:
         self._ids += 1
@@ -274,6 +280,8 @@ class Fleet:
         await asyncio.gather(*(asyncio.to_thread(w.stop) for w in self.workers))
         if self.store is not None:
             self.store.close()
+        self.merger.shutdown(wait=False)
+        self.store_threads.shutdown(wait=False)
 
     async def _watch(self) -> None:
         """Start again a worker that died (it restores its partitions' snapshots and goes on)."""
@@ -334,7 +342,7 @@ class Fleet:
         """Every owned partition asked at `now`, merged (`LiveMerge`): findings, events, cost, figures."""
         since = {p: self.live_merge.told[p] for p in self.owned}  # told twice at worst: `LiveMerge` passes it over
         replies = await self.replies(now, since)
-        return await asyncio.to_thread(self.merge_replies, replies, now)
+        return await asyncio.get_running_loop().run_in_executor(self.merger, self.merge_replies, replies, now)
 
     async def audit(self, now: float) -> FleetAudited:
         """The merged audit at `now`, with its figures and the oldest side held on a live engine."""
@@ -453,10 +461,12 @@ class Fleet:
                 out[p] = v
         return out
 
-    def timeline(self, transfer_id: str, events_max: int) -> list[Event]:
+    async def timeline(self, transfer_id: str, events_max: int) -> list[Event]:
+        """A transfer's events from the store (on `store_threads`)."""
         from kvledger.api.transfer_events import transfer_events
 
-        return transfer_events(self.store, transfer_id, events_max)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.store_threads, transfer_events, self.store, transfer_id, events_max)
 
 
 def merge_answers(answers: list[PartitionAnswer], partitions: int, now: float, *, complete: bool) -> Merged:

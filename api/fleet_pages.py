@@ -152,7 +152,7 @@ class FleetTransfers:
         return await self.fleet.transfer(transfer_id)
 
     async def events(self, transfer_id: str, events_max: int) -> list[Event]:
-        return await asyncio.to_thread(self.fleet.timeline, transfer_id, events_max)
+        return await self.fleet.timeline(transfer_id, events_max)
 
 
 def summary(fleet: Fleet, audited: FleetAudited) -> AuditSummary:
