@@ -35,7 +35,7 @@ import contextlib
 import heapq
 import json
 import threading
-from collections.abc import AsyncIterator, Awaitable, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Generator, Iterator, Sequence
 from operator import attrgetter, itemgetter
 from typing import NamedTuple, TypeVar
 
@@ -93,6 +93,16 @@ def decode_batch(data: bytes) -> list[Event]:
 
 def _snapshot_name(source: str, seq: int) -> str:
     return f"{source.encode().hex()}.{seq:020d}"
+
+
+async def _next_messages(scan: AsyncIterator[Msg], most: int) -> list[Msg]:
+    """The next `most` messages of `scan` (fewer: it has ended)."""
+    out: list[Msg] = []
+    async for msg in scan:
+        out.append(msg)
+        if len(out) >= most:
+            break
+    return out
 
 
 class _Published(NamedTuple):
@@ -242,7 +252,7 @@ class NatsStore:
 
     async def _scan(
         self, subject: str, *, stream: str | None = None, start_seq: int = 0, headers_only: bool = False
-    ) -> AsyncIterator[Msg]:
+    ) -> AsyncGenerator[Msg, None]:
         """Every message of `subject` from `start_seq` (0: the first) to the stream's end when the scan began."""
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start_seq > 0 else api.DeliverPolicy.ALL,
@@ -265,12 +275,13 @@ class NatsStore:
             await sub.unsubscribe()
 
     def _iterate(self, scan: AsyncIterator[Msg]) -> Iterator[Msg]:
-        """A scan run from this thread, one message at a time."""
+        """A scan run from this thread, SCAN_FETCH_MESSAGES messages a call on the store's loop (one call a
+        message spent most of a large read handing messages between threads)."""
         try:
             while True:
-                try:
-                    yield self._call(scan.__anext__())
-                except StopAsyncIteration:
+                batch = self._call(_next_messages(scan, SCAN_FETCH_MESSAGES))
+                yield from batch
+                if len(batch) < SCAN_FETCH_MESSAGES:
                     return
         finally:
             if not self._closed:
@@ -463,12 +474,32 @@ class NatsStore:
         out: list[tuple[int, Event]] = []
         if limit <= 0:
             return out
-        for cursor, event in self._events(self.target.subjects, start_seq=max(0, after_cursor) >> CURSOR_SHIFT):
-            if cursor <= after_cursor:
-                continue
-            out.append((cursor, event))
-            if len(out) >= limit:
-                break
+        start_seq = max(0, after_cursor) >> CURSOR_SHIFT
+        # The messages in one call on the store's loop (not one call a message: a service tailing a fleet's
+        # stream spent most of its time handing messages between threads), decoded here.
+        for seq, data in self._call(self._tail_messages(start_seq, limit)):
+            base = seq << CURSOR_SHIFT
+            for place, event in enumerate(decode_batch(data), 1):
+                cursor = base | place
+                if cursor <= after_cursor:
+                    continue
+                out.append((cursor, event))
+                if len(out) >= limit:
+                    return out
+        return out
+
+    async def _tail_messages(self, start_seq: int, events_max: int) -> list[tuple[int, bytes]]:
+        """(stream sequence, body) of the stream's messages from `start_seq` on, until they hold `events_max`
+        events (the first may hold some before the caller's cursor: one more message's worth at most)."""
+        out: list[tuple[int, bytes]] = []
+        counted = 0  # the events after the first message's (all of which may lie before the cursor)
+        async with contextlib.aclosing(self._scan(self.target.subjects, start_seq=start_seq)) as scan:
+            async for msg in scan:
+                if out:
+                    counted += int((msg.headers or {}).get(H_COUNT, 1))
+                out.append((msg.metadata.sequence.stream, msg.data))
+                if counted >= events_max:
+                    break
         return out
 
     def sources(self) -> dict[str, int]:

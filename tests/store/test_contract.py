@@ -94,6 +94,22 @@ def test_tail_sources_and_cursors(store: EventStore) -> None:
     assert store.sources() == expected
 
 
+def test_tail_pages_of_any_size_read_the_store_once_in_order(store: EventStore) -> None:
+    """Paging with `tail` from each page's last cursor, whatever the page size (a NATS page may begin inside a
+    stored batch of events), reads every event once, in the store's order."""
+    events = _events()
+    for first in range(0, len(events), 37):  # several appends: several stored batches
+        store.append(events[first : first + 37])
+    whole = store.tail(0, limit=len(events))
+    assert len(whole) == len(events)
+    for limit in (1, 3, 7, 50):
+        paged: list[tuple[int, Event]] = []
+        while page := store.tail(paged[-1][0] if paged else 0, limit=limit):
+            assert len(page) <= limit
+            paged += page
+        assert paged == whole
+
+
 def test_many_sources_share_one_store(store: EventStore) -> None:
     batch = [Ack(seq=1, ts=1.0, source=f"decode-{i}/tp0", transfer_id=TransferId("t"), what="recv") for i in range(5)]
     assert store.append(batch) == 5
