@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import heapq
 import json
+import math
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Generator, Iterator, Sequence
 from operator import attrgetter, itemgetter
@@ -70,6 +71,8 @@ MESSAGE_EVENTS_MAX = 1_000
 CALL_TIMEOUT_S = 5.0
 """How long one store call may wait for the server before it fails (the writer then spills and retries)."""
 SCAN_FETCH_MESSAGES = 256
+SCAN_EVENTS_PER_MESSAGE_GUESS = 100
+"""Events a message holds, guessed before a scan has seen any (a writer's batch over the partitions and sources)."""
 DESCRIPTION = "kvledger event log, partitions="
 """The stream's description names its partition count (nats-py cannot set stream metadata)."""
 
@@ -251,9 +254,18 @@ class NatsStore:
             )
 
     async def _scan(
-        self, subject: str, *, stream: str | None = None, start_seq: int = 0, headers_only: bool = False
+        self,
+        subject: str,
+        *,
+        stream: str | None = None,
+        start_seq: int = 0,
+        headers_only: bool = False,
+        events_wanted: int | None = None,
     ) -> AsyncGenerator[Msg, None]:
-        """Every message of `subject` from `start_seq` (0: the first) to the stream's end when the scan began."""
+        """Every message of `subject` from `start_seq` (0: the first) to the stream's end when the scan began.
+        With `events_wanted` (a caller that stops once its messages hold that many events), each fetch asks
+        for about as many messages as those events still need, by the messages' event counts so far: a tail
+        of a thousand events fetched 256 messages (tens of thousands of events) to use a few."""
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start_seq > 0 else api.DeliverPolicy.ALL,
             opt_start_seq=start_seq if start_seq > 0 else None,
@@ -266,9 +278,16 @@ class NatsStore:
         sub = await self.js.pull_subscribe(subject, stream=stream or self.target.stream, config=config)
         try:
             pending = (await sub.consumer_info()).num_pending
+            messages = events = 0
             while pending:
-                batch = await sub.fetch(min(pending, SCAN_FETCH_MESSAGES), timeout=CALL_TIMEOUT_S)
+                asked = min(pending, SCAN_FETCH_MESSAGES)
+                if events_wanted is not None:
+                    per_message = events / messages if messages else SCAN_EVENTS_PER_MESSAGE_GUESS
+                    asked = min(asked, max(1, math.ceil((events_wanted - events) / per_message)))
+                batch = await sub.fetch(asked, timeout=CALL_TIMEOUT_S)
                 for msg in batch:
+                    messages += 1
+                    events += int((msg.headers or {}).get(H_COUNT, 1))
                     yield msg
                 pending = batch[-1].metadata.num_pending if batch else 0
         finally:
@@ -493,7 +512,8 @@ class NatsStore:
         events (the first may hold some before the caller's cursor: one more message's worth at most)."""
         out: list[tuple[int, bytes]] = []
         counted = 0  # the events after the first message's (all of which may lie before the cursor)
-        async with contextlib.aclosing(self._scan(self.target.subjects, start_seq=start_seq)) as scan:
+        scan_of = self._scan(self.target.subjects, start_seq=start_seq, events_wanted=events_max + 1)
+        async with contextlib.aclosing(scan_of) as scan:
             async for msg in scan:
                 if out:
                     counted += int((msg.headers or {}).get(H_COUNT, 1))
