@@ -198,18 +198,19 @@ class Live:
             return 0
         limit = min(batch or self.settings.tail_batch_max, TAIL_EVENTS_MAX)
         folded = 0
-        async with self.fold_lock:
-            started = time.time()
-            while True:
+        started = time.time()
+        while True:
+            # The lock a batch at a time: under a sustained stream a catch-up never ends, and the published
+            # audit, a snapshot's fork and the page's reads, which take the lock too, would wait for ever.
+            async with self.fold_lock:
                 rows = await self.store_call(store.tail, self.cursor, limit)
                 if rows:
                     await self._fold_sliced(rows)
                     folded += len(rows)
-                if len(rows) < limit:
-                    break
-            self.caught_up_from = started
-        if folded:
-            self._advance()
+                    self._advance()
+            if len(rows) < limit:
+                break
+        self.caught_up_from = started
         return folded
 
     async def fold_appended(self, appended: Appended | None) -> None:

@@ -239,3 +239,34 @@ def test_a_replaced_audit_is_freed_a_slice_at_a_time_unless_someone_still_holds_
     findings, keys = held.findings, held.keys
     _release([held])
     assert held_deleted == [] and len(findings) == 5000 and len(keys) == 5000
+
+
+def test_a_catch_up_that_never_ends_takes_turns_with_the_published_audit(sqlite_url: str) -> None:
+    """Under a sustained stream a catch-up never finds the store's end. It holds the fold lock a batch at a
+    time, so the audit (which takes the lock too) is published between two batches, of a fold that has
+    moved on, while the catch-up is still going."""
+    store = open_store(sqlite_url)
+    store.append(incident_events())
+    store.close()
+
+    async def main() -> tuple[int, int, bool]:
+        live = Live(settings_for(sqlite_url, tail_batch_max=1))  # one event a batch: a long catch-up
+        try:
+            await live.refresh(batch=1)  # opens the store, folds it all, one event at a time
+            first = live.published()
+            total = live.rows_folded
+            appender, side = open_store(sqlite_url), Side("more/tp0")
+            appender.append([side.map(f"tx-{i}", f"r-{i}") for i in range(300)])
+            appender.close()
+            catching_up = asyncio.create_task(live.catch_up(1))
+            while live.rows_folded == total:  # the catch-up has begun
+                await asyncio.sleep(0)
+            audited = await live.publish_audit()
+            still_going = not catching_up.done()
+            await catching_up
+            return audited.version - first.version, live.rows_folded - total, still_going
+        finally:
+            live.close()
+
+    moved, folded, still_going = asyncio.run(main())
+    assert folded == 300 and moved > 0 and still_going
