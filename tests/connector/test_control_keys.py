@@ -123,10 +123,30 @@ def _rotate(steps: list[tuple[str, bytes, bytes | None]], burst: int) -> tuple[i
                 ids.append(tid)
         return ids
 
+    def reconnected() -> None:
+        """Each engine has heard the other since the restart: a peer's connection to the old incarnation may
+        take a moment to go (what it sends meanwhile can be lost, as on any restart: the ledger's timeouts
+        cover it); the burst measured is sent once both ways carry messages again."""
+        heard: set[str] = set()
+        refused = sum(e.bad_mac for e in engines.values())
+        for attempt in range(int(WAIT_S / 0.05)):
+            for name, other in (("a", "b"), ("b", "a")):
+                if name not in heard:
+                    engines[name].channel.send("127.0.0.1", engines[other].notify, ReleaseBlocks(
+                        transfer_id=TransferId(f"ping-{name}-{attempt}"), rank=0, consumer_tp_size=1))  # fmt: skip
+            time.sleep(0.05)
+            for engine in engines.values():
+                engine.collect()
+            taken = engines["a"].taken | engines["b"].taken
+            heard |= {name for name in ("a", "b") if any(t.startswith(f"ping-{name}-") for t in taken)}
+            if heard == {"a", "b"} or sum(e.bad_mac for e in engines.values()) > refused:
+                return  # both ways carry messages (a refused one was carried too)
+
     try:
         for name, key, next_key in steps:
             traffic()  # in flight while `name` restarts: ZMQ redelivers it to the new incarnation
             engines[name].restart(key, next_key)
+            reconnected()
             sent = traffic()
 
             def arrived(sent: list[str] = sent) -> bool:
