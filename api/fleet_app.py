@@ -73,7 +73,7 @@ async def get_audit(
     if now is None:
         audited = await fleet.audited_at(None)
         answers: PublishedAnswers = request.app.state.published_answers
-        return answers.answer(audited, audited.now, audited.findings, audited.counts, code, limit)
+        return answers.answer(audited, code, limit)
     at, findings, counts, _ = await fleet.findings_at(now)
     return audit_out(at, findings, counts, code, limit)
 

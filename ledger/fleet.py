@@ -451,23 +451,24 @@ def run_worker(
         encode_cpu_s = saving.cpu_s
         saving = None
 
-    def save_due(force: bool) -> None:
-        """Save every fold that folded something since its last save. Forced (the worker stops): now, each
-        encoded under the lock. Else in a forked child (`_Saving`, one at a time), the lock held only for the
-        fork: requests and folding go on while it encodes; `finish_saving` saves once it is done."""
+    def start_saving() -> None:
+        """Save every fold that folded something since its last save, from a forked child (`_Saving`, one at
+        a time): the lock is held for the fork only, requests and folding go on while it encodes, and
+        `finish_saving` saves and acknowledges once it is done."""
         nonlocal last_save, saving
         last_save = time.monotonic()
-        finish_saving(wait=force)
-        if saving is not None:
-            return
-        if not force:
-            due = [fold for fold in folds.values() if fold.applied > fold.saved]
-            if due:
-                with guard:
-                    saving = _Saving(due)
-                    for fold in due:
-                        fold.events_since_save = 0
-            return
+        finish_saving(wait=False)
+        due = [fold for fold in folds.values() if fold.applied > fold.saved]
+        if saving is None and due:
+            with guard:
+                saving = _Saving(due)
+                for fold in due:
+                    fold.events_since_save = 0
+
+    def save_all() -> None:
+        """The worker stops: the child's saves, then every fold not saved since, each encoded now under the
+        lock, and the acknowledgement of what was delivered again and passed over."""
+        finish_saving(wait=True)
         for fold in folds.values():
             if fold.applied > fold.saved:
                 with guard:
@@ -475,7 +476,7 @@ def run_worker(
                     fold.events_since_save = 0
                 stored(fold, taken)
             elif fold.saved:
-                source.ack(fold.partition, fold.saved)  # what was delivered again and passed over
+                source.ack(fold.partition, fold.saved)
 
     waited = 0.0
     try:
@@ -504,8 +505,8 @@ def run_worker(
                 and (folded >= snapshot_every_events or (not source.behind and since_save >= snapshot_every_s))
             ):
                 with contextlib.suppress(StoreUnavailable):  # not saved, not acknowledged: tried again later
-                    save_due(False)
-        save_due(True)
+                    start_saving()
+        save_all()
     finally:
         if saving is not None:
             saving.abandon()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Literal, Protocol, get_args
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -37,13 +37,24 @@ async def get_audit(
     if now is None:  # the published audit: read, never computed here (kvledger.api.live)
         audited = live.published()
         answers: PublishedAnswers = request.app.state.published_answers
-        return answers.answer(audited, audited.now, audited.findings, audited.counts, code, limit)
+        return answers.answer(audited, code, limit)
     findings = live.findings(now)
     return audit_out(now, findings, counts_by_code(findings), code, limit)
 
 
 PUBLISHED_ANSWERS_KEPT = 64
 """Queries of the published audit whose `GET /audit` answers are kept (`PublishedAnswers`), at most."""
+
+
+class Published(Protocol):
+    """What `GET /audit` reads of a published audit (the one-process service's `Audited`, the fleet's)."""
+
+    @property
+    def now(self) -> float: ...
+    @property
+    def findings(self) -> list[Finding]: ...
+    @property
+    def counts(self) -> dict[str, int]: ...
 
 
 class PublishedAnswers:
@@ -58,22 +69,14 @@ class PublishedAnswers:
         self._of: object | None = None
         self._bodies: dict[tuple[str | None, int], bytes] = {}
 
-    def answer(
-        self,
-        published: object,
-        at: float,
-        findings: list[Finding],
-        counts: dict[str, int],
-        code: str | None,
-        limit: int,
-    ) -> Response:
-        """The answer to (`code`, `limit`) of `published` (whose `at`, `findings` and `counts` these are)."""
+    def answer(self, published: Published, code: str | None, limit: int) -> Response:
+        """The answer to (`code`, `limit`) of `published`."""
         if published is not self._of:
             self._of, self._bodies = published, {}
         key = (code, limit)
         body = self._bodies.get(key)
         if body is None:
-            body = audit_json(audit_out(at, findings, counts, code, limit))
+            body = audit_json(audit_out(published.now, published.findings, published.counts, code, limit))
             if len(self._bodies) < PUBLISHED_ANSWERS_KEPT:
                 self._bodies[key] = body
         return Response(body, media_type="application/json")

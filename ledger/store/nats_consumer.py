@@ -39,7 +39,7 @@ from nats.js import JetStreamContext, api
 
 from kvledger.ledger.events import Event
 from kvledger.ledger.store.base import StoreError
-from kvledger.ledger.store.nats_store import CALL_TIMEOUT_S, NatsStore, decode_batch
+from kvledger.ledger.store.nats_store import CALL_TIMEOUT_S, NatsStore, decode_batch, with_cursors
 from kvledger.ledger.store.nats_stream import CURSOR_SHIFT
 from kvledger.ledger.store.partition_source import Delivered
 
@@ -166,8 +166,7 @@ class PartitionConsumers:
         for partition, bodies, last_seq, upto, again in fetched:
             rows: list[tuple[int, Event]] = []
             for seq, data in bodies:
-                base = seq << CURSOR_SHIFT
-                rows.extend((base | place, event) for place, event in enumerate(decode_batch(data), 1))
+                rows.extend(with_cursors(seq, decode_batch(data)))
             out.append(Delivered(partition, rows, last_seq, upto, again))
         return out
 

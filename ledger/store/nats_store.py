@@ -89,6 +89,12 @@ def msg_id(source: str, first: int, last: int) -> str:
     return f"kvl:{source_token(source)}:{first}:{last}"
 
 
+def with_cursors(seq: int, events: list[Event]) -> list[tuple[int, Event]]:
+    """The events of the message at stream sequence `seq`, each with its cursor (`CURSOR_SHIFT`)."""
+    base = seq << CURSOR_SHIFT
+    return [(base | place, event) for place, event in enumerate(events, 1)]
+
+
 def decode_batch(data: bytes) -> list[Event]:
     """The events of one message, in order."""
     return _events_decoder.decode(data)
@@ -125,7 +131,7 @@ class _Published(NamedTuple):
         inserted: list[tuple[int, Event]] = []
         for ack, members in zip(self.acks, self.messages, strict=True):
             if not ack.duplicate:
-                inserted.extend(((ack.seq << CURSOR_SHIFT) | place, e) for place, e in enumerate(members, 1))
+                inserted.extend(with_cursors(ack.seq, members))
         inserted.sort(key=itemgetter(0))
         after = (min(ack.seq for ack in self.acks) - 1) << CURSOR_SHIFT | ((1 << CURSOR_SHIFT) - 1) if self.acks else 0
         return Appended(inserted, after, self.stored_max)
@@ -419,9 +425,7 @@ class NatsStore:
 
     def _events(self, subject: str, start_seq: int = 0) -> Generator[tuple[int, Event], None, None]:
         for msg in self._iterate(self._scan(subject, start_seq=start_seq)):
-            base = msg.metadata.sequence.stream << CURSOR_SHIFT
-            for place, event in enumerate(decode_batch(msg.data), 1):
-                yield base | place, event
+            yield from with_cursors(msg.metadata.sequence.stream, decode_batch(msg.data))
 
     def read(
         self,
@@ -497,9 +501,7 @@ class NatsStore:
         # The messages in one call on the store's loop (not one call a message: a service tailing a fleet's
         # stream spent most of its time handing messages between threads), decoded here.
         for seq, data in self._call(self._tail_messages(start_seq, limit)):
-            base = seq << CURSOR_SHIFT
-            for place, event in enumerate(decode_batch(data), 1):
-                cursor = base | place
+            for cursor, event in with_cursors(seq, decode_batch(data)):
                 if cursor <= after_cursor:
                     continue
                 out.append((cursor, event))
