@@ -20,6 +20,7 @@ from kvledger.connector.ports import free_loopback_ports
 from kvledger.ledger.ids import stamped_id
 from tests.connector.pd import EnginePorts
 from tests.e2e.engine_main import ANSWER_MARKER
+from tests.e2e.zygote import Forked, Zygote
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_START_TIMEOUT_S = 240.0
@@ -44,6 +45,25 @@ def engine_env() -> dict[str, str]:
     return env
 
 
+_zygotes: list[Zygote | None] = []
+_zygote_lock = threading.Lock()
+
+
+def _zygote() -> Zygote | None:
+    """This test process's engine zygote (`tests.e2e.zygote`), started at the first engine; None where
+    `KVLEDGER_E2E_ZYGOTE=0` or it cannot start (each engine is then a fresh `python -m tests.e2e.engine_main`)."""
+    with _zygote_lock:
+        if not _zygotes:
+            zygote = None
+            if os.environ.get("KVLEDGER_E2E_ZYGOTE", "1") != "0":
+                try:
+                    zygote = Zygote(engine_env(), str(REPO_ROOT), ENGINE_START_TIMEOUT_S)
+                except (OSError, RuntimeError) as error:
+                    print(f"kvledger e2e: engines start without the zygote ({error})", file=sys.stderr)
+            _zygotes.append(zygote)
+        return _zygotes[0]
+
+
 class EngineProcess:
     """`python -m tests.e2e.engine_main` with a JSON command line protocol."""
 
@@ -51,16 +71,22 @@ class EngineProcess:
         self.name = name
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.e2e.engine_main", json.dumps(spec)],
-            cwd=REPO_ROOT,
-            env=engine_env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,  # so that a kill reaches every child it may start
-        )
+        zygote = _zygote()
+        env = engine_env()
+        self.proc: subprocess.Popen[str] | Forked
+        if zygote is not None and zygote.forks_for(env):  # the process below, forked from one that imported vLLM
+            self.proc = zygote.spawn([json.dumps(spec)], env, str(REPO_ROOT))
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.e2e.engine_main", json.dumps(spec)],
+                cwd=REPO_ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,  # so that a kill reaches every child it may start
+            )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
