@@ -107,7 +107,7 @@ def serve(path: str) -> None:
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     children: dict[int, socket.socket] = {}
     while os.getppid() == parent:
-        ready, _, _ = select.select([listener, wakeup[0]], [], [], PARENT_POLL_S)
+        ready, _, _ = select.select([listener.fileno(), wakeup[0]], [], [], PARENT_POLL_S)
         if wakeup[0] in ready:
             while True:
                 try:
@@ -115,7 +115,7 @@ def serve(path: str) -> None:
                         break
                 except BlockingIOError:
                     break
-        if listener in ready:
+        if listener.fileno() in ready:
             conn, _ = listener.accept()
             data, fds, _, _ = socket.recv_fds(conn, REQUEST_BYTES_MAX, 2)
             sys.stdout.flush()
@@ -131,11 +131,11 @@ def serve(path: str) -> None:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            conn = children.pop(pid, None)
-            if conn is not None:
+            told = children.pop(pid, None)
+            if told is not None:
                 with contextlib.suppress(OSError):  # the test process went away
-                    conn.sendall(json.dumps({"exit": _exit_code(status)}).encode() + b"\n")
-                conn.close()
+                    told.sendall(json.dumps({"exit": _exit_code(status)}).encode() + b"\n")
+                told.close()
     for pid in children:  # the test process is gone: so are its engines
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
