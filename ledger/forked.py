@@ -7,12 +7,17 @@ off the GIL while it waits). The service's snapshots (`kvledger.api.snapshots`) 
 (`kvledger.ledger.fleet.run_worker`) are made so: encoding a million events' fold takes seconds, and a
 request that waited on the fold's lock meanwhile would wait as long.
 
+The child runs at a lower priority (`FORKED_CHILD_NICE`): its bytes are a save, due within seconds, while the
+parent's folding and answering are what a reader waits on; on a machine whose cores are all busy the child
+takes what they leave instead of a core for seconds at a time.
+
 The child touches nothing the parent's other threads may hold (no store, lock, loop or logger): it makes
 the bytes, writes them and leaves with `os._exit`, running no atexit hook or finalizer of the parent's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -20,6 +25,10 @@ import threading
 import traceback
 from collections.abc import Callable
 from typing import NoReturn
+
+FORKED_CHILD_NICE = 10
+"""How much lower the child's scheduling priority is than its parent's (`os.nice`): on Linux a runnable nice-10
+task gets about a tenth of the CPU time a nice-0 one does when they compete, and all of an idle core."""
 
 _OK, _FAILED = b"\x00", b"\x01"
 """The first byte a child writes: the bytes follow, or the traceback of why there are none."""
@@ -52,6 +61,8 @@ def _run_child(make: Callable[[], bytes], write_fd: int) -> NoReturn:
         for number in (signal.SIGINT, signal.SIGTERM):
             signal.signal(number, signal.SIG_DFL)
         gc.disable()  # a collection would walk (and copy) every page of the fold, and frees nothing here
+        with contextlib.suppress(OSError):  # a platform without priorities encodes at the parent's
+            os.nice(FORKED_CHILD_NICE)
         os.closerange(3, write_fd)  # none of the parent's sockets stays open for its peers through this child
         os.closerange(write_fd + 1, os.sysconf("SC_OPEN_MAX"))
         try:
