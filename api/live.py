@@ -25,7 +25,6 @@ so that one stored event can never stop the service.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sys
 import time
@@ -39,6 +38,7 @@ from anyio import CapacityLimiter
 
 from kvledger.api.limits import AUDIT_COST_FACTOR, FOLD_SLICE_EVENTS
 from kvledger.api.settings import Settings
+from kvledger.api.waits import wait_set
 from kvledger.ledger.advice import LatencyRecorder
 from kvledger.ledger.audit import AuditConfig, Finding, audit, counts_by_code
 from kvledger.ledger.collector import collector_paused, untrack
@@ -318,9 +318,7 @@ class Live:
         """Return once the fold's version or the clock differs from `audited`'s."""
         resolution = self.settings.audit_cache_resolution_s
         while audited is not None and audited.version == self.version and audited.now == self.clock_now():
-            waiter = self.advanced
-            with contextlib.suppress(TimeoutError):  # the clock's next step (`clock_now`)
-                await asyncio.wait_for(waiter.wait(), max(0.0, audited.now + resolution - time.time()))
+            await wait_set(self.advanced, max(0.0, audited.now + resolution - time.time()))  # or the clock's step
 
     def close(self) -> None:
         self.auditor.shutdown(wait=True)  # an audit under way reads the fold: it ends first

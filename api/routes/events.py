@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -18,6 +17,7 @@ from kvledger.api.live import Live
 from kvledger.api.params import check_limit
 from kvledger.api.schemas import EventPage, EventRow, IngestResult
 from kvledger.api.views import event_json
+from kvledger.api.waits import wait_set
 
 router = APIRouter(tags=["events"])
 
@@ -64,9 +64,7 @@ async def _frames(request: Request, live: Live, after_seq: int) -> AsyncIterator
             cursor = row_cursor
         if len(rows) == batch:
             continue
-        try:
-            await asyncio.wait_for(waiter.wait(), timeout=min(HEARTBEAT_S, max(0.0, deadline - time.monotonic())))
-        except TimeoutError:
+        if not await wait_set(waiter, min(HEARTBEAT_S, max(0.0, deadline - time.monotonic()))):
             yield ": heartbeat\n\n"
 
 
