@@ -11,15 +11,18 @@ multiprocessing forks its workers from a process that imported it the same way.
 The zygote itself is one thread (forking a process with other threads running can copy a lock held); it
 refuses to start, exiting 3, when importing left a thread behind. It answers a request with the child's pid,
 and once the child exits with its status (`{"exit": code}`, a negative code a signal, as `subprocess`
-says it), then closes the connection. It exits when the process that started it is gone.
+says it), then closes the connection. It exits, killing the engines still running, on SIGTERM (the test
+process's exit) or when the process that started it is gone.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -58,7 +61,8 @@ def _child(request: dict[str, Any], fds: list[int], own: list[socket.socket], wa
     code = 1
     try:
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for number in (signal.SIGCHLD, signal.SIGTERM):
+            signal.signal(number, signal.SIG_DFL)
         for sock in own:
             sock.close()
         for fd in wakeup:
@@ -105,8 +109,10 @@ def serve(path: str) -> None:
         os.set_blocking(fd, False)
     signal.set_wakeup_fd(wakeup[1])
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     children: dict[int, socket.socket] = {}
-    while os.getppid() == parent:
+    while os.getppid() == parent and not stopping:
         ready, _, _ = select.select([listener.fileno(), wakeup[0]], [], [], PARENT_POLL_S)
         if wakeup[0] in ready:
             while True:
@@ -208,6 +214,16 @@ class Zygote:
                 self.proc.kill()
                 raise RuntimeError(f"the engine zygote did not start (see {self.log.name})")
             time.sleep(0.05)
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Stop the zygote (it kills the engines it forked that still run) and remove its folder."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(Exception):
+                self.proc.wait(timeout=10)
+        self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     def forks_for(self, env: dict[str, str]) -> bool:
         """Whether an engine in `env` can be forked from this zygote: the environment it imported vLLM with."""
