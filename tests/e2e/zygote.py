@@ -155,27 +155,46 @@ def _read_at_import(env: dict[str, str]) -> dict[str, str]:
     return {name: value for name, value in env.items() if name not in PER_TEST}
 
 
+class _Lines:
+    """The lines the zygote sends on one connection (its pid, then its exit status), read with a timeout: one
+    buffer, so a line that came with another is never left where `select` cannot see it."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buffer = b""
+        self.closed = False
+
+    def next(self, timeout: float | None) -> str | None:
+        """The next line; "" once the zygote closed the connection; None if none came within `timeout`."""
+        while b"\n" not in self.buffer and not self.closed:
+            ready, _, _ = select.select([self.conn], [], [], timeout)
+            if not ready:
+                return None
+            chunk = self.conn.recv(4096)
+            self.buffer += chunk
+            self.closed = not chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+
 class Forked:
     """What the harness uses of `subprocess.Popen` (pid, stdin, stdout, poll, wait), for an engine the zygote
     forked: its exit status comes on the request's connection."""
 
-    def __init__(self, args: list[str], pid: int, conn: socket.socket, stdin: Any, stdout: Any) -> None:
+    def __init__(self, args: list[str], pid: int, lines: _Lines, stdin: Any, stdout: Any) -> None:
         self.args = args
         self.pid = pid
         self.stdin = stdin
         self.stdout = stdout
         self.returncode: int | None = None
-        self._conn = conn
-        self._read = conn.makefile("r")
+        self._lines = lines
 
     def _take(self, timeout: float | None) -> int | None:
         if self.returncode is None:
-            ready, _, _ = select.select([self._conn], [], [], timeout)
-            if ready:
-                line = self._read.readline()
+            line = self._lines.next(timeout)
+            if line is not None:
                 self.returncode = int(json.loads(line)["exit"]) if line else -signal.SIGKILL  # the zygote died
-                self._read.close()
-                self._conn.close()
+                self._lines.conn.close()
         return self.returncode
 
     def poll(self) -> int | None:
@@ -238,7 +257,8 @@ class Zygote:
             conn.connect(self.path)
             request = json.dumps({"args": args, "env": env, "cwd": cwd}).encode()
             socket.send_fds(conn, [request], [stdin_r, stdout_w])
-            line = conn.makefile("r").readline()
+            lines = _Lines(conn)
+            line = lines.next(None)
         finally:
             os.close(stdin_r)
             os.close(stdout_w)
@@ -249,7 +269,7 @@ class Zygote:
             raise RuntimeError("the engine zygote closed the connection")
         stdin = open(stdin_w, "w")  # noqa: SIM115  (the engine's stdin, closed with it)
         stdout = open(stdout_r)  # noqa: SIM115
-        return Forked(args, int(json.loads(line)["pid"]), conn, stdin, stdout)
+        return Forked(args, int(json.loads(line)["pid"]), lines, stdin, stdout)
 
 
 if __name__ == "__main__":
