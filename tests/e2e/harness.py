@@ -26,6 +26,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINE_START_TIMEOUT_S = 240.0
 """A cold engine starts in ~10 s here; the margin is for a loaded CI machine, not a performance claim."""
 COMMAND_TIMEOUT_S = 180.0
+PORT_CLASH = "Address already in use"
+PORT_CLASH_RETRIES = 3
+PORT_CLASH_WAIT_S = 1.0
 LOG_TAIL_LINES = 80
 
 
@@ -69,6 +72,7 @@ class EngineProcess:
 
     def __init__(self, name: str, spec: dict[str, Any]) -> None:
         self.name = name
+        self.spec = spec
         self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
         zygote = _zygote()
@@ -151,10 +155,27 @@ def engine(name: str, spec: dict[str, Any]) -> Iterator[EngineProcess]:
     """An engine process that is killed however the block ends."""
     process = EngineProcess(name, spec)
     try:
-        process.wait_ready()
+        process = _ready(process)
         yield process
     finally:
         process.close()
+
+
+def _ready(process: EngineProcess) -> EngineProcess:
+    """`process` once it answers ready, or the same engine started again where a port it binds was taken in the
+    moment it bound it (`free_loopback_ports`: another test choosing ports, or a port a closed engine held,
+    taken before this one bound it): its callers retry on a clash. The process that failed is closed."""
+    for attempt in range(PORT_CLASH_RETRIES + 1):
+        try:
+            process.wait_ready()
+            return process
+        except EngineError as error:
+            process.close()
+            if PORT_CLASH not in str(error) or attempt == PORT_CLASH_RETRIES:
+                raise
+        time.sleep(PORT_CLASH_WAIT_S)
+        process = EngineProcess(process.name, process.spec)
+    raise AssertionError("unreachable")
 
 
 def allocate_ports() -> tuple[EnginePorts, EnginePorts]:
@@ -201,8 +222,8 @@ def engines(*named_specs: tuple[str, dict[str, Any]]) -> Iterator[list[EnginePro
     try:
         for name, spec in named_specs:
             started.append(EngineProcess(name, spec))
-        for process in started:
-            process.wait_ready()
+        for i, process in enumerate(started):
+            started[i] = _ready(process)
         yield started
     finally:
         for process in started:

@@ -1,14 +1,27 @@
 """An engine forked by the zygote is a process as `subprocess` would start: its own pid and session, the test's
-stdout, its exit status told as `subprocess` tells it (0 on exit, -9 when killed)."""
+stdout, its exit status told as `subprocess` tells it (0 on exit, -9 when killed). An engine that exits because
+a port it binds was taken in that moment is started again (the harness's `_ready`)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
+from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import REPO_ROOT, EngineProcess, _zygote, engine_env
+from tests.e2e import harness
+from tests.e2e.harness import (
+    REPO_ROOT,
+    EngineProcess,
+    _zygote,
+    allocate_ports,
+    engine,
+    engine_env,
+    ledger_extra,
+    ledger_transfer_config,
+)
 from tests.e2e.zygote import Forked
 
 pytestmark = pytest.mark.vllm
@@ -41,3 +54,30 @@ def test_a_child_that_fails_exits_with_1_its_traceback_on_its_stdout() -> None:
     output = child.stdout.read()
     assert child.wait(timeout=60) == 1
     assert "json.decoder.JSONDecodeError" in output, output[-2000:]
+
+
+def test_an_engine_whose_port_is_taken_as_it_binds_is_started_again(
+    tiny_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The consumer's notify port is held by another socket when the engine binds it: the engine exits on the
+    # clash, the port is let go between the tries (as a test's probing bind or a closed engine's would be),
+    # and the engine started again answers.
+    mine, peer = allocate_ports()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", mine.notify))
+    taken.listen()
+    waits: list[float] = []
+
+    def between_tries(seconds: float) -> None:
+        waits.append(seconds)
+        taken.close()
+
+    monkeypatch.setattr(harness.time, "sleep", between_tries)
+    extra = ledger_extra("read", mine, peer, tmp_path / "logs")
+    spec = {"model": tiny_model, "kv_transfer_config": ledger_transfer_config("kv_consumer", "decode-0", extra)}
+    try:
+        with engine("decode-0", spec) as consumer:
+            assert consumer.call({"op": "stats"})["has_requests"] is False
+    finally:
+        taken.close()
+    assert waits == [harness.PORT_CLASH_WAIT_S]
