@@ -59,7 +59,7 @@ from kvledger.ledger.store.base import (
     StoreError,
     StoreUnavailable,
 )
-from kvledger.ledger.store.limits import QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
+from kvledger.ledger.store.limits import NATS_WRITER_BATCH_AGE_S_MAX, QUARANTINE_READ_MAX, TAIL_EVENTS_MAX
 from kvledger.ledger.store.nats_stream import CURSOR_SHIFT, PARTITIONS_DEFAULT, NatsTarget, source_token
 from kvledger.ledger.store.rows import encode_rows, quarantine_row
 from kvledger.ledger.valid import events_fit
@@ -139,6 +139,10 @@ class _Published(NamedTuple):
 
 class NatsStore:
     """The event log in a JetStream stream (see the module docstring)."""
+
+    writer_batch_age_s_max = NATS_WRITER_BATCH_AGE_S_MAX
+    """A writer's batches to a stream wait longer than to a SQL store: each is split into a message per
+    (partition, source), and a message's cost is most of what a fleet spends (see the constant)."""
 
     def __init__(self, target: NatsTarget, *, create: bool) -> None:
         self.target = target

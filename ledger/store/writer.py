@@ -74,8 +74,12 @@ class BackgroundWriter:
         *,
         queue_events_max: int = WRITER_QUEUE_EVENTS_MAX,
         batch_events_max: int = WRITER_BATCH_EVENTS_MAX,
-        batch_age_s_max: float = WRITER_BATCH_AGE_S_MAX,
+        batch_age_s_max: float | None = None,
     ) -> None:
+        """`batch_age_s_max`: default the store's `writer_batch_age_s_max` where it has one (a NATS stream's
+        is longer: `NATS_WRITER_BATCH_AGE_S_MAX`), else WRITER_BATCH_AGE_S_MAX."""
+        if batch_age_s_max is None:
+            batch_age_s_max = float(getattr(store, "writer_batch_age_s_max", WRITER_BATCH_AGE_S_MAX))
         assert queue_events_max >= 1 and batch_events_max >= 1 and batch_age_s_max >= 0
         self.store = store
         self.spill_dir = Path(spill_dir)

@@ -223,3 +223,14 @@ def test_an_idle_writer_sleeps_until_a_batch_begins(
     assert list(sqlite_store.read()) == events
     assert len(steps) - idle_steps <= 6  # woken, waited out the batch's age, wrote it; no polling meanwhile
     assert writer.close()
+
+
+def test_a_writer_batches_a_nats_stream_longer_than_a_sql_store_unless_told(
+    store: EventStore, store_url: str, tmp_path: Path
+) -> None:
+    from kvledger.ledger.store.limits import NATS_WRITER_BATCH_AGE_S_MAX, WRITER_BATCH_AGE_S_MAX
+
+    expected = NATS_WRITER_BATCH_AGE_S_MAX if store_url.startswith("nats://") else WRITER_BATCH_AGE_S_MAX
+    assert NATS_WRITER_BATCH_AGE_S_MAX > WRITER_BATCH_AGE_S_MAX
+    assert BackgroundWriter(store, tmp_path / "a").batch_age_s_max == expected
+    assert BackgroundWriter(store, tmp_path / "b", batch_age_s_max=0.01).batch_age_s_max == 0.01
