@@ -253,7 +253,10 @@ class Channel:
                     if sock is self._handshake_socket:
                         self._on_handshake(frames)
                     else:
-                        self._on_notify(frames)
+                        try:
+                            self._on_notify(frames)
+                        finally:  # after its fate is recorded: whoever waits on the count finds that too
+                            self.counters["notify_arrived"] += 1
         except zmq.ZMQError as error:
             log.warning("notification listener stopped: %s", error)
         finally:
