@@ -353,6 +353,22 @@ class Storm:
             sock.close()
         self._forged_to[address] += 1
         self.tally.forged.add(request.transfer_id)
+        self._await_forged(request.transfer_id)
+
+    def _await_forged(self, transfer_id: TransferId) -> None:
+        """Wait until the producer took the forged release: refused and recorded, or (no key: the negative
+        control) in its inbox. Sent and left in flight, it reached the producer or, when the producer died
+        later in the round, its next incarnation, as the machine's timing had it: a same-seed run then
+        recorded one `drop` more or fewer."""
+        channel = self.producer.channel
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        while not (
+            any(d.transfer_id == transfer_id for d in list(channel.dropped))
+            or any(getattr(m, "transfer_id", None) == transfer_id for m in list(channel.inbox.queue))
+        ):
+            if time.monotonic() > deadline:
+                raise SimulationError(f"the forged release of {transfer_id} did not reach the producer")
+            time.sleep(SETTLE_POLL_S)
 
     def _prefill_not_kept(self, request: SimRequest) -> None:
         """request_finished told vLLM to free the prefill's blocks now (the storm never expects it)."""
