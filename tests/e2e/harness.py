@@ -165,17 +165,18 @@ def _ready(process: EngineProcess) -> EngineProcess:
     """`process` once it answers ready, or the same engine started again where a port it binds was taken in the
     moment it bound it (`free_loopback_ports`: another test choosing ports, or a port a closed engine held,
     taken before this one bound it): its callers retry on a clash. The process that failed is closed."""
-    for attempt in range(PORT_CLASH_RETRIES + 1):
+    retries = 0
+    while True:
         try:
             process.wait_ready()
             return process
         except EngineError as error:
             process.close()
-            if PORT_CLASH not in str(error) or attempt == PORT_CLASH_RETRIES:
+            retries += 1
+            if PORT_CLASH not in str(error) or retries > PORT_CLASH_RETRIES:
                 raise
         time.sleep(PORT_CLASH_WAIT_S)
         process = EngineProcess(process.name, process.spec)
-    raise AssertionError("unreachable")
 
 
 def allocate_ports() -> tuple[EnginePorts, EnginePorts]:

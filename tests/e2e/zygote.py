@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import json
 import os
 import select
 import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
+import time
+import traceback
 from typing import Any
 
 PRELOADED = (
@@ -44,8 +49,6 @@ PARENT_POLL_S = 1.0
 
 
 def _preload() -> None:
-    import importlib
-
     for name in PRELOADED:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -85,8 +88,6 @@ def _child(request: dict[str, Any], fds: list[int], own: list[socket.socket], wa
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:
-        import traceback
-
         traceback.print_exc()
     finally:
         sys.stdout.flush()
@@ -203,8 +204,6 @@ class Forked:
     def wait(self, timeout: float | None = None) -> int:
         code = self._take(timeout)
         if code is None:
-            import subprocess
-
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return code
 
@@ -213,10 +212,6 @@ class Zygote:
     """The client end: starts `python -m tests.e2e.zygote` (once, at the first engine) and asks it for engines."""
 
     def __init__(self, env: dict[str, str], cwd: str, start_timeout_s: float) -> None:
-        import subprocess
-        import tempfile
-        import time
-
         self.env = _read_at_import(env)
         """What the zygote imported vLLM with: an engine wanting another environment is not forked from it (a
         module may read a variable once, at import); see `forks_for`."""
