@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,12 +82,14 @@ def prefill_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> di
 
 
 def create_app(settings: ProxySettings) -> FastAPI:
-    app = FastAPI(title="kvledger 1P1D proxy")
     client = httpx.AsyncClient(timeout=httpx.Timeout(PROXY_TIMEOUT_S, connect=10.0))
 
-    @app.on_event("shutdown")
-    async def _close() -> None:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
         await client.aclose()
+
+    app = FastAPI(title="kvledger 1P1D proxy", lifespan=lifespan)
 
     async def _prefill(body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
         response = await client.post(f"{settings.prefill_url}/v1/completions", json=prefill_body(body, params))
