@@ -35,9 +35,10 @@ import queue
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import msgspec
 
@@ -62,6 +63,8 @@ from kvledger.ledger.partitioned import Folded, Merged, PartitionAnswer, answer,
 from kvledger.ledger.transfer_state import TransferState
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 _answers = msgspec.msgpack.Decoder(tuple[float, list[PartitionAnswer]])
 """A worker's answers, with the seconds it took to make them."""
@@ -70,6 +73,7 @@ _sides = msgspec.msgpack.Decoder(tuple[list[tuple[int, TransferState]], int | No
 _transfer = msgspec.msgpack.Decoder(list[TransferState])
 _request = msgspec.msgpack.Decoder(tuple[bool, list[tuple[int, TransferState]]])
 _found = msgspec.msgpack.Decoder(list[float])
+_status = msgspec.msgpack.Decoder(dict[int, tuple[int, int, int, int]])
 _reply = msgspec.msgpack.Decoder(tuple[str, int, bytes])
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -206,7 +210,10 @@ class _Worker:
         future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.waiting[rid] = future
         self.outbox.put(_encode([kind, rid, *args]))
-        return await future
+        try:
+            return await future
+        finally:  # an ask given up (a probe's timeout, a client gone) is not kept for a worker that never answers
+            self.waiting.pop(rid, None)
 
     def stop(self) -> None:
         self.outbox.put(_encode(["stop"]))
@@ -455,18 +462,33 @@ class Fleet:
     async def status(self) -> dict[int, tuple[int, int, int, int]]:
         """Per owned partition: events folded, complete through, last applied, restored from (stream seqs)."""
         replies = await asyncio.gather(*(w.ask("status") for w in self.workers))
-        out: dict[int, tuple[int, int, int, int]] = {}
-        for reply in replies:
-            for p, v in msgspec.msgpack.decode(reply, type=dict[int, tuple[int, int, int, int]]).items():
-                out[p] = v
-        return out
+        return {p: v for reply in replies for p, v in _status.decode(reply).items()}
+
+    async def status_within(self, timeout_s: float) -> tuple[dict[int, tuple[int, int, int, int]], list[list[int]]]:
+        """`status` of the workers that answered within `timeout_s`, and the partitions of each that did not
+        (stopped, hung, or being started again)."""
+
+        async def one(worker: _Worker) -> dict[int, tuple[int, int, int, int]] | None:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    return _status.decode(await worker.ask("status"))
+            except (TimeoutError, WorkerLost):
+                return None
+
+        replies = await asyncio.gather(*(one(w) for w in self.workers))
+        silent = [w.partitions for w, reply in zip(self.workers, replies, strict=True) if reply is None]
+        return {p: v for reply in replies if reply is not None for p, v in reply.items()}, silent
+
+    async def store_call(self, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`call(*args)` on `store_threads`: a stalled store holds those, never the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.store_threads, partial(call, *args, **kwargs))
 
     async def timeline(self, transfer_id: str, events_max: int) -> list[Event]:
         """A transfer's events from the store (on `store_threads`)."""
         from kvledger.api.transfer_events import transfer_events
 
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.store_threads, transfer_events, self.store, transfer_id, events_max)
+        return await self.store_call(transfer_events, self.store, transfer_id, events_max)
 
 
 def merge_answers(answers: list[PartitionAnswer], partitions: int, now: float, *, complete: bool) -> Merged:

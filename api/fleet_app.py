@@ -1,14 +1,16 @@
 """The app `kvledger serve --db nats://... --partitions P` runs: the API over partition workers (`kvledger.api.fleet`).
 
-It answers `/healthz`, `/audit`, `/audit/summary`, `/transfers`, `/transfers/{id}`, `/requests/{id}`,
-`/metrics` and the page (`/`, `/ui/findings`, `/ui/transfers/{id}`) with the one-process service's shapes and
-rendering, merged from the workers (`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), and
-`/fleet/answers` and `/fleet/status` for services that split the partitions. The rest of the one-process
-service (the event tail, ingest, snapshots of the whole fold, replay) is not served here yet: docs/fleet.md.
+It answers `/healthz`, `/readyz` (the store and every worker answer), `/quarantine`, `/audit`, `/audit/summary`,
+`/transfers`, `/transfers/{id}`, `/requests/{id}`, `/metrics` and the page (`/`, `/ui/findings`,
+`/ui/transfers/{id}`) with the one-process service's shapes and rendering, merged from the workers
+(`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), and `/fleet/answers` and `/fleet/status` for
+services that split the partitions. The rest of the one-process service (the event tail, ingest, snapshots of
+the whole fold, replay) is not served here yet: docs/fleet.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 from collections.abc import AsyncIterator
@@ -39,10 +41,20 @@ from kvledger.api.params import (
 )
 from kvledger.api.routes import health, web
 from kvledger.api.routes.audit import FindingCode, PublishedAnswers, audit_out
+from kvledger.api.routes.health import quarantine_out, ready_response, store_answer_error
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX, transfer_detail
-from kvledger.api.schemas import AuditOut, AuditSummary, Health, RequestDetail, TransferDetail, TransferPage
+from kvledger.api.schemas import (
+    AuditOut,
+    AuditSummary,
+    Health,
+    QuarantineOut,
+    Ready,
+    RequestDetail,
+    TransferDetail,
+    TransferPage,
+)
 from kvledger.api.settings import Settings
-from kvledger.api.views import transfer_out
+from kvledger.api.views import display_url, transfer_out
 from kvledger.ledger.audit import Finding
 from kvledger.ledger.fleet import SidesAsked
 from kvledger.ledger.lifecycle import PhaseName
@@ -59,6 +71,38 @@ def _fleet(request: Request) -> Fleet:
 @router.get("/healthz", response_model=Health)
 async def healthz() -> Health:
     return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=Ready,
+    summary="The store answers, and so does every partition worker",
+    responses={503: {"model": Ready, "description": "Not ready: the store or a worker did not answer"}},
+)
+async def readyz(request: Request) -> Ready | JSONResponse:
+    """Ready when the store answers a read of one event and every worker its status, each within
+    `ready_timeout_s`. The cursor: the least position every owned partition has folded through (a worker that
+    did not answer: as far as its partitions told the published audit)."""
+    fleet = _fleet(request)
+    timeout_s = fleet.settings.ready_timeout_s
+    told = fleet.live_merge.told
+    probe = fleet.store_call(fleet.store.tail, min(told[p] for p in fleet.owned), 1)
+    store_error, (folded, silent) = await asyncio.gather(
+        store_answer_error(probe, timeout_s), fleet.status_within(timeout_s)
+    )
+    errors = [store_error] if store_error is not None else []
+    errors += [f"the worker of partitions {p} did not answer within {timeout_s:g} s" for p in silent]
+    cursor = min(folded[p][1] if p in folded else told[p] for p in fleet.owned)
+    return ready_response(Ready(ready=not errors, store=display_url(fleet.settings.db), cursor=cursor,
+                                error="; ".join(errors) or None))  # fmt: skip
+
+
+@router.get("/quarantine", response_model=QuarantineOut, summary="Events the store refused for their content")
+async def get_quarantine(request: Request, limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100) -> QuarantineOut:
+    fleet = _fleet(request)
+    check_limit(fleet, limit)
+    total = await fleet.store_call(fleet.store.quarantined_count)
+    return quarantine_out(total, await fleet.store_call(fleet.store.quarantined, limit=limit))
 
 
 @router.get("/audit", response_model=AuditOut, summary="Findings at `now`, merged from the partition workers")

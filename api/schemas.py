@@ -17,7 +17,10 @@ class Health(BaseModel):
 class Ready(BaseModel):
     ready: bool
     store: str = Field(description="The store URL, password removed")
-    cursor: int = Field(description="Store-wide cursor of the last folded event")
+    cursor: int = Field(
+        description="Store-wide cursor of the last folded event (with partition workers: the least cursor every "
+        "owned partition has folded through)"
+    )
     error: str | None = None
 
 

@@ -10,6 +10,7 @@ import multiprocessing
 import threading
 from typing import Any
 
+import msgspec
 import pytest
 
 from kvledger.api.fleet import WorkerLost, _Worker
@@ -54,3 +55,35 @@ def test_asks_of_a_worker_that_reads_nothing_never_block_the_event_loop() -> Non
     if runner.is_alive():
         pytest.fail("the event loop blocked on a worker's full pipe")
     assert outcome == {"spins": 200, "pending": ASKS, "lost": ASKS}
+
+
+def test_an_ask_given_up_is_forgotten_and_its_late_reply_passed_over() -> None:
+    """A probe that times out (`/readyz`) or a client that leaves gives up its ask: the service keeps nothing
+    for it however many are given up while a worker is stopped, and the reply that comes later finds no one."""
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+
+    async def main() -> tuple[int, int, bool]:
+        worker = _Worker(_Ids(), [0])  # type: ignore[arg-type]
+        worker.connect(ours, asyncio.get_running_loop())
+        worker.ready.set()
+        for _ in range(5):
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0):
+                    await worker.ask("status")
+        given_up = len(worker.waiting)
+        rid = msgspec.msgpack.decode(theirs.recv_bytes())[1]  # the first ask, read at last by the worker
+        answered = asyncio.create_task(worker.ask("status"))
+        await asyncio.sleep(0)
+        theirs.send_bytes(msgspec.msgpack.encode(["status", rid, b"late"]))
+        for _ in range(4):
+            theirs.recv_bytes()
+        newest = msgspec.msgpack.decode(theirs.recv_bytes())[1]
+        theirs.send_bytes(msgspec.msgpack.encode(["status", newest, b"now"]))
+        reply = await asyncio.wait_for(answered, 60)  # a liveness bound, never reached unless the test failed
+        theirs.close()  # the reader sees the end and says so while the loop still runs
+        async with asyncio.timeout(60):
+            while worker.ready.is_set():
+                await asyncio.sleep(0.01)
+        return given_up, len(worker.waiting), reply == b"now"
+
+    assert asyncio.run(main()) == (0, 0, True)

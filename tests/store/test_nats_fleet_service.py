@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,25 +101,48 @@ def _problems(service: FleetService) -> list[str]:
         return re.findall(r'<div class="problem" data-kind="(\w+)">', response.read().decode())
 
 
+def _ready(service: FleetService) -> tuple[int, dict[str, Any]]:
+    """GET /readyz: its status and body (503 is an answer, not an error)."""
+    try:
+        return 200, get_json(service.base, "/readyz")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
 def _behind_said(service: FleetService, url: str, now: float) -> None:
-    """A worker stopped (SIGSTOP) and an event appended: no audit can be published that covers it, and the
-    page says the workers are behind the store (it said nothing while they were not). The event changes no
-    finding at `now` (a map with a far deadline); the worker goes on (SIGCONT) and folds it."""
+    """A worker stopped (SIGSTOP) and an event appended: no audit can be published that covers it, the page
+    says the workers are behind the store (it said nothing while they were not), and /readyz says not ready,
+    naming the worker's partitions. The event changes no finding at `now` (a map with a far deadline); the
+    worker goes on (SIGCONT), folds it, and the service is ready, folded through it."""
     assert _problems(service) == []
     assert _problems(service) == []  # seen twice, nothing unread: not behind
-    pid = service.get("/fleet/status")["workers"][0]["pid"]
-    os.kill(pid, signal.SIGSTOP)
+    code, ready = _ready(service)
+    assert (code, ready["ready"], ready["error"]) == (200, True, None)
+    worker = service.get("/fleet/status")["workers"][0]
+    os.kill(worker["pid"], signal.SIGSTOP)
     try:
         store = open_store(url)
         store.append([Side("late-0/tp0", start_ts=now - 0.5).map("tx-late", "r-late", blocks=(1,), deadline=now + 1e6)])
+        assert isinstance(store, NatsStore)
+        last_seq = store.last_sequence()
         store.close()
         for _ in range(POLLS_MAX):
             if _problems(service) == ["behind"]:
                 break
             time.sleep(0.01)
         assert _problems(service) == ["behind"]
+        code, ready = _ready(service)
+        assert (code, ready["ready"]) == (503, False)
+        assert ready["error"] == f"the worker of partitions {worker['partitions']} did not answer within 0.5 s"
+        assert ready["cursor"] < last_seq
     finally:
-        os.kill(pid, signal.SIGCONT)
+        os.kill(worker["pid"], signal.SIGCONT)
+    for _ in range(POLLS_MAX):
+        code, ready = _ready(service)
+        if code == 200 and ready["cursor"] == last_seq:
+            break
+        time.sleep(0.01)
+    assert (code, ready["ready"], ready["cursor"]) == (200, True, last_seq)
 
 
 def test_four_partition_workers_answer_as_one_fold_of_the_stream(
@@ -127,7 +151,8 @@ def test_four_partition_workers_answer_as_one_fold_of_the_stream(
     url, stored, last_seq = stream
     now = max(e.ts for e in stored) + 1.0
     # Behind as soon as an event it holds is seen not covered twice (the page's check, tried below).
-    service = FleetService(url, "all", 4, tmp_path / "service.log", KVLEDGER_BEHIND_AFTER_S="0")
+    service = FleetService(url, "all", 4, tmp_path / "service.log", KVLEDGER_BEHIND_AFTER_S="0",
+                           KVLEDGER_READY_TIMEOUT_S="0.5")  # fmt: skip
     one = FleetService(url, None, 1, tmp_path / "one.log")  # the one-process service over the same stream
     try:
         service.folded_through(last_seq)

@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from kvledger.api.views import display_url
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Event
 from kvledger.ledger.fleet import PartitionFold, partition_count, run_worker, snapshot_source
@@ -23,6 +24,7 @@ from kvledger.ledger.replay import replay_chunks
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.partition_source import Delivered
 from kvledger.ledger.store.schema import snapshots
+from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
 from tests.store.conftest import backend_url
 from tests.store.fleet_service import FleetService, first_seen, one_fold_findings
@@ -54,10 +56,16 @@ def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_sn
         store.append(batch)
     first_part = [e for _, e in store.tail(0, 100_000)]
     last_cursor = store.tail(0, 100_000)[-1][0]
+    store.quarantine([(Side("prefill-0/tp0").map("t" * 300, "r"), "UnstorableEvent: field 'transfer_id': too long")])
     partitions = partition_count(store)
     service = FleetService(sql_url, "all", 2, tmp_path / "service.log")
     try:
         status = service.folded_through(last_cursor)
+        # Ready: the store and both workers answer; every partition folded through the store's last cursor.
+        assert service.get("/readyz") == {"ready": True, "store": display_url(sql_url), "cursor": last_cursor,
+                                          "error": None}  # fmt: skip
+        quarantine = service.get("/quarantine")
+        assert quarantine["total"] == 1 and quarantine["events"][0]["reason"].endswith("too long")
         now = max(e.ts for e in first_part) + 1.0
         assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == one_fold_findings(first_part, now)
         assert service.listed() == first_seen(first_part)  # every side, in the order one fold first saw them
