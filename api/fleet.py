@@ -60,6 +60,7 @@ from kvledger.ledger.fleet import (
 )
 from kvledger.ledger.partition import partition_of
 from kvledger.ledger.partitioned import Folded, Merged, PartitionAnswer, answer, merge
+from kvledger.ledger.store.base import Appended
 from kvledger.ledger.transfer_state import TransferState
 
 log = logging.getLogger(__name__)
@@ -248,7 +249,14 @@ class Fleet:
         """The merges' thread (`merge_replies`): its own, so that requests reading the store on other threads
         (a transfer's timeline, which scans a partition's subjects) never hold back the published audit."""
         self.store_threads = ThreadPoolExecutor(settings.store_threads_max, thread_name_prefix="kvledger-store")
-        """The timelines' store reads (`timeline`): a bounded pool of their own, as the one-process service's."""
+        """The store's reads (`store_call`: timelines, the event tail, probes): a bounded pool of their own, as
+        the one-process service's."""
+        self.appender = ThreadPoolExecutor(1, thread_name_prefix="kvledger-ingest")
+        """POST /events' appends, one at a time in the order they came (`append_ingested`)."""
+        self.advanced = asyncio.Event()
+        """Set (and replaced) when the store may hold events an event stream has not read: a batch ingested
+        here, or a published audit over more events than the last (what the engines appended themselves)."""
+        self.streams_open = 0
 
     def next_id(self) -> int:
         self._ids += 1
@@ -285,6 +293,7 @@ class Fleet:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await asyncio.gather(*(asyncio.to_thread(w.stop) for w in self.workers))
+        self.appender.shutdown(wait=True)  # an append under way finishes before its store closes
         if self.store is not None:
             self.store.close()
         self.merger.shutdown(wait=False)
@@ -339,11 +348,15 @@ class Fleet:
                 self.live_merge.feed(answers)
             fed_s = time.thread_time() - feeding
             findings, events = self.live_merge.findings(answers)
-            through = min(self.live_merge.told[p] for p in self.owned)
+            through = self.told_through()
             ownership = self.live_merge.merger.ownership
             figures = merge_figures(answers, findings, ownership, now, self.settings, through=through)
         cost_s = max(max((s for s, _ in decoded), default=0.0), time.thread_time() - began - fed_s)
         return findings, events, cost_s, figures
+
+    def told_through(self) -> int:
+        """The least position through which every owned partition has told the merge what it folded."""
+        return min(self.live_merge.told[p] for p in self.owned)
 
     async def findings_now(self, now: float) -> tuple[list[Finding], int, float, FleetFigures]:
         """Every owned partition asked at `now`, merged (`LiveMerge`): findings, events, cost, figures."""
@@ -405,8 +418,24 @@ class Fleet:
         the time the answers took to come: a worker answers between two deliveries, and the wait for one
         holds no CPU."""
         audited = await self.audit(self.clock_now())
-        self.audited = audited
+        before, self.audited = self.audited, audited
+        if before is None or audited.events != before.events:
+            self._advance()
         return audited
+
+    def _advance(self) -> None:
+        self.advanced.set()
+        self.advanced = asyncio.Event()
+
+    async def append_ingested(self, events: list[Event]) -> Appended:
+        """An ingested batch appended to the store (checked already: `decode_batch`) on the ingest thread, in
+        the order batches came. The workers fold it from the store, as every other event."""
+        loop = asyncio.get_running_loop()
+        appended: Appended = await loop.run_in_executor(
+            self.appender, partial(self.store.append_returning, events, checked=True)
+        )
+        self._advance()
+        return appended
 
     async def _audit_forever(self) -> None:
         while True:

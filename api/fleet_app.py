@@ -1,11 +1,12 @@
 """The app `kvledger serve --db nats://... --partitions P` runs: the API over partition workers (`kvledger.api.fleet`).
 
-It answers `/healthz`, `/readyz` (the store and every worker answer), `/quarantine`, `/audit`, `/audit/summary`,
-`/transfers`, `/transfers/{id}`, `/requests/{id}`, `/metrics` and the page (`/`, `/ui/findings`,
-`/ui/transfers/{id}`) with the one-process service's shapes and rendering, merged from the workers
-(`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), and `/fleet/answers` and `/fleet/status` for
-services that split the partitions. The rest of the one-process service (the event tail, ingest, snapshots of
-the whole fold, replay) is not served here yet: docs/fleet.md.
+It answers `/healthz`, `/readyz` (the store and every worker answer), `/quarantine`, the event tail (`/events`,
+`/events/stream`), ingest (`POST /events`: stored, then folded by the workers from the store), `/audit`,
+`/audit/summary`, `/transfers`, `/transfers/{id}`, `/requests/{id}`, `/metrics` and the page (`/`,
+`/ui/findings`, `/ui/transfers/{id}`) with the one-process service's shapes and rendering, merged from the
+workers (`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), and `/fleet/answers` and `/fleet/status`
+for services that split the partitions. Snapshots of the whole fold and replay are not served here:
+docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Annotated
 
 import msgspec
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
 from kvledger.api import errors
@@ -41,12 +42,23 @@ from kvledger.api.params import (
 )
 from kvledger.api.routes import health, web
 from kvledger.api.routes.audit import FindingCode, PublishedAnswers, audit_out
+from kvledger.api.routes.events import (
+    INGEST_ROUTE,
+    STREAM_ROUTE,
+    AfterSeq,
+    event_stream,
+    ingest_result,
+    ingested,
+    tail_page,
+)
 from kvledger.api.routes.health import quarantine_out, ready_response, store_answer_error
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX, transfer_detail
 from kvledger.api.schemas import (
     AuditOut,
     AuditSummary,
+    EventPage,
     Health,
+    IngestResult,
     QuarantineOut,
     Ready,
     RequestDetail,
@@ -56,7 +68,7 @@ from kvledger.api.schemas import (
 from kvledger.api.settings import Settings
 from kvledger.api.views import display_url, transfer_out
 from kvledger.ledger.audit import Finding
-from kvledger.ledger.fleet import SidesAsked
+from kvledger.ledger.fleet import SidesAsked, cursor_shift, through_cursor
 from kvledger.ledger.lifecycle import PhaseName
 from kvledger.ledger.partitioned import PartitionAnswer
 
@@ -86,13 +98,14 @@ async def readyz(request: Request) -> Ready | JSONResponse:
     fleet = _fleet(request)
     timeout_s = fleet.settings.ready_timeout_s
     told = fleet.live_merge.told
-    probe = fleet.store_call(fleet.store.tail, min(told[p] for p in fleet.owned), 1)
+    probe = fleet.store_call(fleet.store.tail, fleet.told_through(), 1)
     store_error, (folded, silent) = await asyncio.gather(
         store_answer_error(probe, timeout_s), fleet.status_within(timeout_s)
     )
     errors = [store_error] if store_error is not None else []
     errors += [f"the worker of partitions {p} did not answer within {timeout_s:g} s" for p in silent]
-    cursor = min(folded[p][1] if p in folded else told[p] for p in fleet.owned)
+    shift = cursor_shift(fleet.store)  # a worker's status is in stream positions, the merge's in cursors
+    cursor = min(through_cursor(folded[p][1], shift) if p in folded else told[p] for p in fleet.owned)
     return ready_response(Ready(ready=not errors, store=display_url(fleet.settings.db), cursor=cursor,
                                 error="; ".join(errors) or None))  # fmt: skip
 
@@ -103,6 +116,30 @@ async def get_quarantine(request: Request, limit: Annotated[int, Query(ge=1, le=
     check_limit(fleet, limit)
     total = await fleet.store_call(fleet.store.quarantined_count)
     return quarantine_out(total, await fleet.store_call(fleet.store.quarantined, limit=limit))
+
+
+@router.get("/events", response_model=EventPage, summary="Events after a store-wide cursor")
+async def tail(
+    request: Request, after_seq: AfterSeq = 0, limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100
+) -> EventPage:
+    return await tail_page(_fleet(request), after_seq, limit)
+
+
+@router.get("/events/stream", **STREAM_ROUTE)
+async def stream(request: Request, after_seq: AfterSeq = 0) -> StreamingResponse:
+    return event_stream(request, _fleet(request), after_seq)
+
+
+@router.post("/events", **INGEST_ROUTE)
+async def ingest(request: Request) -> IngestResult:
+    """The batch stored, not yet folded: the workers fold it from the store. Its `cursor` is the store's cursor
+    of its last event (or, all of them stored before, the store's last cursor then); it is folded once
+    /readyz's cursor reaches it."""
+    fleet = _fleet(request)
+    events, appended = await ingested(request, fleet.settings, fleet.append_ingested)
+    if appended is None:  # nothing in the batch: nothing to wait for
+        return ingest_result(events, appended, fleet.told_through())
+    return ingest_result(events, appended, appended.inserted[-1][0] if appended.inserted else appended.after_cursor)
 
 
 @router.get("/audit", response_model=AuditOut, summary="Findings at `now`, merged from the partition workers")

@@ -59,7 +59,10 @@ class IngestResult(BaseModel):
     inserted: int
     duplicates: int = Field(description="Events already stored with the same content (idempotent retries)")
     gaps: list[Gap] = Field(description="Seqs missing before this batch's events, per source")
-    cursor: int = Field(description="The service's folded cursor after this batch")
+    cursor: int = Field(
+        description="The service's folded cursor after this batch (with partition workers, which fold it later: "
+        "the store's cursor of its last event, folded once GET /readyz's cursor reaches it)"
+    )
 
 
 class ReleaseOut(BaseModel):

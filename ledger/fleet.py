@@ -82,6 +82,12 @@ def is_stream(store: EventStore) -> bool:
     return hasattr(store, "partitions")
 
 
+def cursor_shift(store: EventStore) -> int:
+    """How a position of `store` makes its cursors (`position << shift | place`): a NATS stream's message
+    sequence, CURSOR_SHIFT; a SQL store's cursor, 0."""
+    return CURSOR_SHIFT if is_stream(store) else 0
+
+
 def partition_count(store: EventStore) -> int:
     """The partitions a worker folds `store` in: a NATS stream's own count, `SQL_PARTITIONS` for a SQL store."""
     return int(getattr(store, "partitions", SQL_PARTITIONS))
@@ -421,7 +427,7 @@ def run_worker(
     answers again; what it had folded and not saved is acknowledged later, never lost."""
     guard = lock if lock is not None else nullcontext()
     count = partition_count(store)
-    options.setdefault("cursor_shift", CURSOR_SHIFT if is_stream(store) else 0)
+    options.setdefault("cursor_shift", cursor_shift(store))
     folds = {p: restore(store, service, p, count, **options) for p in partitions}
     source = open_source(store, folds, service)
     for p in source.reset:

@@ -1,11 +1,15 @@
-"""The store's event tail (a page, or a live Server-Sent Events stream) and the ingest endpoint."""
+"""The store's event tail (a page, or a live Server-Sent Events stream) and the ingest endpoint.
+
+The tail and the batch's reading are the same for the service over partition workers (`kvledger.api.fleet_app`),
+which reads the tail from its own `Fleet`: what both read of a service is `Tailed`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
@@ -13,17 +17,35 @@ from fastapi.responses import StreamingResponse
 from kvledger.api.deps import LiveDep, StoreDep, require_token
 from kvledger.api.errors import read_limited
 from kvledger.api.ingest import decode_batch, find_gaps
-from kvledger.api.live import Live
 from kvledger.api.params import check_limit
 from kvledger.api.schemas import EventPage, EventRow, IngestResult
+from kvledger.api.settings import Settings
 from kvledger.api.views import event_json
 from kvledger.api.waits import wait_set
+from kvledger.ledger.events import Event
+from kvledger.ledger.store.base import Appended, StoreError
 
 router = APIRouter(tags=["events"])
 
 AfterSeq = Annotated[int, Query(ge=0, le=1 << 62, description="Store-wide cursor to read after (0: the start)")]
 HEARTBEAT_S = 15.0
 """A comment line this often keeps proxies from closing an idle stream."""
+
+
+class Tailed(Protocol):
+    """What the event tail reads of a service."""
+
+    settings: Settings
+    streams_open: int
+
+    @property
+    def store(self) -> Any: ...  # an EventStore, or None while the store is down
+
+    @property
+    def advanced(self) -> asyncio.Event:
+        """Set (and replaced) when the store may hold events a stream has not read."""
+
+    async def store_call(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
 
 
 @router.get("/events", response_model=EventPage, summary="Events after a store-wide cursor")
@@ -33,32 +55,43 @@ async def tail(
     after_seq: AfterSeq = 0,
     limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
 ) -> EventPage:
-    check_limit(live, limit)
-    rows = await live.store_call(store.tail, after_seq, limit)
+    return await tail_page(live, after_seq, limit)
+
+
+async def tail_page(service: Tailed, after_seq: int, limit: int) -> EventPage:
+    """GET /events' answer: at most `limit` stored events after `after_seq`."""
+    check_limit(service, limit)
+    rows = await service.store_call(service.store.tail, after_seq, limit)
     return EventPage(
         events=[EventRow(cursor=cursor, event=event_json(e)) for cursor, e in rows],
         next_after_seq=rows[-1][0] if rows else after_seq,
     )
 
 
-async def _stream(request: Request, live: Live, after_seq: int) -> AsyncIterator[str]:
+async def _stream(request: Request, service: Tailed, after_seq: int) -> AsyncIterator[str]:
     """SSE frames of stored events from `after_seq` on; ends on disconnect or after the duration limit."""
-    live.streams_open += 1
+    service.streams_open += 1
     try:
-        async for frame in _frames(request, live, after_seq):
+        async for frame in _frames(request, service, after_seq):
             yield frame
     finally:
-        live.streams_open -= 1
+        service.streams_open -= 1
 
 
-async def _frames(request: Request, live: Live, after_seq: int) -> AsyncIterator[str]:
+async def _frames(request: Request, service: Tailed, after_seq: int) -> AsyncIterator[str]:
     cursor = after_seq
-    deadline = time.monotonic() + live.settings.stream_duration_max_s
-    batch = live.settings.tail_batch_max
+    deadline = time.monotonic() + service.settings.stream_duration_max_s
+    batch = service.settings.tail_batch_max
     while time.monotonic() < deadline and not await request.is_disconnected():
-        waiter = live.advanced
-        store = live.store
-        rows = await live.store_call(store.tail, cursor, batch) if store is not None else []
+        waiter = service.advanced
+        store = service.store
+        try:
+            rows = await service.store_call(store.tail, cursor, batch) if store is not None else []
+        except StoreError as error:
+            # A store that failed one read is no reason to end a follower's stream: said in a comment, and read
+            # again on the next wake or heartbeat, from the same cursor.
+            yield f": the store did not answer: {type(error).__name__}\n\n"
+            rows = []
         for row_cursor, event in rows:
             yield f"id: {row_cursor}\nevent: event\ndata: {json.dumps(event_json(event))}\n\n"
             cursor = row_cursor
@@ -68,43 +101,73 @@ async def _frames(request: Request, live: Live, after_seq: int) -> AsyncIterator
             yield ": heartbeat\n\n"
 
 
-@router.get(
-    "/events/stream",
-    summary="Live follow: Server-Sent Events from a cursor (bounded; ends when the client goes)",
-    response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
-)
+STREAM_ROUTE: dict[str, Any] = {
+    "summary": "Live follow: Server-Sent Events from a cursor (bounded; ends when the client goes)",
+    "response_class": StreamingResponse,
+    "responses": {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+}
+"""GET /events/stream's declaration, the one-process service's and the partition workers' (`fleet_app`)."""
+
+
+@router.get("/events/stream", **STREAM_ROUTE)
 async def stream(request: Request, live: LiveDep, after_seq: AfterSeq = 0) -> StreamingResponse:
+    return event_stream(request, live, after_seq)
+
+
+def event_stream(request: Request, service: Tailed, after_seq: int) -> StreamingResponse:
+    """GET /events/stream's answer: the stream of `service`'s stored events after `after_seq`."""
     return StreamingResponse(
-        _stream(request, live, after_seq),
+        _stream(request, service, after_seq),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
-@router.post(
-    "/events",
-    response_model=IngestResult,
-    summary="Ingest a batch from a remote appender (bearer token; idempotent by source and seq)",
-    dependencies=[Depends(require_token)],
-    openapi_extra={
+INGEST_ROUTE: dict[str, Any] = {
+    "response_model": IngestResult,
+    "summary": "Ingest a batch from a remote appender (bearer token; idempotent by source and seq)",
+    "dependencies": [Depends(require_token)],
+    "openapi_extra": {
         "requestBody": {
             "required": True,
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/IngestBatch"}}},
         }
     },
-    responses={
+    "responses": {
         401: {"description": "No bearer token"},
         403: {"description": "Wrong token, or ingest disabled"},
         409: {"description": "A (source, seq) is stored with different content; nothing written"},
         413: {"description": "Body too large"},
     },
-)
+}
+"""POST /events' declaration, the one-process service's and the partition workers' (`fleet_app`)."""
+
+
+async def ingested(
+    request: Request, settings: Settings, append: Callable[[list[Event]], Awaitable[Appended]]
+) -> tuple[list[Event], Appended | None]:
+    """The request's batch read (at most `ingest_body_bytes_max`), checked, and appended by `append`."""
+    body = b"".join([chunk async for chunk in read_limited(request, settings.ingest_body_bytes_max)])
+    events = decode_batch(body, settings.ingest_events_max)
+    return events, (await append(events) if events else None)
+
+
+def ingest_result(events: list[Event], appended: Appended | None, cursor: int) -> IngestResult:
+    """POST /events' answer for `events`, of which `appended` stored what it inserted."""
+    inserted = len(appended.inserted) if appended is not None else 0
+    return IngestResult(
+        received=len(events),
+        inserted=inserted,
+        duplicates=len(events) - inserted,
+        gaps=find_gaps(events, appended.stored_max if appended is not None else {}),
+        cursor=cursor,
+    )
+
+
+@router.post("/events", **INGEST_ROUTE)
 async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResult:
     try:
-        body = b"".join([chunk async for chunk in read_limited(request, live.settings.ingest_body_bytes_max)])
-        events = decode_batch(body, live.settings.ingest_events_max)
-        appended = await live.append_ingested(store, events) if events else None
+        events, appended = await ingested(request, live.settings, lambda batch: live.append_ingested(store, batch))
         # Folded on the event loop while the next batch's insert runs on the ingest thread (its driver off the
         # GIL). Cursor order is kept by `fold_appended`.
         await live.fold_appended(appended)
@@ -114,14 +177,7 @@ async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResu
         live.ingest_failure = (time.time(), f"{type(error).__name__}: {_why(error)}")
         raise
     live.ingest_failure = None
-    inserted = len(appended.inserted) if appended is not None else 0
-    return IngestResult(
-        received=len(events),
-        inserted=inserted,
-        duplicates=len(events) - inserted,
-        gaps=find_gaps(events, appended.stored_max if appended is not None else {}),
-        cursor=live.cursor,
-    )
+    return ingest_result(events, appended, live.cursor)
 
 
 def _why(error: Exception) -> str:

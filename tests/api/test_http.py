@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 
 import msgspec
+import pytest
 
+from kvledger.ledger.events import Event
+from kvledger.ledger.store.base import StoreUnavailable
 from kvledger.ledger.store.connect import open_store
+from kvledger.ledger.store.sql import SqlStore
 from tests.api.conftest import TOKEN, http, wait_for
 from tests.api.seed import AUDIT_NOW
 from tests.ledger.builders import Side
@@ -71,3 +75,41 @@ def test_event_stream_follows_and_ends_when_the_client_goes(served: tuple[str, s
     with http(base) as client:
         # The server notices the closed connection and ends the stream: nothing is left open.
         wait_for(lambda: "kvledger_streams_open 0.0" in client.get("/metrics").text)
+
+
+def test_an_event_stream_outlives_a_store_read_that_failed(
+    served: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream's first read of the store fails: the stream says so in a comment and reads again from the
+    same cursor once the fold moves, never ending nor skipping an event."""
+    base, store_url = served
+    failed: list[int] = []
+    real_tail = SqlStore.tail
+
+    def failing_once(self: SqlStore, after_cursor: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
+        if after_cursor == 7 and not failed:
+            failed.append(after_cursor)
+            raise StoreUnavailable("the store went away for one read")
+        return real_tail(self, after_cursor, limit)
+
+    monkeypatch.setattr(SqlStore, "tail", failing_once)
+    received: list[dict[str, object]] = []
+    comments: list[str] = []
+    with http(base) as client, client.stream("GET", "/events/stream", params={"after_seq": 7}) as stream:
+        lines = stream.iter_lines()
+        for line in lines:
+            if line.startswith(":"):
+                comments.append(line)
+                break
+        store = open_store(store_url)
+        try:
+            store.append([Side("late/tp0").map("tx-stream", "r-s")])  # folded: the stream wakes
+        finally:
+            store.close()
+        for line in lines:
+            if line.startswith("data: "):
+                received.append(json.loads(line[len("data: ") :]))
+                if received[-1]["transfer_id"] == "tx-stream":
+                    break
+    assert failed == [7] and comments == [": the store did not answer: StoreUnavailable"]
+    assert [e["kind"] for e in received] == ["expire", "ack", "map"]

@@ -17,14 +17,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from kvledger.api.fleet import merge_services
 from kvledger.api.views import finding_out
 from kvledger.ledger.events import Event, Map
+from kvledger.ledger.fleet import through_cursor
 from kvledger.ledger.merge import batched
 from kvledger.ledger.store.connect import open_store
 from kvledger.ledger.store.nats_store import NatsStore
+from tests.api.conftest import TOKEN, http, wait_for
 from tests.ledger.builders import Side
 from tests.ledger.histories import Shape, history
 from tests.store.fleet_service import POLLS_MAX, FleetService, first_seen, get_json, one_fold_findings
@@ -124,7 +127,7 @@ def _behind_said(service: FleetService, url: str, now: float) -> None:
         store = open_store(url)
         store.append([Side("late-0/tp0", start_ts=now - 0.5).map("tx-late", "r-late", blocks=(1,), deadline=now + 1e6)])
         assert isinstance(store, NatsStore)
-        last_seq = store.last_sequence()
+        last = through_cursor(store.last_sequence())  # the cursor below which the stream holds every event
         store.close()
         for _ in range(POLLS_MAX):
             if _problems(service) == ["behind"]:
@@ -134,15 +137,15 @@ def _behind_said(service: FleetService, url: str, now: float) -> None:
         code, ready = _ready(service)
         assert (code, ready["ready"]) == (503, False)
         assert ready["error"] == f"the worker of partitions {worker['partitions']} did not answer within 0.5 s"
-        assert ready["cursor"] < last_seq
+        assert ready["cursor"] < last
     finally:
         os.kill(worker["pid"], signal.SIGCONT)
     for _ in range(POLLS_MAX):
         code, ready = _ready(service)
-        if code == 200 and ready["cursor"] == last_seq:
+        if code == 200 and ready["cursor"] == last:
             break
         time.sleep(0.01)
-    assert (code, ready["ready"], ready["cursor"]) == (200, True, last_seq)
+    assert (code, ready["ready"], ready["cursor"]) == (200, True, last)
 
 
 def test_four_partition_workers_answer_as_one_fold_of_the_stream(
@@ -217,3 +220,49 @@ def test_two_services_splitting_the_partitions_merge_into_one_answer(
     finally:
         for service in services:
             service.stop()
+
+
+def test_the_workers_service_tails_streams_and_ingests_what_its_workers_then_fold(
+    stream: tuple[str, list[Event], int], tmp_path: Path
+) -> None:
+    """GET /events and /events/stream read the stream as the one-process service does; POST /events stores a
+    batch (idempotently), whose cursor /readyz reaches once the workers folded it, and it is listed then."""
+    url, _, last_seq = stream
+    service = FleetService(url, "all", 2, tmp_path / "service.log", KVLEDGER_TOKEN=TOKEN)
+    store = open_store(url)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    side = Side("remote-0/tp0")
+    batch = {"events": [msgspec.to_builtins(side.map(f"tx-r{i}", f"r-{i}")) for i in range(3)]}
+    try:
+        service.folded_through(last_seq)
+        rows = store.tail(0, 100_000)
+        with http(service.base) as client:
+            page = client.get("/events", params={"after_seq": rows[9][0], "limit": 5}).json()
+            assert [r["cursor"] for r in page["events"]] == [c for c, _ in rows[10:15]]
+            assert page["next_after_seq"] == rows[14][0]
+            assert client.post("/events", json=batch).status_code == 401
+            wrong = {"events": [{**batch["events"][0], "seq": -1}]}
+            refused = client.post("/events", json=wrong, headers=auth)
+            assert refused.status_code == 422 and "seq" in refused.text
+            with client.stream("GET", "/events/stream", params={"after_seq": rows[-1][0]}) as sse:
+                lines = sse.iter_lines()
+                first = client.post("/events", json=batch, headers=auth).json()
+                streamed: list[int] = []
+                for line in lines:
+                    if line.startswith("id: "):
+                        streamed.append(int(line.removeprefix("id: ")))
+                        if len(streamed) == 3:
+                            break
+            appended = store.tail(rows[-1][0], 100)
+            # The batch's events, one message per partition (cursor order is not the batch's); the bad one: nothing.
+            assert sorted(e.transfer_id for _, e in appended) == ["tx-r0", "tx-r1", "tx-r2"]
+            assert (first["received"], first["inserted"], first["duplicates"]) == (3, 3, 0)
+            assert streamed == [c for c, _ in appended] and first["cursor"] == appended[-1][0]
+            again = client.post("/events", json=batch, headers=auth).json()
+            assert (again["inserted"], again["duplicates"]) == (0, 3)
+            wait_for(lambda: client.get("/readyz").json()["cursor"] >= first["cursor"])
+            listed = client.get("/transfers", params={"source": "remote-0/tp0"}).json()["transfers"]
+            assert [t["transfer_id"] for t in listed] == [e.transfer_id for _, e in appended]
+    finally:
+        store.close()
+        service.stop()
