@@ -45,7 +45,7 @@ import msgspec
 from kvledger.api.fleet_figures import FleetFigures, merge_figures
 from kvledger.api.limits import AUDIT_COST_FACTOR
 from kvledger.api.settings import Settings
-from kvledger.ledger.audit import Finding, counts_by_code
+from kvledger.ledger.audit import AuditConfig, Finding, counts_by_code
 from kvledger.ledger.collector import collector_paused
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
@@ -257,6 +257,10 @@ class Fleet:
         """Set (and replaced) when the store may hold events an event stream has not read: a batch ingested
         here, or a published audit over more events than the last (what the engines appended themselves)."""
         self.streams_open = 0
+        self.audit_config = AuditConfig(settings.transfer_timeout_s, settings.clock_skew_s)
+        """What an uploaded log's replay audits with (POST /replay): the settings the workers audit with."""
+        self.uploads_running = 0
+        self.replays_running = 0
 
     def next_id(self) -> int:
         self._ids += 1

@@ -1,12 +1,12 @@
 """The app `kvledger serve --db nats://... --partitions P` runs: the API over partition workers (`kvledger.api.fleet`).
 
-It answers `/healthz`, `/readyz` (the store and every worker answer), `/quarantine`, the event tail (`/events`,
-`/events/stream`), ingest (`POST /events`: stored, then folded by the workers from the store), `/audit`,
-`/audit/summary`, `/transfers`, `/transfers/{id}`, `/requests/{id}`, `/metrics` and the page (`/`,
-`/ui/findings`, `/ui/transfers/{id}`) with the one-process service's shapes and rendering, merged from the
-workers (`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), and `/fleet/answers` and `/fleet/status`
-for services that split the partitions. Snapshots of the whole fold and replay are not served here:
-docs/fleet.md.
+It answers what the one-process service answers, with its shapes and rendering: `/healthz`, `/readyz` (the
+store and every worker answer), `/quarantine`, the event tail (`/events`, `/events/stream`), ingest
+(`POST /events`: stored, then folded by the workers from the store), `POST /replay`, and, merged from the
+workers (`kvledger.api.fleet_figures`, `kvledger.api.fleet_pages`), `/audit`, `/audit/summary`, `/transfers`,
+`/transfers/{id}`, `/requests/{id}`, `/metrics` and the page (`/`, `/ui/findings`, `/ui/transfers/{id}`); and
+`/fleet/answers` and `/fleet/status` for services that split the partitions. What a merge cannot say (the
+blocks-held plot, the release-latency histogram): docs/fleet.md.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from kvledger.api.routes.events import (
     tail_page,
 )
 from kvledger.api.routes.health import quarantine_out, ready_response, store_answer_error
+from kvledger.api.routes.replay import REPLAY_ROUTE, ReplayLimit, UntilSeq, UntilTs, replayed
 from kvledger.api.routes.transfers import SCAN_SIDES_MAX, transfer_detail
 from kvledger.api.schemas import (
     AuditOut,
@@ -61,6 +62,7 @@ from kvledger.api.schemas import (
     IngestResult,
     QuarantineOut,
     Ready,
+    ReplayOut,
     RequestDetail,
     TransferDetail,
     TransferPage,
@@ -140,6 +142,13 @@ async def ingest(request: Request) -> IngestResult:
     if appended is None:  # nothing in the batch: nothing to wait for
         return ingest_result(events, appended, fleet.told_through())
     return ingest_result(events, appended, appended.inserted[-1][0] if appended.inserted else appended.after_cursor)
+
+
+@router.post("/replay", **REPLAY_ROUTE)
+async def replay(
+    request: Request, until_seq: UntilSeq = None, until_ts: UntilTs = None, limit: ReplayLimit = 100
+) -> ReplayOut:
+    return await replayed(request, _fleet(request), until_seq, until_ts, limit)
 
 
 @router.get("/audit", response_model=AuditOut, summary="Findings at `now`, merged from the partition workers")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from starlette.concurrency import run_in_threadpool
@@ -19,6 +19,8 @@ from kvledger.api.errors import read_limited
 from kvledger.api.params import check_limit
 from kvledger.api.replay import replay_file
 from kvledger.api.schemas import ReplayOut
+from kvledger.api.settings import Settings
+from kvledger.ledger.audit import AuditConfig
 from kvledger.ledger.limits import TS_MAX
 
 router = APIRouter(tags=["replay"])
@@ -26,45 +28,63 @@ router = APIRouter(tags=["replay"])
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
-@router.post(
-    "/replay",
-    response_model=ReplayOut,
-    summary="Replay an incident log (JSONL, or a SQLite ledger file) up to a seq or ts",
-    openapi_extra={
+class Replaying(Protocol):
+    """What a replay reads and counts of a service (the one-process service's `Live`, the workers' `Fleet`)."""
+
+    settings: Settings
+    audit_config: AuditConfig
+    uploads_running: int
+    replays_running: int
+
+
+REPLAY_ROUTE: dict[str, Any] = {
+    "response_model": ReplayOut,
+    "summary": "Replay an incident log (JSONL, or a SQLite ledger file) up to a seq or ts",
+    "openapi_extra": {
         "requestBody": {
             "required": True,
             "description": "The log itself as the body (streamed; size-limited)",
             "content": {"application/x-ndjson": _BINARY, "application/octet-stream": _BINARY},
         }
     },
-    responses={
+    "responses": {
         408: {"description": "The body did not arrive in time"},
         413: {"description": "Body too large"},
         429: {"description": "Too many uploads or replays at once"},
     },
-)
+}
+"""POST /replay's declaration, the one-process service's and the partition workers' (`fleet_app`)."""
+UntilSeq = Annotated[int | None, Query(ge=0, le=1 << 62, description="Fold events with seq <= this")]
+UntilTs = Annotated[float | None, Query(ge=0, le=TS_MAX, description="Fold events with ts <= this")]
+ReplayLimit = Annotated[int, Query(ge=1, le=1 << 30, description="Decisions and findings listed")]
+
+
+@router.post("/replay", **REPLAY_ROUTE)
 async def replay(
-    request: Request,
-    live: LiveDep,
-    until_seq: Annotated[int | None, Query(ge=0, le=1 << 62, description="Fold events with seq <= this")] = None,
-    until_ts: Annotated[float | None, Query(ge=0, le=TS_MAX, description="Fold events with ts <= this")] = None,
-    limit: Annotated[int, Query(ge=1, le=1 << 30, description="Decisions and findings listed")] = 100,
+    request: Request, live: LiveDep, until_seq: UntilSeq = None, until_ts: UntilTs = None, limit: ReplayLimit = 100
 ) -> ReplayOut:
-    check_limit(live, limit)
-    if live.uploads_running >= live.settings.replay_uploads_at_once_max:
-        raise HTTPException(429, f"{live.uploads_running} uploads are being read; try again shortly")
+    return await replayed(request, live, until_seq, until_ts, limit)
+
+
+async def replayed(
+    request: Request, service: Replaying, until_seq: int | None, until_ts: float | None, limit: int
+) -> ReplayOut:
+    """POST /replay's answer: the uploaded log read to a temporary file, then replayed on a thread."""
+    check_limit(service, limit)
+    if service.uploads_running >= service.settings.replay_uploads_at_once_max:
+        raise HTTPException(429, f"{service.uploads_running} uploads are being read; try again shortly")
     with tempfile.TemporaryDirectory(prefix="kvledger-replay-") as folder:
         path = Path(folder) / "upload"
-        live.uploads_running += 1
+        service.uploads_running += 1
         try:
             with open(path, "wb") as file:
-                async for chunk in read_limited(request, live.settings.replay_body_bytes_max):
+                async for chunk in read_limited(request, service.settings.replay_body_bytes_max):
                     file.write(chunk)
         finally:
-            live.uploads_running -= 1
-        if live.replays_running >= live.settings.replays_at_once_max:
-            raise HTTPException(429, f"{live.replays_running} replays are running; try again shortly")
-        live.replays_running += 1
+            service.uploads_running -= 1
+        if service.replays_running >= service.settings.replays_at_once_max:
+            raise HTTPException(429, f"{service.replays_running} replays are running; try again shortly")
+        service.replays_running += 1
         try:
             return await run_in_threadpool(
                 replay_file,
@@ -72,7 +92,7 @@ async def replay(
                 until_seq=until_seq,
                 until_ts=until_ts,
                 limit=limit,
-                config=live.audit_config,
+                config=service.audit_config,
             )
         finally:
-            live.replays_running -= 1
+            service.replays_running -= 1

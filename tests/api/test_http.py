@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import msgspec
 import pytest
@@ -56,21 +57,9 @@ def test_poller_folds_events_another_writer_appended(served: tuple[str, str]) ->
 
 def test_event_stream_follows_and_ends_when_the_client_goes(served: tuple[str, str]) -> None:
     base, store_url = served
-    received: list[dict[str, object]] = []
     with http(base) as client, client.stream("GET", "/events/stream", params={"after_seq": 7}) as stream:
         assert stream.headers["content-type"].startswith("text/event-stream")
-        lines = stream.iter_lines()
-        store = open_store(store_url)
-        try:
-            side = Side("late/tp0")
-            store.append([side.map("tx-stream", "r-s")])
-        finally:
-            store.close()
-        for line in lines:
-            if line.startswith("data: "):
-                received.append(json.loads(line[len("data: ") :]))
-                if received[-1]["transfer_id"] == "tx-stream":
-                    break
+        received = _streamed_through_a_late_map(store_url, stream.iter_lines())
     assert [e["kind"] for e in received] == ["expire", "ack", "map"]
     with http(base) as client:
         # The server notices the closed connection and ends the stream: nothing is left open.
@@ -93,23 +82,25 @@ def test_an_event_stream_outlives_a_store_read_that_failed(
         return real_tail(self, after_cursor, limit)
 
     monkeypatch.setattr(SqlStore, "tail", failing_once)
-    received: list[dict[str, object]] = []
-    comments: list[str] = []
     with http(base) as client, client.stream("GET", "/events/stream", params={"after_seq": 7}) as stream:
         lines = stream.iter_lines()
-        for line in lines:
-            if line.startswith(":"):
-                comments.append(line)
-                break
-        store = open_store(store_url)
-        try:
-            store.append([Side("late/tp0").map("tx-stream", "r-s")])  # folded: the stream wakes
-        finally:
-            store.close()
-        for line in lines:
-            if line.startswith("data: "):
-                received.append(json.loads(line[len("data: ") :]))
-                if received[-1]["transfer_id"] == "tx-stream":
-                    break
-    assert failed == [7] and comments == [": the store did not answer: StoreUnavailable"]
+        comment = next(line for line in lines if line.startswith(":"))
+        received = _streamed_through_a_late_map(store_url, lines)
+    assert failed == [7] and comment == ": the store did not answer: StoreUnavailable"
     assert [e["kind"] for e in received] == ["expire", "ack", "map"]
+
+
+def _streamed_through_a_late_map(store_url: str, lines: Iterator[str]) -> list[dict[str, object]]:
+    """A map appended to the store (folded: the stream wakes); the events `lines` streamed, through it."""
+    store = open_store(store_url)
+    try:
+        store.append([Side("late/tp0").map("tx-stream", "r-s")])
+    finally:
+        store.close()
+    received: list[dict[str, object]] = []
+    for line in lines:
+        if line.startswith("data: "):
+            received.append(json.loads(line[len("data: ") :]))
+            if received[-1]["transfer_id"] == "tx-stream":
+                break
+    return received

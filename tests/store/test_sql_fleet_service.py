@@ -7,7 +7,9 @@ once (a digest of (source, seq)), the merged answers one fold's."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import urllib.request
 from pathlib import Path
 
 import msgspec
@@ -17,6 +19,7 @@ from kvledger.api.views import display_url
 from kvledger.ledger.audit import audit
 from kvledger.ledger.events import Event
 from kvledger.ledger.fleet import PartitionFold, partition_count, run_worker, snapshot_source
+from kvledger.ledger.jsonl import write_log
 from kvledger.ledger.merge import batched
 from kvledger.ledger.partition import partition_of_event
 from kvledger.ledger.partitioned import PartitionAnswer, merge
@@ -66,6 +69,14 @@ def test_two_workers_over_a_sql_store_answer_as_one_fold_and_go_on_from_their_sn
                                           "error": None}  # fmt: skip
         quarantine = service.get("/quarantine")
         assert quarantine["total"] == 1 and quarantine["events"][0]["reason"].endswith("too long")
+        # An uploaded log replayed offline, the store untouched: one fold's findings at its last event's time.
+        write_log(tmp_path / "incident.jsonl", first_part)
+        upload = urllib.request.Request(f"{service.base}/replay?limit=1000", (tmp_path / "incident.jsonl").read_bytes())
+        with urllib.request.urlopen(upload, timeout=60) as response:
+            replayed = json.loads(response.read())
+        assert replayed["events"] == len(first_part) and replayed["now"] == first_part[-1].ts
+        assert replayed["findings"] == one_fold_findings(first_part, replayed["now"])
+        assert service.get("/readyz")["cursor"] == last_cursor
         now = max(e.ts for e in first_part) + 1.0
         assert service.get(f"/audit?now={now!r}&limit=1000")["findings"] == one_fold_findings(first_part, now)
         assert service.listed() == first_seen(first_part)  # every side, in the order one fold first saw them
