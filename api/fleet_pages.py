@@ -19,7 +19,7 @@ from kvledger.api.board import Board
 from kvledger.api.fleet import Fleet, FleetAudited
 from kvledger.api.fleet_figures import board_of
 from kvledger.api.limits import STORE_PROBE_TIMEOUT_S
-from kvledger.api.metrics import fold_metrics
+from kvledger.api.metrics import fold_metrics, request_metrics
 from kvledger.api.routes.audit import summary_of
 from kvledger.api.schemas import AuditSummary
 from kvledger.api.trust import Problem
@@ -168,7 +168,7 @@ def summary(fleet: Fleet, audited: FleetAudited) -> AuditSummary:
 
 class FleetCollector(Collector):
     """The metrics that derive from the fold (`kvledger.api.metrics.fold_metrics`), read of the published merged
-    audit when scraped, and the workers' restarts."""
+    audit when scraped, what the service is serving (`request_metrics`), and the workers' restarts."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
@@ -185,6 +185,7 @@ class FleetCollector(Collector):
             forged_by_reason=p.forged_by_reason, lease_counts=p.lease_counts, finding_counts=audited.counts,
             live_by_phase=p.live_by_phase, health=f.health,
         )  # fmt: skip
+        yield from request_metrics(self.fleet.streams_open, self.fleet.uploads_running, self.fleet.replays_running)
         yield GaugeMetricFamily(
             "kvledger_fleet_worker_restarts", "Partition worker processes started again after they exited",
             value=self.fleet.restarts,

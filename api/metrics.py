@@ -76,6 +76,13 @@ def fold_metrics(
                             value=sum(h.blocks_held for h in lost))  # fmt: skip
 
 
+def request_metrics(streams_open: int, uploads_running: int, replays_running: int) -> Iterator[Metric]:
+    """What the service is serving now, the one-process service's and the partition workers' alike."""
+    yield GaugeMetricFamily("kvledger_streams_open", "Live event streams being served", value=streams_open)
+    yield GaugeMetricFamily("kvledger_replay_uploads_reading", "Uploads being read", value=uploads_running)
+    yield GaugeMetricFamily("kvledger_replays_running", "Uploaded logs being replayed", value=replays_running)
+
+
 class LiveCollector(Collector):
     """Reads the live fold when scraped, so nothing is counted twice or kept in a second place."""
 
@@ -98,9 +105,7 @@ class LiveCollector(Collector):
             live_by_phase=live_by_phase(state),
             health=live.health(live.clock_now()),
         )
-        yield GaugeMetricFamily("kvledger_streams_open", "Live event streams being served", value=live.streams_open)
-        yield GaugeMetricFamily("kvledger_replay_uploads_reading", "Uploads being read", value=live.uploads_running)
-        yield GaugeMetricFamily("kvledger_replays_running", "Uploaded logs being replayed", value=live.replays_running)
+        yield from request_metrics(live.streams_open, live.uploads_running, live.replays_running)
         yield GaugeMetricFamily("kvledger_cursor", "Store-wide cursor of the last folded event", value=live.cursor)
         yield GaugeMetricFamily(
             "kvledger_quarantined_events",

@@ -253,6 +253,8 @@ def test_the_workers_service_tails_streams_and_ingests_what_its_workers_then_fol
                         streamed.append(int(line.removeprefix("id: ")))
                         if len(streamed) == 3:
                             break
+                assert "kvledger_streams_open 1.0" in client.get("/metrics").text
+            wait_for(lambda: "kvledger_streams_open 0.0" in client.get("/metrics").text)  # ended with its client
             appended = store.tail(rows[-1][0], 100)
             # The batch's events, one message per partition (cursor order is not the batch's); the bad one: nothing.
             assert sorted(e.transfer_id for _, e in appended) == ["tx-r0", "tx-r1", "tx-r2"]
