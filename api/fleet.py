@@ -261,6 +261,8 @@ class Fleet:
         """What an uploaded log's replay audits with (POST /replay): the settings the workers audit with."""
         self.uploads_running = 0
         self.replays_running = 0
+        self.ingest_failure: tuple[float, str] | None = None
+        """(when, why) the last POST /events stored nothing (`kvledger.api.routes.events.failure_recorded`)."""
 
     def next_id(self) -> int:
         self._ids += 1

@@ -47,6 +47,7 @@ from kvledger.api.routes.events import (
     STREAM_ROUTE,
     AfterSeq,
     event_stream,
+    failure_recorded,
     ingest_result,
     ingested,
     tail_page,
@@ -138,7 +139,8 @@ async def ingest(request: Request) -> IngestResult:
     of its last event (or, all of them stored before, the store's last cursor then); it is folded once
     /readyz's cursor reaches it."""
     fleet = _fleet(request)
-    events, appended = await ingested(request, fleet.settings, fleet.append_ingested)
+    with failure_recorded(fleet):
+        events, appended = await ingested(request, fleet.settings, fleet.append_ingested)
     if appended is None:  # nothing in the batch: nothing to wait for
         return ingest_result(events, appended, fleet.told_through())
     return ingest_result(events, appended, appended.inserted[-1][0] if appended.inserted else appended.after_cursor)

@@ -22,7 +22,7 @@ from kvledger.api.limits import STORE_PROBE_TIMEOUT_S
 from kvledger.api.metrics import fold_metrics, request_metrics
 from kvledger.api.routes.audit import summary_of
 from kvledger.api.schemas import AuditSummary
-from kvledger.api.trust import Problem
+from kvledger.api.trust import Problem, ingest_problems
 from kvledger.ledger.events import Event
 from kvledger.ledger.fleet import is_stream, through_cursor
 from kvledger.ledger.humanize import ago, duration
@@ -66,8 +66,8 @@ class FleetTrust:
     """What stops the page vouching (`kvledger.api.trust.TrustChecks`'s interface, the same problems): a worker
     being started again; a store that does not answer its probe; workers behind the store: an event it holds
     past what the published audit covers (`FleetFigures.through`) was already there, not covered, more than
-    `behind_after_s` ago (first seen by a probe of this page: the probe runs when the page is asked). Never
-    waits on a worker; at most one store probe in flight."""
+    `behind_after_s` ago (first seen by a probe of this page: the probe runs when the page is asked); an ingest
+    failing. Never waits on a worker; at most one store probe in flight."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
@@ -77,7 +77,12 @@ class FleetTrust:
         self._probe_started = 0.0
 
     async def problems(self) -> list[Problem]:
-        fleet, now = self.fleet, time.time()
+        now = time.time()
+        return await self._coverage(now) + ingest_problems(self.fleet.ingest_failure, now)
+
+    async def _coverage(self, now: float) -> list[Problem]:
+        """Whether the published audit covers what the store holds (a worker starting, the store, behind)."""
+        fleet = self.fleet
         restarting = [w.partitions for w in fleet.workers if not w.ready.is_set()]
         if restarting:
             return [

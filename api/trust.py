@@ -26,6 +26,21 @@ class Problem:
     text: str
 
 
+def ingest_problems(failure: tuple[float, str] | None, now: float) -> list[Problem]:
+    """The page's word on ingest (the one-process service's and the partition workers'): failing while the
+    last POST /events stored nothing, `failure` saying when and why."""
+    if failure is None:
+        return []
+    at, why = failure
+    return [
+        Problem(
+            "ingest",
+            f"Ingest is failing: the last POST /events, at {utc(at)} "
+            f"({ago(at, now)}), stored nothing ({why}); remote engines' events may be missing.",
+        )
+    ]
+
+
 class TrustChecks:
     """Runs the checks for each page; at most one store probe in flight (a hung store never piles them up)."""
 
@@ -71,16 +86,7 @@ class TrustChecks:
                     "so the audit below does not fold them (see /quarantine).",
                 )
             )
-        if live.ingest_failure is not None:
-            at, why = live.ingest_failure
-            out.append(
-                Problem(
-                    "ingest",
-                    f"Ingest is failing: the last POST /events, at {utc(at)} "
-                    f"({ago(at, now)}), stored nothing ({why}); remote engines' events may be missing.",
-                )
-            )
-        return out
+        return out + ingest_problems(live.ingest_failure, now)
 
     async def _unread(self, now: float) -> bool | None:
         """Whether the store holds events after the fold's cursor; None if it did not answer in time

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, Protocol
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -166,20 +167,30 @@ def ingest_result(events: list[Event], appended: Appended | None, cursor: int) -
 
 @router.post("/events", **INGEST_ROUTE)
 async def ingest(request: Request, live: LiveDep, store: StoreDep) -> IngestResult:
-    try:
+    with failure_recorded(live):
         events, appended = await ingested(request, live.settings, lambda batch: live.append_ingested(store, batch))
         # Folded on the event loop while the next batch's insert runs on the ingest thread (its driver off the
         # GIL). Cursor order is kept by `fold_appended`.
         await live.fold_appended(appended)
-    except Exception as error:
-        # Whatever refused the batch (a bad body, a conflict, a store down), its events are not in the
-        # ledger: the page says ingest is failing until a batch is stored again.
-        live.ingest_failure = (time.time(), f"{type(error).__name__}: {_why(error)}")
-        raise
-    live.ingest_failure = None
     return ingest_result(events, appended, live.cursor)
 
 
-def _why(error: Exception) -> str:
-    detail = getattr(error, "detail", None)
-    return str(detail if detail is not None else error)[:300]
+class Ingesting(Protocol):
+    ingest_failure: tuple[float, str] | None
+    """(when, why) the last POST /events stored nothing; None once one stored its batch."""
+
+
+@contextmanager
+def failure_recorded(service: Ingesting) -> Iterator[None]:
+    """Whatever refused the batch (a bad body, a conflict, a store down), its events are not in the ledger:
+    recorded, the page says ingest is failing until a batch is stored again."""
+    try:
+        yield
+    except Exception as error:
+        detail = getattr(error, "detail", None)
+        service.ingest_failure = (
+            time.time(),
+            f"{type(error).__name__}: {str(detail if detail is not None else error)[:300]}",
+        )
+        raise
+    service.ingest_failure = None

@@ -244,6 +244,7 @@ def test_the_workers_service_tails_streams_and_ingests_what_its_workers_then_fol
             wrong = {"events": [{**batch["events"][0], "seq": -1}]}
             refused = client.post("/events", json=wrong, headers=auth)
             assert refused.status_code == 422 and "seq" in refused.text
+            assert "ingest" in _problems(service)  # the page says ingest is failing ...
             with client.stream("GET", "/events/stream", params={"after_seq": rows[-1][0]}) as sse:
                 lines = sse.iter_lines()
                 first = client.post("/events", json=batch, headers=auth).json()
@@ -259,6 +260,7 @@ def test_the_workers_service_tails_streams_and_ingests_what_its_workers_then_fol
             # The batch's events, one message per partition (cursor order is not the batch's); the bad one: nothing.
             assert sorted(e.transfer_id for _, e in appended) == ["tx-r0", "tx-r1", "tx-r2"]
             assert (first["received"], first["inserted"], first["duplicates"]) == (3, 3, 0)
+            assert "ingest" not in _problems(service)  # ... until a batch is stored again
             assert streamed == [c for c, _ in appended] and first["cursor"] == appended[-1][0]
             again = client.post("/events", json=batch, headers=auth).json()
             assert (again["inserted"], again["duplicates"]) == (0, 3)
