@@ -8,7 +8,7 @@ Run:
     python benchmarks/mutation.py                # every 4th mutant of those files (deterministic), 2 workers
     python benchmarks/mutation.py --quick        # every 4th of the partition functions' mutants (CI's smoke run)
     python benchmarks/mutation.py --offset 1     # another quarter (--offset 0 to 3 cover them all)
-    python benchmarks/mutation.py --every 1      # all of them (about 1,400: over an hour on 2 cores)
+    python benchmarks/mutation.py --every 1      # all of them (about 2,800: hours on 2 cores)
     python benchmarks/mutation.py --jobs 8 --keep /tmp/mutation   # keep the work folder (`mutmut show NAME` there)
     python benchmarks/mutation.py --resume /tmp/mutation          # the tests again over a kept folder's survivors
 
