@@ -272,10 +272,20 @@ class NatsStore:
         headers_only: bool = False,
         events_wanted: int | None = None,
     ) -> AsyncGenerator[Msg, None]:
-        """Every message of `subject` from `start_seq` (0: the first) to the stream's end when the scan began.
+        """Every message of `subject` from `start_seq` (0: the first) to its last one when the scan began.
         With `events_wanted` (a caller that stops once its messages hold that many events), each fetch asks
         for about as many messages as those events still need, by the messages' event counts so far: a tail
-        of a thousand events fetched 256 messages (tens of thousands of events) to use a few."""
+        of a thousand events fetched 256 messages (tens of thousands of events) to use a few.
+
+        The scan ends at the last message of `subject` (asked first), not where the messages' `num_pending`
+        says: that count was seen one too high (a fetch then waited CALL_TIMEOUT_S for a message the stream
+        did not hold, and the read failed). A scan from past that message makes no consumer at all."""
+        try:
+            end = (await self.js.get_last_msg(stream or self.target.stream, subject)).seq
+        except nats.js.errors.NotFoundError:
+            return  # no message of `subject`
+        if end is None or end < start_seq:
+            return
         config = api.ConsumerConfig(
             deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE if start_seq > 0 else api.DeliverPolicy.ALL,
             opt_start_seq=start_seq if start_seq > 0 else None,
@@ -299,7 +309,8 @@ class NatsStore:
                     messages += 1
                     events += int((msg.headers or {}).get(H_COUNT, 1))
                     yield msg
-                pending = batch[-1].metadata.num_pending if batch else 0
+                ended = not batch or batch[-1].metadata.sequence.stream >= end
+                pending = 0 if ended else batch[-1].metadata.num_pending
         finally:
             await sub.unsubscribe()
 
