@@ -52,7 +52,7 @@ class Tailed(Protocol):
 @router.get("/events", response_model=EventPage, summary="Events after a store-wide cursor")
 async def tail(
     live: LiveDep,
-    store: StoreDep,
+    store: StoreDep,  # 503 while the store is down
     after_seq: AfterSeq = 0,
     limit: Annotated[int, Query(ge=1, le=1 << 30)] = 100,
 ) -> EventPage:
