@@ -43,9 +43,10 @@ from typing import Any, NamedTuple, ParamSpec, TypeVar
 import msgspec
 
 from kvledger.api.fleet_figures import FleetFigures, merge_figures
+from kvledger.api.ingest import append_decoded
 from kvledger.api.limits import AUDIT_COST_FACTOR
 from kvledger.api.settings import Settings
-from kvledger.ledger.audit import AuditConfig, Finding, counts_by_code
+from kvledger.ledger.audit import Finding, counts_by_code
 from kvledger.ledger.collector import collector_paused
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import Event, TransferId
@@ -257,7 +258,7 @@ class Fleet:
         """Set (and replaced) when the store may hold events an event stream has not read: a batch ingested
         here, or a published audit over more events than the last (what the engines appended themselves)."""
         self.streams_open = 0
-        self.audit_config = AuditConfig(settings.transfer_timeout_s, settings.clock_skew_s)
+        self.audit_config = settings.audit_config()
         """What an uploaded log's replay audits with (POST /replay): the settings the workers audit with."""
         self.uploads_running = 0
         self.replays_running = 0
@@ -434,12 +435,9 @@ class Fleet:
         self.advanced = asyncio.Event()
 
     async def append_ingested(self, events: list[Event]) -> Appended:
-        """An ingested batch appended to the store (checked already: `decode_batch`) on the ingest thread, in
-        the order batches came. The workers fold it from the store, as every other event."""
-        loop = asyncio.get_running_loop()
-        appended: Appended = await loop.run_in_executor(
-            self.appender, partial(self.store.append_returning, events, checked=True)
-        )
+        """An ingested batch appended to the store (`append_decoded`) on the ingest thread, in the order batches
+        came. The workers fold it from the store, as every other event."""
+        appended = await append_decoded(self.appender, self.store, events)
         self._advance()
         return appended
 

@@ -7,7 +7,10 @@ event, to name the first event and field that is wrong exactly as a walk from th
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from concurrent.futures import Executor
+from functools import partial
 from itertools import islice
 from operator import and_, attrgetter, eq, ge, lt
 
@@ -16,6 +19,7 @@ import msgspec
 from kvledger.api.errors import InvalidBody, msgspec_loc
 from kvledger.api.schemas import Gap
 from kvledger.ledger.events import Event
+from kvledger.ledger.store.base import Appended, EventStore
 from kvledger.ledger.valid import event_problem, json_chunk_valid
 
 
@@ -107,3 +111,10 @@ def _contiguous(events: list[Event], stored_max: dict[str, int]) -> bool:
         low <= stored_max.get(source, 0) + 1 and highs[source] - low + 1 == counts[source]
         for source, low in lows.items()
     )
+
+
+async def append_decoded(appender: Executor, store: EventStore, events: list[Event]) -> Appended:
+    """A batch `decode_batch` returned, appended on `appender` (`append_returning`, unchecked: every event was
+    checked against kvledger.ledger.valid already, so the store need not check them again)."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(appender, partial(store.append_returning, events, checked=True))

@@ -30,17 +30,17 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import NamedTuple, ParamSpec, TypeVar
 
 import anyio.to_thread
 from anyio import CapacityLimiter
 
+from kvledger.api.ingest import append_decoded
 from kvledger.api.limits import AUDIT_COST_FACTOR, FOLD_SLICE_EVENTS
 from kvledger.api.settings import Settings
 from kvledger.api.waits import wait_set
 from kvledger.ledger.advice import LatencyRecorder
-from kvledger.ledger.audit import AuditConfig, Finding, audit, counts_by_code
+from kvledger.ledger.audit import Finding, audit, counts_by_code
 from kvledger.ledger.collector import collector_paused, untrack
 from kvledger.ledger.decisions import Key
 from kvledger.ledger.events import KINDS, Event
@@ -148,7 +148,7 @@ class Live:
         """Wall time a catch-up began that then read the store to its end: all stored before it is folded."""
         self.ingest_failure: tuple[float, str] | None = None
         """(wall time, why) of the last POST /events that stored nothing, unless one succeeded since."""
-        self.audit_config = AuditConfig(settings.transfer_timeout_s, settings.clock_skew_s)
+        self.audit_config = settings.audit_config()
         self.fold_lock = asyncio.Lock()
         self.appender = ThreadPoolExecutor(1, thread_name_prefix="kvledger-ingest")
         """Ingests' appends, one at a time in the order they came (the store's write lock would make others
@@ -183,13 +183,11 @@ class Live:
         return await anyio.to_thread.run_sync(lambda: call(*args, **kwargs), limiter=self.store_limiter)
 
     async def append_ingested(self, store: EventStore, events: list[Event]) -> Appended:
-        """An ingest's batch appended (`append_returning`; `decode_batch` checked every event against
-        kvledger.ledger.valid, so the store need not check them again), on the ingest thread. Queued there at once, in
+        """An ingest's batch appended (`append_decoded`) on the ingest thread. Queued there at once, in
         this coroutine's step: appends then run back to back while earlier batches fold on the event loop.
         Taken in turn under an asyncio lock, the next batch's append started only once the loop came back to
         its coroutine, after the fold of the one before (never beside it: each batch waited for the last)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.appender, partial(store.append_returning, events, checked=True))
+        return await append_decoded(self.appender, store, events)
 
     async def catch_up(self, batch: int | None = None) -> int:
         """Fold everything the store holds after our cursor; returns how many events were folded."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kvledger.ledger.audit import AuditConfig
 from kvledger.ledger.limits import DEFAULT_CLOCK_SKEW_S, DEFAULT_DEFER_TIMEOUT_S, DEFAULT_TRANSFER_TIMEOUT_S
 
 
@@ -80,6 +81,10 @@ class Settings(BaseSettings):
         default=10.0, ge=0, description="The page says the service is behind when the store holds events the fold "
         "has not read and it last caught up longer ago than this",
     )  # fmt: skip
+
+    def audit_config(self) -> AuditConfig:
+        """What the service audits with: the one-process fold's, the partition workers' merge and a replay's."""
+        return AuditConfig(self.transfer_timeout_s, self.clock_skew_s)
 
     @field_validator("token")
     @classmethod
